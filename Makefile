@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make train` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/default.yaml
+ARGS ?=
+
+.PHONY: setup stockfish train test test-fast clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,report]"
+	touch $(STAMP)
+
+setup: $(STAMP) stockfish
+
+stockfish:
+	@bash scripts/ensure_stockfish.sh
+
+train: setup
+	$(VENV)/bin/rookworld train --config $(CONFIG) $(ARGS)
+
+test: setup
+	@$(PY) -m pytest -q $(ARGS); rc=$$?; \
+	if [ $$rc = 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

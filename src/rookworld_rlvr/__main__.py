@@ -1,0 +1,3 @@
+from rookworld_rlvr.cli import main
+
+raise SystemExit(main())

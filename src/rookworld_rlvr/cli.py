@@ -1,0 +1,119 @@
+"""The `rookworld` command. Each subcommand imports its module lazily so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _data(args: argparse.Namespace) -> int:
+    if args.data_cmd == "generate":
+        from rookworld_rlvr.data.generate import GenerateConfig, generate
+
+        cfg = GenerateConfig(out_dir=args.out, games=args.games, seed=args.seed, workers=args.workers,
+                             depth=args.depth, time=args.time, games_per_shard=args.games_per_shard,
+                             eval_per_task=args.eval_per_task, extra_positions=tuple(args.positions or ()),
+                             max_plies=args.max_plies)
+        summary = generate(cfg, progress=not args.quiet)
+        print(json.dumps(summary))
+        return 0
+    if args.data_cmd == "import":
+        from rookworld_rlvr.data.importer import import_data
+
+        summary = import_data(args.src, args.out, skip_invalid=args.skip_invalid, split=args.split, limit=args.limit)
+        if args.json:
+            print(json.dumps({k: summary[k] for k in ("read", "written", "invalid", "labels_corrected")}))
+        else:
+            for e in summary["errors"]:
+                print(f"skipped: {e}", file=sys.stderr)
+            print(f"read {summary['read']}, wrote {summary['written']} to {args.out}, "
+                  f"skipped {summary['invalid']} invalid, corrected {summary['labels_corrected']} B: labels")
+        return 0
+    if args.data_cmd == "stats":
+        from rookworld_rlvr.data.importer import stats
+
+        print(json.dumps(stats(args.file), indent=2))
+        return 0
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rookworld_rlvr import __version__
+
+    p = argparse.ArgumentParser(prog="rookworld", description="GRPO with verifiable chess rewards for RookWorld LMs")
+    p.add_argument("--version", action="version", version=f"rookworld-rlvr {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("data", help="generate, import and inspect datasets")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    g = dsub.add_parser("generate", help="self-play + random games annotated by Stockfish -> train/eval JSONL")
+    g.add_argument("--out", default="data")
+    g.add_argument("--games", type=int, default=700)
+    g.add_argument("--games-per-shard", type=int, default=10)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--workers", type=int, default=2)
+    g.add_argument("--depth", type=int, default=8)
+    g.add_argument("--time", type=float, default=None, help="seconds per position (instead of or with --depth)")
+    g.add_argument("--max-plies", type=int, default=160)
+    g.add_argument("--eval-per-task", type=int, default=1000)
+    g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files")
+    g.add_argument("--quiet", action="store_true")
+    i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
+    i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
+    i.add_argument("--out", required=True)
+    i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
+    i.add_argument("--split", default="train", help="Hub dataset split")
+    i.add_argument("--limit", type=int, default=None)
+    i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
+    s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
+    s.add_argument("file")
+    d.set_defaults(func=_data)
+
+    for name in ("eval", "sft", "train", "check-batch", "overfit", "report"):
+        _add_optional(sub, name)
+    return p
+
+
+_OPTIONAL = {
+    "eval": ("rookworld_rlvr.evaluate", "evaluate a model on the held-out set (greedy)"),
+    "sft": ("rookworld_rlvr.sft", "supervised bootstrap of a base model"),
+    "train": ("rookworld_rlvr.grpo.cli", "GRPO training (the main job)"),
+    "check-batch": ("rookworld_rlvr.grpo.cli", "collect one batch and check it"),
+    "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),
+    "report": ("rookworld_rlvr.report", "plots and an HTML report of runs"),
+}
+
+
+def _add_optional(sub, name: str) -> None:
+    """Subcommands whose module registers its own arguments (`add_arguments(parser, name)`)."""
+    import importlib
+
+    module_name, help_text = _OPTIONAL[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("rookworld_rlvr"):
+            return  # not built yet
+        raise
+    sp = sub.add_parser(name, help=help_text)
+    module.add_arguments(sp, name)
+    sp.set_defaults(func=lambda a, m=module, n=name: m.run(a, n))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # user-facing errors: one clear line, no traceback, unless asked
+        from rookworld_rlvr.data.io import DataError
+        from rookworld_rlvr.engine import EngineError, StockfishNotFound
+
+        if isinstance(e, (DataError, StockfishNotFound, EngineError, ValueError, FileNotFoundError)) and \
+                not getattr(args, "traceback", False):
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise

@@ -1,0 +1,268 @@
+"""`rookworld data generate`: positions from games -> annotated P: and A: samples.
+
+Games mix Stockfish-guided play at varied strength (a softmax over the multipv-5 evals,
+so stronger or weaker by temperature) with random moves; optional PGN/FEN files add
+positions. Every position is annotated by the engine pool (that annotation also chooses the
+engine moves, so no search is wasted). Each block of games is a shard written atomically,
+so an interrupted run resumes without duplicates; the merge deduplicates and splits train
+and eval by FEN hash (no FEN in both splits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import chess
+import chess.pgn
+
+from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples, write_samples
+from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool
+from rookworld_rlvr.tasks import environment as env_task
+from rookworld_rlvr.tasks.policy import PolicyTruth, best_of
+
+
+@dataclass
+class GenerateConfig:
+    out_dir: str = "data"
+    games: int = 700
+    games_per_shard: int = 10
+    seed: int = 0
+    workers: int = 2
+    depth: int | None = 8
+    time: float | None = None
+    multipv: int = 5
+    max_plies: int = 160
+    random_game_share: float = 0.15  # games played with uniformly random moves only
+    random_move_prob: float = 0.1  # per move in engine games
+    temperatures: tuple[float, ...] = (0.05, 0.3, 1.0)  # softmax temperature in pawns over multipv evals
+    illegal_share: float = 0.03  # extra A: samples with an illegal move
+    eval_per_task: int = 1000
+    eval_permille: int = 40  # share of FENs (by hash) reserved for eval
+    extra_positions: tuple[str, ...] = ()  # PGN (.pgn) or FEN-per-line files
+    cache_path: str | None = None  # engine cache; default <out_dir>/.cache/engine.sqlite
+
+    def validate(self) -> None:
+        if self.games < 1 or self.games_per_shard < 1 or self.workers < 1:
+            raise ValueError("games, games_per_shard and workers must be >= 1")
+        if not 0 <= self.random_game_share <= 1 or not 0 <= self.random_move_prob <= 1:
+            raise ValueError("random_game_share and random_move_prob must be in [0, 1]")
+        if not 0 <= self.illegal_share < 1:
+            raise ValueError("illegal_share must be in [0, 1)")
+        if not 0 < self.eval_permille < 1000:
+            raise ValueError("eval_permille must be in (0, 1000)")
+        if any(t <= 0 for t in self.temperatures):
+            raise ValueError("temperatures must be > 0")
+        for f in self.extra_positions:
+            if not Path(f).exists():
+                raise ValueError(f"extra_positions: {f}: no such file")
+        self.engine_config().validate()
+
+    def engine_config(self, workers: int = 1) -> EngineConfig:
+        cache = self.cache_path or str(Path(self.out_dir) / ".cache" / "engine.sqlite")
+        return EngineConfig(depth=self.depth, time=self.time, multipv=self.multipv, workers=workers, cache_path=cache)
+
+
+def is_eval_fen(fen: str, permille: int) -> bool:
+    """Deterministic split by position: the same FEN always lands in the same split."""
+    return int(hashlib.sha1(fen.encode()).hexdigest()[:8], 16) % 1000 < permille
+
+
+def _policy_sample(a: Analysis, rng: random.Random) -> Sample | None:
+    if not a.moves:
+        return None
+    order = list(range(len(a.moves)))
+    rng.shuffle(order)  # upstream shuffled candidates together with their evals
+    moves = tuple(a.moves[i] for i in order)
+    evals = tuple(a.evals[i] for i in order)
+    return Sample("P", PolicyTruth(a.fen, moves, evals, best_of(moves, evals)), "gen")
+
+
+def _illegal_move(board: chess.Board, rng: random.Random) -> str:
+    """A plausible-looking illegal move: own piece to a square it cannot reach, or random squares."""
+    legal = {m.uci() for m in board.legal_moves}
+    own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
+    while True:
+        frm = rng.choice(own) if own and rng.random() < 0.8 else rng.randrange(64)
+        uci = chess.square_name(frm) + chess.square_name(rng.randrange(64))
+        if uci not in legal and uci[:2] != uci[2:]:
+            return uci
+
+
+def _pick_move(board: chess.Board, a: Analysis, temp: float, random_prob: float, rng: random.Random) -> chess.Move:
+    legal = list(board.legal_moves)
+    if temp == math.inf or rng.random() < random_prob or not a.moves:
+        return rng.choice(legal)
+    weights = [math.exp((min(e, 50) - min(a.evals[0], 50)) / temp) for e in a.evals]
+    return chess.Move.from_uci(rng.choices(a.moves, weights)[0])
+
+
+def play_game(game_id: int, cfg: GenerateConfig, pool: StockfishPool) -> list[Sample]:
+    """One game; every position becomes a P: sample and every move an A: sample."""
+    rng = random.Random(f"{cfg.seed}:{game_id}")
+    temp = math.inf if rng.random() < cfg.random_game_share else rng.choice(cfg.temperatures)
+    board = chess.Board()
+    for _ in range(rng.choice((0, 2, 4, 6, 8))):  # a few random opening plies for variety
+        board.push(rng.choice(list(board.legal_moves)))
+    history = [m.uci() for m in board.move_stack]
+    out: list[Sample] = []
+    for _ in range(cfg.max_plies):
+        if board.is_game_over(claim_draw=True):
+            break
+        fen = env_task.fen_of(board)
+        a = pool.analyse(fen)
+        p = _policy_sample(a, rng)
+        if p is not None:
+            out.append(p)
+        if rng.random() < cfg.illegal_share:
+            bad = _illegal_move(board, rng)
+            out.append(Sample("A", env_task.transition(fen, bad, history[-9:]), "gen-illegal"))
+        for mv in board.legal_moves:  # terminal transitions are rare in play: add every mating/stalemating move
+            board.push(mv)
+            ends = board.is_checkmate() or board.is_stalemate()
+            board.pop()
+            if ends:
+                out.append(Sample("A", env_task.transition(fen, mv.uci(), history[-9:]), "gen-terminal"))
+        move = _pick_move(board, a, temp, cfg.random_move_prob, rng)
+        out.append(Sample("A", env_task.transition(fen, move.uci(), history[-9:]), "gen"))
+        board.push(move)
+        history.append(move.uci())
+    return out
+
+
+def extra_fens(paths: tuple[str, ...]) -> Iterator[str]:
+    """Positions from PGN files (every position of every game) and FEN-per-line files."""
+    for p in paths:
+        if p.endswith(".pgn"):
+            with open(p, encoding="utf-8") as fh:
+                while (game := chess.pgn.read_game(fh)) is not None:
+                    board = game.board()
+                    for mv in game.mainline_moves():
+                        yield env_task.fen_of(board)
+                        board.push(mv)
+        else:
+            with open(p, encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    fen = line.split("\t")[0].strip().removeprefix("P: ")
+                    if fen:
+                        try:
+                            chess.Board(fen)
+                        except ValueError as e:
+                            raise ValueError(f"{p}:{n}: bad FEN {fen!r}: {e}") from None
+                        yield fen
+
+
+def _shard_path(cfg: GenerateConfig, shard: int) -> Path:
+    return Path(cfg.out_dir) / ".shards" / f"shard_{shard:05d}.jsonl"
+
+
+_POOL: StockfishPool | None = None
+
+
+def _run_shard(args: tuple[GenerateConfig, int]) -> int:
+    cfg, shard = args
+    global _POOL
+    if _POOL is None:
+        _POOL = StockfishPool(cfg.engine_config(workers=1))
+    first = shard * cfg.games_per_shard
+    samples: list[Sample] = []
+    for g in range(first, min(first + cfg.games_per_shard, cfg.games)):
+        samples.extend(play_game(g, cfg, _POOL))
+    write_samples(_shard_path(cfg, shard), samples)
+    return len(samples)
+
+
+def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
+    """Run (or resume) generation and write train/eval files; returns a summary."""
+    cfg.validate()
+    from tqdm import tqdm
+
+    t0 = time.time()
+    n_shards = math.ceil(cfg.games / cfg.games_per_shard)
+    todo = [s for s in range(n_shards) if not _shard_path(cfg, s).exists()]
+    Path(cfg.out_dir, ".shards").mkdir(parents=True, exist_ok=True)
+    # a shard's content depends only on (seed, game ids): record them so a resume cannot mix configs
+    meta = Path(cfg.out_dir, ".shards", "config.json")
+    fingerprint = json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}, sort_keys=True)
+    if meta.exists() and meta.read_text() != fingerprint:
+        raise ValueError(f"{meta}: existing shards were made with another configuration; remove {meta.parent} to start over")
+    atomic_write_text(meta, [fingerprint])
+    bar = tqdm(total=n_shards, initial=n_shards - len(todo), desc="games (shards)", disable=not progress)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(cfg.workers) as workers:
+        for _ in workers.imap_unordered(_run_shard, [(cfg, s) for s in todo]):
+            bar.update()
+    bar.close()
+    samples = [s for sh in range(n_shards) for s in iter_samples(_shard_path(cfg, sh))]
+    if cfg.extra_positions:
+        with StockfishPool(cfg.engine_config(workers=cfg.workers)) as pool:
+            rng = random.Random(f"{cfg.seed}:extra")
+            for a in pool.analyse_many(list(dict.fromkeys(extra_fens(cfg.extra_positions))), progress=progress):
+                if (p := _policy_sample(a, rng)) is not None:
+                    samples.append(p)
+    summary = write_splits(samples, cfg)
+    summary["seconds"] = round(time.time() - t0, 1)
+    summary["positions_per_second"] = round(summary["annotated_positions"] / max(summary["seconds"], 1e-9), 2)
+    atomic_write_text(Path(cfg.out_dir) / "manifest.json", [json.dumps({"config": asdict(cfg), **summary}, indent=2)])
+    return summary
+
+
+def dedup_key(s: Sample) -> str:
+    t = s.truth
+    return f"P|{t.fen}" if s.task == "P" else f"A|{t.fen}|{t.move}|{t.history}"
+
+
+def write_splits(samples: list[Sample], cfg: GenerateConfig) -> dict:
+    """Deduplicate, split by FEN hash, cap eval at eval_per_task per task, write atomically."""
+    seen: set[str] = set()
+    train: list[Sample] = []
+    evals: dict[str, list[Sample]] = {"P": [], "A": []}
+    eval_positions: list[Sample] = []  # every eval-side P: position, for the mate-in-one set
+    for s in samples:
+        key = dedup_key(s)
+        if key in seen:
+            continue
+        seen.add(key)
+        if is_eval_fen(s.fen, cfg.eval_permille):
+            if s.task == "P":
+                eval_positions.append(s)
+            if len(evals[s.task]) < cfg.eval_per_task:
+                evals[s.task].append(s)
+        else:
+            train.append(s)
+    rng = random.Random(f"{cfg.seed}:shuffle")
+    rng.shuffle(train)
+    out = Path(cfg.out_dir)
+    write_samples(out / "train.jsonl.gz", train)
+    write_samples(out / "eval.jsonl.gz", evals["P"] + evals["A"])
+    mates = mate_in_one(eval_positions)
+    atomic_write_text(out / "mate_in_one.tsv", [f"{fen}\t{' '.join(ms)}\n" for fen, ms in mates])
+    count = lambda xs, t: sum(s.task == t for s in xs)  # noqa: E731
+    return {
+        "train_P": count(train, "P"), "train_A": count(train, "A"),
+        "eval_P": len(evals["P"]), "eval_A": len(evals["A"]), "mate_in_one": len(mates),
+        "annotated_positions": sum(s.task == "P" for s in samples),
+    }
+
+
+def mate_in_one(samples: list[Sample]) -> list[tuple[str, list[str]]]:
+    """Positions (from P: samples) with at least one mating move, and all mating moves."""
+    out = []
+    for s in samples:
+        board = chess.Board(s.fen)
+        mates = []
+        for mv in board.legal_moves:
+            board.push(mv)
+            if board.is_checkmate():
+                mates.append(mv.uci())
+            board.pop()
+        if mates:
+            out.append((s.fen, sorted(mates)))
+    return out

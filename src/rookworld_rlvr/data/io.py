@@ -1,0 +1,166 @@
+"""Samples on disk: JSONL (optionally gzip) and upstream RookWorld text lines.
+
+A row is `{"task": "P"|"A", "prompt": ..., "completion": ..., "truth": {...}}` in the compact
+layout; `truth` is what scoring needs, so other layouts are re-rendered from it. Every write
+is atomic (temp file + rename) and every bad row is reported as `file:line: reason`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from rookworld_rlvr.tasks import environment as env_task
+from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks.environment import EnvTruth
+from rookworld_rlvr.tasks.policy import FormatError, PolicyTruth
+
+
+class DataError(ValueError):
+    """A bad input row; the message starts with `file:line:`."""
+
+
+@dataclass
+class Sample:
+    task: str  # "P" or "A"
+    truth: PolicyTruth | EnvTruth
+    source: str = ""
+
+    def render(self, layout: str = "compact") -> tuple[str, str]:
+        """(prompt, completion) in the requested layout (A: has a single layout)."""
+        if self.task == "P":
+            return pol_task.prompt(self.truth.fen, layout), pol_task.completion(self.truth, layout)
+        t = self.truth
+        return env_task.prompt(t.fen, t.move, t.history), env_task.completion(t)
+
+    @property
+    def fen(self) -> str:
+        return self.truth.fen
+
+    def to_row(self) -> dict:
+        prompt, completion = self.render("compact")
+        row = {"task": self.task, "prompt": prompt, "completion": completion, "truth": self.truth.to_dict()}
+        if self.source:
+            row["source"] = self.source
+        return row
+
+
+def sample_from_row(row: dict) -> Sample:
+    """Validate a JSONL row; raises FormatError naming the field."""
+    if not isinstance(row, dict):
+        raise FormatError("row is not a JSON object")
+    task = row.get("task")
+    if task not in ("P", "A"):
+        raise FormatError(f"field 'task' must be 'P' or 'A', got {task!r}")
+    truth = row.get("truth")
+    if not isinstance(truth, dict):
+        raise FormatError("field 'truth' must be an object")
+    try:
+        t = PolicyTruth.from_dict(truth) if task == "P" else EnvTruth.from_dict(truth)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(f"field 'truth' is incomplete or wrong: {e!r}") from None
+    if task == "P":
+        if not t.moves or len(t.moves) != len(t.evals):
+            raise FormatError("field 'truth': moves and evals must be non-empty and of equal length")
+        if not set(t.best) <= set(t.moves) or not t.best:
+            raise FormatError("field 'truth.best' must be a non-empty subset of truth.moves")
+    sample = Sample(task, t, str(row.get("source", "")))
+    if "prompt" in row and row["prompt"] != sample.render("compact")[0]:
+        raise FormatError("field 'prompt' does not match 'truth'")
+    return sample
+
+
+def sample_from_line(line: str) -> Sample:
+    """An upstream RookWorld text line: `P: ...`, `A: ...` or an environment line without prefix."""
+    s = line.strip()
+    if s.startswith("P:"):
+        return Sample("P", pol_task.parse_line(s), "rookworld")
+    return Sample("A", env_task.parse_line(s), "rookworld")
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def is_jsonl(path: str | Path) -> bool:
+    name = Path(path).name
+    return name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+
+
+@dataclass
+class ReadReport:
+    read: int = 0
+    invalid: int = 0
+    errors: list[str] = field(default_factory=list)  # first few `file:line: reason`
+
+
+def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> Iterator[Sample]:
+    """Yield samples from JSONL or upstream text lines. Bad rows raise DataError(file:line) or are counted."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    report = report if report is not None else ReadReport()
+    jsonl = is_jsonl(path)
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            report.read += 1
+            try:
+                yield sample_from_row(json.loads(line)) if jsonl else sample_from_line(line)
+            except (FormatError, json.JSONDecodeError, ValueError) as e:
+                msg = f"{path}:{lineno}: {e}"
+                if not skip_invalid:
+                    raise DataError(msg) from None
+                report.invalid += 1
+                if len(report.errors) < 10:
+                    report.errors.append(msg)
+
+
+def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> list[Sample]:
+    return list(iter_samples(path, skip_invalid, report))
+
+
+def atomic_write_text(path: str | Path, chunks: Iterable[str]) -> None:
+    """Write to a temp file beside `path`, fsync, rename: readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if path.suffix == ".gz":  # mtime=0: identical bytes for identical content
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                    for chunk in chunks:
+                        gz.write(chunk.encode("utf-8"))
+            else:
+                for chunk in chunks:
+                    raw.write(chunk.encode("utf-8"))
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_samples(path: str | Path, samples: Iterable[Sample]) -> int:
+    """Atomically write samples as JSONL (gzip when the name ends in .gz); returns the count."""
+    count = 0
+
+    def rows() -> Iterator[str]:
+        nonlocal count
+        for s in samples:
+            count += 1
+            yield json.dumps(s.to_row(), separators=(",", ":")) + "\n"
+
+    atomic_write_text(path, rows())
+    return count

@@ -1,0 +1,57 @@
+import os
+import random
+from pathlib import Path
+
+import chess
+import pytest
+
+from rookworld_rlvr.tasks import environment as env_task
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "reference" / "rook_val_500.txt"
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def reference_lines() -> list[str]:
+    if not REFERENCE.exists():
+        pytest.fail(f"{REFERENCE} is missing: the tests need ../shared beside the checkout")
+    return REFERENCE.read_text().split("\n")
+
+
+def random_transitions(n: int, seed: int = 0) -> list[env_task.EnvTruth]:
+    """True A: transitions from random games, with the rare kinds forced in:
+    checkmates, stalemates, other draws and illegal moves."""
+    rng = random.Random(seed)
+    out: list[env_task.EnvTruth] = []
+    special = [
+        ("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", "a1a8"),  # back-rank mate
+        ("7k/5Q2/6K1/8/8/8/8/8 w - - 0 1", "f7f8"),  # not mate: check only? (kept as an ordinary/terminal case)
+        ("k7/8/1Q6/8/8/8/8/7K w - - 0 1", "b6b7"),  # hmm: Qb7 is mate? recomputed by python-chess anyway
+        ("7k/8/6Q1/8/8/8/8/7K w - - 0 1", "g6f7"),  # Qf7: stalemate
+        ("8/8/8/8/8/8/k7/1n5K b - - 0 1", "a2b2"),
+        ("8/8/8/4k3/8/8/3nK3/8 w - - 0 1", "e2d2"),  # KxN -> insufficient material draw
+        ("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "e2e5"),  # illegal
+        ("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "e2e4"),
+        ("rnbqkbnr/ppp1pppp/8/8/3pP3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 3", "d4e3"),  # en passant
+        ("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1", "e1g1"),  # castling
+        ("8/P7/8/8/8/8/8/k6K w - - 0 1", "a7a8q"),  # promotion
+    ]
+    for fen, mv in special:
+        out.append(env_task.transition(fen, mv, ["e2e4", "e7e5"]))
+    while len(out) < n:
+        board = chess.Board()
+        history: list[str] = []
+        for _ in range(rng.randrange(10, 200)):
+            if board.is_game_over():
+                break
+            fen = env_task.fen_of(board)
+            if rng.random() < 0.05:
+                bad = rng.choice(["a1a1", "e2e5", "h8h1", "b1b3", "d1d8"])
+                out.append(env_task.transition(fen, bad, history[-9:]))
+            move = rng.choice(list(board.legal_moves)).uci()
+            out.append(env_task.transition(fen, move, history[-9:]))
+            board.push_uci(move)
+            history.append(move)
+    return out[:n] if len(out) > n else out

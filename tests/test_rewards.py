@@ -1,0 +1,189 @@
+"""Rewards: the truth scores the maximum, every corruption scores less, nothing raises."""
+
+import json
+import random
+import statistics
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_transitions
+from rookworld_rlvr.tasks import environment as E
+from rookworld_rlvr.tasks import policy as P
+from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer, TRLRewardFunction, score
+
+
+@pytest.fixture(scope="module")
+def policy_truths(reference_lines):
+    return [P.parse_line(line) for line in reference_lines]
+
+
+@pytest.fixture(scope="module")
+def env_truths():
+    return random_transitions(250, seed=3)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    return RewardScorer()
+
+
+def test_ground_truth_scores_the_maximum(policy_truths, env_truths, scorer):
+    assert len(policy_truths) >= 200 and len(env_truths) >= 200
+    kinds = {(t.reward, t.terminated, t.truncated) for t in env_truths}
+    assert {(1.0, True, False), (0.5, True, False), (-1.0, False, True), (0.001, False, False)} <= kinds
+    for layout in P.LAYOUTS:
+        for t in policy_truths:
+            r = scorer.score(P.prompt(t.fen, layout), P.completion(t, layout), t)
+            assert r.total == 1.0 and r.valid_format and r.correct, r
+    for t in env_truths:
+        r = scorer.score(E.prompt(t.fen, t.move, t.history), E.completion(t), t)
+        assert r.total == 1.0 and r.correct, r
+
+
+def test_truth_from_python_chess_when_the_sample_has_none(env_truths, scorer):
+    for t in env_truths[:50]:
+        assert scorer.score(E.prompt(t.fen, t.move, t.history), E.completion(t)).total == 1.0
+
+
+def test_malformed_gets_the_mild_penalty(policy_truths, env_truths):
+    t = policy_truths[0]
+    for shaping in ("linear", "graduated", "binary"):
+        s = RewardScorer(RewardConfig(shaping=shaping))
+        assert s.score(P.prompt(t.fen), "garbage", t).total == -0.3
+        a = env_truths[0]
+        assert s.score(E.prompt(a.fen, a.move, a.history), "garbage", a).total == -0.3
+    assert RewardScorer(RewardConfig(malformed_penalty=-0.1)).score(P.prompt(t.fen), "", t).total == -0.1
+
+
+def test_policy_reward_is_graduated_by_move_quality(policy_truths, scorer):
+    t = next(t for t in policy_truths if len(t.moves) == 5 and len(set(t.evals)) == 5)
+    ranked = [m for _, m in sorted(zip(t.evals, t.moves), reverse=True)]
+    totals = []
+    for move in ranked:
+        comp = P.completion(P.PolicyTruth(t.fen, t.moves, t.evals, (move,), move))
+        totals.append(scorer.score(P.prompt(t.fen), comp, t).total)
+    assert totals == sorted(totals, reverse=True) and totals[0] == 1.0 and totals[-1] < totals[0]
+    illegal = P.completion(t).rsplit("B:", 1)[0] + "B: a1a1"
+    assert scorer.score(P.prompt(t.fen), illegal, t).total < min(totals)
+
+
+def test_shapings(policy_truths):
+    t = policy_truths[0]
+    comp = P.completion(t).replace(P.format_eval(t.evals[0]), "9.5", 1)
+    lin = RewardScorer(RewardConfig(shaping="linear")).score(P.prompt(t.fen), comp, t).total
+    grad = RewardScorer(RewardConfig(shaping="graduated")).score(P.prompt(t.fen), comp, t).total
+    binary = RewardScorer(RewardConfig(shaping="binary")).score(P.prompt(t.fen), comp, t).total
+    assert 0 < lin < 1 and grad in (0.2, 0.4, 0.6, 0.8, 1.0) and grad >= lin and binary == 1.0
+
+
+def test_weights_change_the_total(policy_truths):
+    t = policy_truths[1]
+    comp = P.completion(t).split("E:")[0] + "E: 0.0 B: " + t.best_move  # eval section wrong
+    only_best = RewardScorer(RewardConfig(policy_weights={"format": 0, "best_legal": 1, "best_rank": 0,
+                                                          "best_cp": 0, "candidates": 0, "evals": 0}))
+    assert only_best.score(P.prompt(t.fen), comp, t).total == 1.0
+    assert RewardScorer().score(P.prompt(t.fen), comp, t).total < 1.0
+    with pytest.raises(ValueError, match="unknown component"):
+        RewardConfig(policy_weights={"nope": 1.0}).validate()
+
+
+def _corrupt(text: str, rng: random.Random) -> str:
+    ops = [
+        lambda s: s[:-1],
+        lambda s: s[: rng.randrange(len(s))],
+        lambda s: s.replace(" ", "", 1),
+        lambda s: "".join(rng.sample(s, len(s))),
+    ]
+    i = rng.randrange(len(text))
+    ops += [
+        lambda s: s[:i] + rng.choice("abcdefgh12345678+-.0 ") + s[i + 1:],
+        lambda s: s[:i] + s[i + 1:],
+        lambda s: s[:i] + rng.choice("qkbnrp0123456789") + s[i:],
+    ]
+    return rng.choice(ops)(text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6))
+def test_corruptions_score_lower_on_average_and_never_raise(seed, policy_truths, env_truths, scorer):
+    rng = random.Random(seed)
+    t = rng.choice(policy_truths)
+    a = rng.choice(env_truths)
+    p_scores, a_scores = [], []
+    for _ in range(8):
+        bad = _corrupt(P.completion(t), rng)
+        if bad.split() != P.completion(t).split():
+            p_scores.append(scorer.score(P.prompt(t.fen), bad, t).total)
+        bad = _corrupt(E.completion(a), rng)
+        if bad != E.completion(a):
+            a_scores.append(scorer.score(E.prompt(a.fen, a.move, a.history), bad, a).total)
+    for s in p_scores + a_scores:
+        assert -0.3 <= s <= 1.0
+    if p_scores:
+        assert statistics.mean(p_scores) < 1.0
+    if a_scores:
+        assert statistics.mean(a_scores) < 1.0
+
+
+def test_ten_thousand_fuzzed_strings_raise_nothing(policy_truths, env_truths, scorer):
+    rng = random.Random(0)
+    alphabet = "PMEBA:+-. 0123456789abcdefghkqrnpKQRBNP/w\n\t" + "".join(chr(c) for c in range(33, 127))
+    t, a = policy_truths[5], env_truths[5]
+    pieces = [P.completion(t), E.completion(a), "M:", "E:", "B:", "+", "999.99", "-1.0", "e2e4", "a7a8q"]
+    for i in range(10_000):
+        if i % 2:
+            s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 120)))
+        else:
+            s = " ".join(rng.choice(pieces) for _ in range(rng.randrange(0, 6)))
+        r1 = scorer.score(P.prompt(t.fen), s, t)
+        r2 = scorer.score(E.prompt(a.fen, a.move, a.history), s, a)
+        assert -1.0 <= r1.total <= 1.0 and -1.0 <= r2.total <= 1.0
+
+
+def test_trl_adapter_takes_truth_from_dataset_columns(policy_truths, env_truths):
+    fn = TRLRewardFunction()
+    assert fn.__name__ == "rookworld_reward"
+    t, a = policy_truths[0], env_truths[0]
+    prompts = [P.prompt(t.fen), E.prompt(a.fen, a.move, a.history)]
+    completions = [P.completion(t), "nonsense"]
+    truths = [json.dumps(t.to_dict()), a.to_dict()]
+    assert fn(prompts=prompts, completions=completions, truth=truths) == [1.0, -0.3]
+    chat = [[{"role": "assistant", "content": P.completion(t)}], [{"role": "assistant", "content": E.completion(a)}]]
+    assert fn(prompts, chat, truth=truths) == [1.0, 1.0]
+
+
+def test_module_level_score_entry_point(env_truths):
+    a = env_truths[0]
+    r = score(E.prompt(a.fen, a.move, a.history), E.completion(a), a.to_dict())
+    assert r.total == 1.0 and set(r.components) == {"format", "next_state", "reward", "terminated", "truncated"}
+
+
+def test_policy_without_truth_and_without_engine_is_a_clear_error(policy_truths):
+    with pytest.raises(RuntimeError, match="no Stockfish pool"):
+        RewardScorer().score(P.prompt(policy_truths[0].fen), P.completion(policy_truths[0]))
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    with StockfishPool(EngineConfig(depth=8, workers=2, cache_path=str(tmp_path_factory.mktemp("c") / "e.sqlite"))) as p:
+        yield p
+
+
+def test_engine_scores_moves_outside_the_top_five_and_missing_truth(pool):
+    fen = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    s = RewardScorer(engine=pool)
+    truth = s.truth_for(P.prompt(fen))
+    assert len(truth.moves) == 5 and truth.best
+    good = s.score(P.prompt(fen), P.completion(truth)).total
+    assert good == 1.0
+    weak = P.completion(truth).rsplit("B:", 1)[0] + "B: g1h3"  # legal, outside the top 5
+    assert "g1h3" not in truth.moves
+    r = s.score(P.prompt(fen), weak)
+    assert 0 < r.components["best_cp"] < 1 and r.components["best_rank"] == 0 and r.total < good
+    blunder = "M: f2f3 E: 0.0 B: f2f3"
+    batch = s.score_batch([P.prompt(fen)] * 3, [P.completion(truth), weak, blunder])
+    assert [b.total for b in batch][0] == 1.0 and batch[1].total == r.total and batch[2].total < batch[1].total
