@@ -25,8 +25,17 @@ def env_truths():
 
 
 @pytest.fixture(scope="module")
-def scorer():
-    return RewardScorer()
+def pool(tmp_path_factory):
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    with StockfishPool(EngineConfig(depth=8, workers=2, cache_path=str(tmp_path_factory.mktemp("c") / "e.sqlite"))) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def scorer(pool):
+    """Real Stockfish: a corrupted B: can be a legal move outside the top 5, which needs a search."""
+    return RewardScorer(engine=pool)
 
 
 def test_ground_truth_scores_the_maximum(policy_truths, env_truths, scorer):
@@ -163,14 +172,6 @@ def test_module_level_score_entry_point(env_truths):
 def test_policy_without_truth_and_without_engine_is_a_clear_error(policy_truths):
     with pytest.raises(RuntimeError, match="no Stockfish pool"):
         RewardScorer().score(P.prompt(policy_truths[0].fen), P.completion(policy_truths[0]))
-
-
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    from rookworld_rlvr.engine import EngineConfig, StockfishPool
-
-    with StockfishPool(EngineConfig(depth=8, workers=2, cache_path=str(tmp_path_factory.mktemp("c") / "e.sqlite"))) as p:
-        yield p
 
 
 def test_engine_scores_moves_outside_the_top_five_and_missing_truth(pool):

@@ -1,0 +1,459 @@
+"""Training controls: KL coefficient, guards, reward normalisation, schedules, diagnostics.
+
+Stateful pieces expose ``state_dict()`` / ``load_state_dict()`` (plain Python values) so a
+resumed run continues exactly where the checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+GuardAction = Literal["ok", "skip", "recover", "rollback", "stop"]
+
+
+def _finite(x: float | Tensor | None) -> bool:
+    if x is None:
+        return True
+    if isinstance(x, Tensor):
+        return bool(torch.isfinite(x).all())
+    return math.isfinite(float(x))
+
+
+# ------------------------------------------------------------------------ KL coefficient
+
+
+class KLController:
+    """KL coefficient beta: fixed or adaptive, with an optional warm-up.
+
+    During the first ``warmup_steps`` steps ``value`` returns beta * warmup_factor (factor 0:
+    no KL penalty while the policy is still close to the reference). Adaptive mode is the
+    proportional controller of Ziegler et al. 2019 (TRL AdaptiveKLController):
+    error = clip(kl / target - 1, -0.2, 0.2); beta *= 1 + error * n_steps / horizon,
+    then beta is clamped to [beta_min, beta_max] (a beta_min > 0 lets beta recover from 0).
+    """
+
+    def __init__(
+        self,
+        beta: float,
+        mode: Literal["fixed", "adaptive"] = "fixed",
+        target: float = 0.05,
+        horizon: int = 10_000,
+        beta_min: float = 0.0,
+        beta_max: float = 10.0,
+        warmup_steps: int = 0,
+        warmup_factor: float = 0.0,
+    ) -> None:
+        if mode not in ("fixed", "adaptive"):
+            raise ValueError(f"KL controller mode must be 'fixed' or 'adaptive', got {mode!r}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if mode == "adaptive" and not target > 0:
+            raise ValueError(f"adaptive KL needs target > 0, got {target}")
+        if horizon <= 0:
+            raise ValueError(f"KL horizon must be > 0, got {horizon}")
+        if not 0 <= beta_min <= beta_max:
+            raise ValueError(f"need 0 <= beta_min <= beta_max, got {beta_min}, {beta_max}")
+        if warmup_steps < 0 or warmup_factor < 0:
+            raise ValueError("warmup_steps and warmup_factor must be >= 0")
+        self.beta = float(beta)
+        self.mode = mode
+        self.target = target
+        self.horizon = horizon
+        self.beta_min = beta_min
+        self.beta_max = beta_max
+        self.warmup_steps = warmup_steps
+        self.warmup_factor = warmup_factor
+
+    def value(self, step: int) -> float:
+        """Beta to use at ``step`` (0-based)."""
+        return self.beta * self.warmup_factor if step < self.warmup_steps else self.beta
+
+    def update(self, kl: float, n_steps: int = 1) -> float:
+        """Move beta toward keeping ``kl`` at target (adaptive mode); returns the new beta.
+        Non-finite KL is ignored (the non-finite guard handles it)."""
+        if self.mode == "adaptive" and math.isfinite(kl):
+            error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+            self.beta *= 1.0 + error * n_steps / self.horizon
+            self.beta = min(max(self.beta, self.beta_min), self.beta_max)
+        return self.beta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.beta = float(state["beta"])
+
+
+# ---------------------------------------------------------------------------------- guards
+
+
+class KLThresholdGuard:
+    """Stops a run whose KL to the reference runs away: above ``threshold`` it first answers
+    "recover" (the caller restores the last good checkpoint) up to ``max_recoveries`` times,
+    then "stop". NaN KL is left to NonFiniteGuard. ``threshold`` None disables it."""
+
+    def __init__(self, threshold: float | None, max_recoveries: int = 2) -> None:
+        if threshold is not None and not threshold > 0:
+            raise ValueError(f"KL threshold must be > 0 or None, got {threshold}")
+        if max_recoveries < 0:
+            raise ValueError(f"max_recoveries must be >= 0, got {max_recoveries}")
+        self.threshold = threshold
+        self.max_recoveries = max_recoveries
+        self.recoveries = 0
+        self.last_kl: float | None = None
+
+    def check(self, kl_mean: float) -> Literal["ok", "recover", "stop"]:
+        if self.threshold is None or not kl_mean > self.threshold:
+            return "ok"
+        self.last_kl = float(kl_mean)
+        if self.recoveries < self.max_recoveries:
+            self.recoveries += 1
+            return "recover"
+        return "stop"
+
+    @property
+    def message(self) -> str:
+        return (
+            f"KL to the reference ({self.last_kl:.4g}) exceeded the threshold {self.threshold} "
+            f"after {self.recoveries}/{self.max_recoveries} recoveries: the policy is drifting "
+            "too fast. Lower the learning rate, raise beta (or use the adaptive KL controller), "
+            "narrow the clip range (eps_low/eps_high) or use fewer updates per batch."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recoveries": self.recoveries, "last_kl": self.last_kl}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.recoveries = int(state["recoveries"])
+        self.last_kl = state.get("last_kl")
+
+
+class NonFiniteGuard:
+    """NaN/Inf guard. A non-finite loss or grad norm answers "skip" (drop the step); the
+    ``max_consecutive``-th skip in a row answers "rollback" instead (restore the last good
+    checkpoint, multiply LR by ``lr_factor``; ``lr_scale`` is the cumulative factor); a
+    rollback needed after ``max_rollbacks`` rollbacks answers "stop". A finite step resets
+    the run of skips."""
+
+    def __init__(self, max_consecutive: int = 3, max_rollbacks: int = 2, lr_factor: float = 0.5) -> None:
+        if max_consecutive < 1:
+            raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
+        if max_rollbacks < 0:
+            raise ValueError(f"max_rollbacks must be >= 0, got {max_rollbacks}")
+        if not 0 < lr_factor <= 1:
+            raise ValueError(f"lr_factor must be in (0, 1], got {lr_factor}")
+        self.max_consecutive = max_consecutive
+        self.max_rollbacks = max_rollbacks
+        self.lr_factor = lr_factor
+        self.consecutive = 0
+        self.rollbacks = 0
+        self.total_skips = 0
+        self.last_cause = ""
+
+    @property
+    def lr_scale(self) -> float:
+        return self.lr_factor**self.rollbacks
+
+    def check(self, loss: float | Tensor | None, grad_norm: float | Tensor | None = None) -> Literal[
+        "ok", "skip", "rollback", "stop"
+    ]:
+        bad = [name for name, x in (("loss", loss), ("grad norm", grad_norm)) if not _finite(x)]
+        if not bad:
+            self.consecutive = 0
+            return "ok"
+        self.last_cause = " and ".join(bad)
+        self.total_skips += 1
+        self.consecutive += 1
+        if self.consecutive < self.max_consecutive:
+            return "skip"
+        self.consecutive = 0
+        if self.rollbacks >= self.max_rollbacks:
+            return "stop"
+        self.rollbacks += 1
+        return "rollback"
+
+    @property
+    def message(self) -> str:
+        return (
+            f"non-finite {self.last_cause or 'value'}: {self.total_skips} steps skipped, "
+            f"{self.rollbacks}/{self.max_rollbacks} rollbacks (LR scale now {self.lr_scale:.3g}). "
+            "Lower the learning rate, tighten gradient clipping, check the KL clamp and "
+            "bf16/fp16 overflow, and look for empty or degenerate completions."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "consecutive": self.consecutive,
+            "rollbacks": self.rollbacks,
+            "total_skips": self.total_skips,
+            "last_cause": self.last_cause,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.consecutive = int(state["consecutive"])
+        self.rollbacks = int(state["rollbacks"])
+        self.total_skips = int(state["total_skips"])
+        self.last_cause = str(state.get("last_cause", ""))
+
+
+# ----------------------------------------------------------------------- reward normaliser
+
+
+class RewardNormalizer:
+    """EMA estimate of the reward mean and variance; ``normalize`` first folds the batch in,
+    then returns (r - mean) / max(std, std_floor). The variance update is the exact variance
+    of the mixture (old estimate weighted ``momentum``, batch weighted 1 - momentum), so a
+    shifting mean widens it. Disabled: returns the rewards unchanged."""
+
+    def __init__(self, momentum: float = 0.99, enabled: bool = True, std_floor: float = 1e-4) -> None:
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = momentum
+        self.enabled = enabled
+        self.std_floor = std_floor
+        self.mean = 0.0
+        self.var = 0.0
+        self.count = 0
+
+    def update(self, rewards: Tensor) -> None:
+        r = rewards.detach().double().reshape(-1)
+        if r.numel() == 0:
+            return
+        batch_mean = r.mean().item()
+        batch_var = r.var(correction=0).item()
+        if self.count == 0:
+            self.mean, self.var = batch_mean, batch_var
+        else:
+            w = self.momentum
+            mean = w * self.mean + (1 - w) * batch_mean
+            old_part = self.var + (self.mean - mean) ** 2
+            new_part = batch_var + (batch_mean - mean) ** 2
+            self.var = w * old_part + (1 - w) * new_part
+            self.mean = mean
+        self.count += 1
+
+    def normalize(self, rewards: Tensor) -> Tensor:
+        if not self.enabled:
+            return rewards
+        self.update(rewards)
+        std = max(math.sqrt(self.var), self.std_floor)
+        return (rewards - self.mean) / std
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.mean = float(state["mean"])
+        self.var = float(state["var"])
+        self.count = int(state["count"])
+
+
+# --------------------------------------------------------------------------------- schedules
+
+
+def cosine_lr(step: int, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> float:
+    """LR multiplier: linear warm-up (step + 1) / warmup_steps, reaching 1 at step
+    warmup_steps - 1 (no wasted zero-LR step), then cosine from 1 at ``warmup_steps`` down to
+    ``min_ratio`` at ``total_steps`` (and after)."""
+    if total_steps <= 0 or warmup_steps < 0:
+        raise ValueError(f"need total_steps > 0 and warmup_steps >= 0, got {total_steps}, {warmup_steps}")
+    if not 0 <= min_ratio <= 1:
+        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(max((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0), 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class CurriculumSchedule:
+    """Reward-component weights that change over training, per task.
+
+    ``schedule = {task: [(step, {component: weight}), ...]}``, piecewise constant: the last
+    entry whose step <= the current step applies on top of the base weights (components it
+    does not name keep their base weight); before the first entry the base applies.
+    """
+
+    def __init__(self, schedule: Mapping[str, Sequence[Sequence[Any]]] | None = None) -> None:
+        self.schedule: dict[str, list[tuple[int, dict[str, float]]]] = {}
+        for task, entries in (schedule or {}).items():
+            parsed: list[tuple[int, dict[str, float]]] = []
+            for i, entry in enumerate(entries):
+                where = f"curriculum[{task!r}][{i}]"
+                if len(entry) != 2:
+                    raise ValueError(f"{where}: expected (step, {{component: weight}}), got {entry!r}")
+                step, weights = entry
+                if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                    raise ValueError(f"{where}: step must be a non-negative integer, got {step!r}")
+                if parsed and step <= parsed[-1][0]:
+                    raise ValueError(
+                        f"{where}: steps must be strictly increasing, got {step} after {parsed[-1][0]}"
+                    )
+                if not isinstance(weights, Mapping):
+                    raise ValueError(f"{where}: weights must be a mapping, got {weights!r}")
+                clean: dict[str, float] = {}
+                for name, w in weights.items():
+                    number = isinstance(w, (int, float)) and not isinstance(w, bool)
+                    if not number or not math.isfinite(w) or w < 0:
+                        raise ValueError(
+                            f"{where}: weight of {name!r} must be a finite number >= 0, got {w!r}"
+                        )
+                    clean[str(name)] = float(w)
+                parsed.append((step, clean))
+            self.schedule[task] = parsed
+
+    def weights(self, task: str, step: int, base: Mapping[str, float]) -> dict[str, float]:
+        """Weights for ``task`` at ``step``: ``base`` overridden by the entry in force."""
+        out = dict(base)
+        current: dict[str, float] = {}
+        for start, weights in self.schedule.get(task, []):
+            if start > step:
+                break
+            current = weights
+        unknown = sorted(set(current) - set(base))
+        if unknown:
+            raise ValueError(
+                f"curriculum for task {task!r} names unknown components {unknown}; known: {sorted(base)}"
+            )
+        out.update(current)
+        return out
+
+    def check(self, base_by_task: Mapping[str, Mapping[str, float]]) -> None:
+        """Fail early (at config time) on tasks or components the reward does not have."""
+        for task, entries in self.schedule.items():
+            if task not in base_by_task:
+                raise ValueError(f"curriculum names unknown task {task!r}; known: {sorted(base_by_task)}")
+            for start, _ in entries:
+                self.weights(task, start, base_by_task[task])
+
+
+# ------------------------------------------------------------------------------ diagnostics
+
+
+class SymptomMonitor:
+    """Reads per-step metrics and returns warnings naming the likely cause and the knob.
+
+    Each symptom fires at most once every ``every`` steps. Metrics read (missing or
+    non-finite ones are skipped): kl_mean, zero_var_share, entropy, clip_frac, grad_norm,
+    truncation_rate, reward_mean.
+    """
+
+    KL_WINDOW = 5  # KL more than doubled over this many steps
+    ENTROPY_BASELINE_STEPS = 5
+    GRAD_WINDOW = 50
+    GRAD_MIN_HISTORY = 5
+
+    def __init__(self, every: int = 50, flat_steps: int = 50) -> None:
+        if every < 1 or flat_steps < 2:
+            raise ValueError(f"need every >= 1 and flat_steps >= 2, got {every}, {flat_steps}")
+        self.every = every
+        self.flat_steps = flat_steps
+        self._kl: deque[float] = deque(maxlen=self.KL_WINDOW + 1)
+        self._grad: deque[float] = deque(maxlen=self.GRAD_WINDOW)
+        self._reward: deque[float] = deque(maxlen=flat_steps)
+        self._entropy_first: list[float] = []
+        self._last_fired: dict[str, int] = {}
+
+    def _get(self, metrics: Mapping[str, Any], key: str) -> float | None:
+        v = metrics.get(key)
+        if v is None:
+            return None
+        v = float(v)
+        return v if math.isfinite(v) else None
+
+    def _symptoms(self, m: Mapping[str, Any]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        kl = self._get(m, "kl_mean")
+        if kl is not None:
+            self._kl.append(kl)
+            if len(self._kl) == self._kl.maxlen and kl > 0.05 and kl > 2 * self._kl[0]:
+                found["kl_growth"] = (
+                    f"KL more than doubled in {self.KL_WINDOW} steps ({self._kl[0]:.3g} -> {kl:.3g}): the "
+                    "policy is leaving the reference fast. Lower the learning rate, raise beta or use "
+                    "adaptive KL, narrow the clip range."
+                )
+        zv = self._get(m, "zero_var_share")
+        if zv is not None and zv > 0.5:
+            found["zero_variance"] = (
+                f"{zv:.0%} of groups have equal rewards and no learning signal: tasks too easy or too "
+                "hard, or rewards too coarse. Raise the group size or temperature, use graduated "
+                "rewards, filter the data or enable zero-variance resampling."
+            )
+        ent = self._get(m, "entropy")
+        if ent is not None:
+            if len(self._entropy_first) < self.ENTROPY_BASELINE_STEPS:
+                self._entropy_first.append(ent)
+            else:
+                base = sum(self._entropy_first) / len(self._entropy_first)
+                if base > 0 and ent < 0.2 * base:
+                    found["entropy_collapse"] = (
+                        f"entropy collapsed to {ent:.3g} (< 20% of its early average {base:.3g}): the "
+                        "policy stopped exploring. Raise entropy_coef, temperature or beta, lower "
+                        "the learning rate, or raise eps_high (clip-higher)."
+                    )
+        cf = self._get(m, "clip_frac")
+        if cf is not None and cf > 0.5:
+            found["clip_fraction"] = (
+                f"clip fraction {cf:.0%}: updates move the policy far from the sampling policy. "
+                "Lower the learning rate or the number of updates per batch, or widen the clip range."
+            )
+        gn = self._get(m, "grad_norm")
+        if gn is not None:
+            if len(self._grad) >= self.GRAD_MIN_HISTORY:
+                median = statistics.median(self._grad)
+                if median > 0 and gn > 10 * median:
+                    found["grad_spike"] = (
+                        f"grad norm {gn:.3g} is over 10x its running median {median:.3g}: an outlier "
+                        "batch or instability. Tighten gradient clipping, lower the learning rate, "
+                        "check advantage clip and KL clamp."
+                    )
+            self._grad.append(gn)
+        tr = self._get(m, "truncation_rate")
+        if tr is not None and tr > 0.5:
+            found["truncation"] = (
+                f"{tr:.0%} of completions hit the length limit: max_completion_length too small or the "
+                "model does not emit its stop token. Raise max_completion_length, check EOS/stop "
+                "handling, or penalise over-long outputs."
+            )
+        rw = self._get(m, "reward_mean")
+        if rw is not None:
+            self._reward.append(rw)
+            if len(self._reward) == self.flat_steps and max(self._reward) - min(self._reward) < 1e-3:
+                found["reward_flat"] = (
+                    f"mean reward flat at {rw:.4g} for {self.flat_steps} steps: no learning signal. "
+                    "Check the reward function and zero-variance share, raise the learning rate or "
+                    "temperature, or change the data mix / curriculum."
+                )
+        return found
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> list[str]:
+        """Update histories with this step's metrics; return the warnings due now."""
+        out = []
+        for name, text in self._symptoms(metrics).items():
+            last = self._last_fired.get(name)
+            if last is None or step - last >= self.every:
+                self._last_fired[name] = step
+                out.append(f"step {step} [{name}] {text}")
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kl": list(self._kl),
+            "grad": list(self._grad),
+            "reward": list(self._reward),
+            "entropy_first": list(self._entropy_first),
+            "last_fired": dict(self._last_fired),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._kl = deque(state["kl"], maxlen=self.KL_WINDOW + 1)
+        self._grad = deque(state["grad"], maxlen=self.GRAD_WINDOW)
+        self._reward = deque(state["reward"], maxlen=self.flat_steps)
+        self._entropy_first = list(state["entropy_first"])
+        self._last_fired = {str(k): int(v) for k, v in state["last_fired"].items()}

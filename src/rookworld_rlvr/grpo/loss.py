@@ -1,0 +1,342 @@
+"""GRPO loss: pure tensor math, no model, no chess.
+
+Shapes: N = B * G rows (B prompts, G completions each, grouped contiguously),
+C completion tokens, V vocabulary. ``mask`` [N, C] (bool or 0/1 float) marks the
+completion tokens that count. Per-token maths is done in float32.
+
+Padding never contributes: every input is passed through ``torch.where(mask, x, 0)``
+*before* any arithmetic, so -inf/NaN log-probs under padding can produce neither NaN
+values nor NaN gradients (multiplying by the mask would: 0 * inf = NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+KLKind = Literal["k1", "k2", "k3"]
+ScaleMode = Literal["group", "batch", "none"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+
+KL_KINDS = ("k1", "k2", "k3")
+SCALE_MODES = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+# --------------------------------------------------------------------------- masking
+
+
+def _as_bool(mask: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask, exact 0 elsewhere (safe for -inf/NaN under padding, values and grads)."""
+    return torch.where(_as_bool(mask), x.float(), torch.zeros((), dtype=torch.float32, device=x.device))
+
+
+def _masked_stats(x: Tensor, mask: Tensor) -> tuple[float, float, float]:
+    """(mean, max, min) of x over masked entries; zeros when nothing is masked."""
+    values = x.detach().float()[_as_bool(mask)]
+    if values.numel() == 0:
+        return 0.0, 0.0, 0.0
+    return values.mean().item(), values.max().item(), values.min().item()
+
+
+# ------------------------------------------------------------------------ KL estimators
+# Schulman, "Approximating KL divergence" (2020). Tokens are sampled from the policy, so
+# with r = ref_logp - logp = log(ref/policy) each k estimates KL(policy || ref):
+# k1 is unbiased but high-variance and can be negative, k2 is biased but low-variance,
+# k3 is unbiased, non-negative and low-variance (the DeepSeekMath/TRL choice).
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 = -r = logp - ref_logp."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 = r**2 / 2."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, max_log_ratio: float | None = None) -> Tensor:
+    """k3 = exp(r) - r - 1 with r = ref_logp - logp (this sign; the reverse estimates
+    something else). ``max_log_ratio`` caps r before exp so it cannot overflow."""
+    r = ref_logp - logp
+    if max_log_ratio is not None:
+        r = r.clamp(max=max_log_ratio)
+    return torch.exp(r) - r - 1.0
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3", clamp: float | None = 10.0) -> Tensor:
+    """Per-token KL(policy || ref) estimate, clamped to [-clamp, clamp] before any
+    aggregation so one runaway token cannot turn the loss into Inf/NaN."""
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_KINDS}")
+    log_ratio = logp.float() - ref_logp.float()
+    zero = torch.zeros_like(log_ratio)
+    if clamp is not None:
+        # Every estimator is already >= clamp at |log ratio| = clamp + 1, so this cap changes no
+        # value inside the clamp, but keeps values *and gradients* finite for +-inf inputs.
+        log_ratio = log_ratio.clamp(-(clamp + 1.0), clamp + 1.0)
+    if kind == "k1":
+        kl = kl_k1(log_ratio, zero)
+    elif kind == "k2":
+        kl = kl_k2(log_ratio, zero)
+    else:
+        # k3(log1p(c) + 1) >= c as well: capping r there keeps exp from overflowing for any c.
+        kl = kl_k3(log_ratio, zero, None if clamp is None else math.log1p(clamp) + 1.0)
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+def exact_kl(logits: Tensor, ref_logits: Tensor) -> Tensor:
+    """Exact per-token KL(policy || ref) = sum_v p log(p/q) over the vocabulary, [N, C, V]
+    -> [N, C]. Terms with p = 0 count 0 (also when q = 0 there)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
+    p = logp.exp()
+    terms = torch.where(p > 0, p * (logp - ref_logp), torch.zeros_like(p))
+    return terms.sum(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-token entropy -sum_v p log p of softmax(logits), [N, C, V] -> [N, C], float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _groups(rewards: Tensor, group_size: int) -> Tensor:
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"{rewards.numel()} rewards cannot be split into groups of {group_size}")
+    return rewards.reshape(-1, group_size)
+
+
+def zero_variance_groups(rewards: Tensor, group_size: int, tol: float = 1e-8) -> Tensor:
+    """BoolTensor [B]: groups whose rewards all agree (max - min <= tol). They carry no
+    learning signal in GRPO; report their share, optionally resample them."""
+    grouped = _groups(rewards, group_size)
+    return (grouped.max(dim=1).values - grouped.min(dim=1).values) <= tol
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    scale: ScaleMode = "group",
+    std_floor: float = 1e-4,
+    clip: float | None = None,
+) -> Tensor:
+    """Advantages [N] = (reward - group mean) / max(std, std_floor), then clipped to [-clip, clip].
+
+    scale: "group" divides by each group's std (DeepSeekMath GRPO), "batch" by the std of the
+    whole batch (TRL scale_rewards="batch"), "none" only centres (Dr. GRPO). Std is the
+    unbiased sample std, as in TRL. Groups whose rewards are all equal get exactly 0.
+    """
+    if scale not in SCALE_MODES:
+        raise ValueError(f"unknown advantage scale {scale!r}; expected one of {SCALE_MODES}")
+    grouped = _groups(rewards, group_size).double()
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    correction = 1 if group_size > 1 else 0
+    if scale == "group":
+        centred = centred / grouped.std(dim=1, keepdim=True, correction=correction).clamp(min=std_floor)
+    elif scale == "batch":
+        batch_std = grouped.std(correction=1 if grouped.numel() > 1 else 0)
+        centred = centred / batch_std.clamp(min=std_floor)
+    # Centring equal floats can leave rounding dust; a flat group must give exactly zero.
+    flat = zero_variance_groups(rewards, group_size).unsqueeze(1)
+    adv = torch.where(flat, torch.zeros_like(centred), centred)
+    if clip is not None:
+        adv = adv.clamp(-clip, clip)
+    return adv.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+# ---------------------------------------------------------------------------- surrogate
+
+
+def clip_fractions(
+    ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[float, float]:
+    """Share of masked tokens where the clip is active (the clipped term wins and the
+    gradient is cut): low = ratio < 1 - eps_low with A < 0; high = ratio > 1 + eps_high with A > 0."""
+    m = _as_bool(mask)
+    n = m.sum().clamp(min=1)
+    adv = advantages.detach().unsqueeze(1)
+    low = (ratio.detach() < 1 - eps_low) & (adv < 0) & m
+    high = (ratio.detach() > 1 + eps_high) & (adv > 0) & m
+    return (low.sum() / n).item(), (high.sum() / n).item()
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped objective per token: -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A),
+    ratio = exp(logp - old_logp) against the *sampling* policy (not the reference).
+    Separate low/high ranges are DAPO's clip-higher. Returns (loss [N, C], stats) with
+    stats clip_low, clip_high, clip_frac, ratio_mean, ratio_max over masked tokens."""
+    if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
+        raise ValueError(f"advantages must be [N={logp.shape[0]}], got {tuple(advantages.shape)}")
+    if mask is None:
+        mask = torch.ones_like(logp, dtype=torch.bool)
+    ratio = torch.exp(_masked(logp, mask) - _masked(old_logp, mask))
+    adv = advantages.float().unsqueeze(1)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    clip_low, clip_high = clip_fractions(ratio, advantages, mask, eps_low, eps_high)
+    ratio_mean, ratio_max, _ = _masked_stats(ratio, mask)
+    stats = {
+        "clip_low": clip_low,
+        "clip_high": clip_high,
+        "clip_frac": clip_low + clip_high,
+        "ratio_mean": ratio_mean,
+        "ratio_max": ratio_max,
+    }
+    return per_token, stats
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    loss_type: LossType = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | float | Tensor | None = None,
+) -> Tensor:
+    """Reduce a per-token quantity [N, C] over masked tokens to a scalar (TRL names):
+
+    - "grpo": mean over sequences of (token sum / sequence length) (DeepSeekMath). Long
+      completions weigh each token less, a length bias Dr. GRPO points out.
+    - "bnpo": token sum / number of masked tokens in the local batch (token-level mean).
+    - "dr_grpo": token sum / (N * max_completion_length) (Dr. GRPO, Liu et al. 2025): a
+      constant normaliser, no length bias. Falls back to C when max_completion_length is None.
+    - "dapo": token sum / number of masked tokens in the *global* batch (DAPO, Yu et al. 2025),
+      given as num_items_in_batch so gradient-accumulation micro-batches and processes sum
+      to the right token mean; falls back to the local count. If DDP averages gradients over
+      P processes, pass num_items_in_batch / P (as TRL does).
+    """
+    m = _as_bool(mask)
+    values = _masked(per_token, m)
+    total = values.sum()
+    if loss_type == "grpo":
+        lengths = m.sum(dim=1).clamp(min=1)
+        return (values.sum(dim=1) / lengths).mean()
+    if loss_type == "bnpo":
+        return total / m.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        length = per_token.shape[1] if max_completion_length is None else max_completion_length
+        return total / (per_token.shape[0] * length)
+    if loss_type == "dapo":
+        if num_items_in_batch is None:
+            return total / m.sum().clamp(min=1)
+        if isinstance(num_items_in_batch, Tensor):
+            return total / num_items_in_batch.to(total).clamp(min=1)
+        return total / max(float(num_items_in_batch), 1.0)
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+# ------------------------------------------------------------------------------- loss
+
+
+@dataclass
+class LossOutput:
+    """Total loss (scalar with grad) and detached float metrics for logging."""
+
+    loss: Tensor
+    policy_loss: float
+    kl_loss: float
+    kl_mean: float
+    kl_max: float
+    kl_min: float
+    kl_share: float
+    clip_low: float
+    clip_high: float
+    clip_frac: float
+    ratio_mean: float
+    ratio_max: float
+    entropy: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """Flat float metrics (no loss tensor), ready for a logger."""
+        out = {k: v for k, v in vars(self).items() if k != "loss" and v is not None}
+        out["loss"] = self.loss.detach().item()
+        return out
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    kl_kind: KLKind = "k3",
+    kl_clamp: float | None = 10.0,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    loss_type: LossType = "grpo",
+    max_completion_length: int | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    num_items_in_batch: int | float | Tensor | None = None,
+    kl: Tensor | None = None,
+) -> LossOutput:
+    """Total = policy term + beta * KL term - entropy_coef * entropy term, each aggregated by
+    ``loss_type``. ``old_logp`` None means one update per batch (old = logp.detach()).
+    KL comes from ``kl`` if given (e.g. exact_kl), else from ``ref_logp`` with ``kl_kind``;
+    with neither the KL term is 0. KL/entropy metrics are token means over the mask."""
+    m = _as_bool(mask)
+    if old_logp is None:
+        old_logp = logp.detach()
+    per_token_pg, stats = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, m)
+    policy_term = aggregate(per_token_pg, m, loss_type, max_completion_length, num_items_in_batch)
+    loss = policy_term
+
+    kl_term_value, kl_mean, kl_max, kl_min = 0.0, 0.0, 0.0, 0.0
+    if kl is None and ref_logp is not None:
+        kl = kl_estimate(_masked(logp, m), _masked(ref_logp, m), kl_kind, kl_clamp)
+    if kl is not None:
+        kl = _masked(kl, m)
+        kl_mean, kl_max, kl_min = _masked_stats(kl, m)
+        if beta != 0.0:  # skip 0 * kl so an unclamped inf cannot become NaN
+            kl_term = beta * aggregate(kl, m, loss_type, max_completion_length, num_items_in_batch)
+            loss = loss + kl_term
+            kl_term_value = kl_term.detach().item()
+
+    entropy_mean = None
+    if entropy is not None:
+        entropy_mean = _masked_stats(entropy, m)[0]
+        if entropy_coef != 0.0:
+            entropy_term = aggregate(entropy, m, loss_type, max_completion_length, num_items_in_batch)
+            loss = loss - entropy_coef * entropy_term
+
+    policy_value = policy_term.detach().item()
+    denom = abs(policy_value) + abs(kl_term_value)
+    return LossOutput(
+        loss=loss,
+        policy_loss=policy_value,
+        kl_loss=kl_term_value,
+        kl_mean=kl_mean,
+        kl_max=kl_max,
+        kl_min=kl_min,
+        kl_share=abs(kl_term_value) / denom if denom > 0 else 0.0,
+        entropy=entropy_mean,
+        **stats,
+    )

@@ -1,0 +1,254 @@
+"""`rookworld sft`: supervised bootstrap of a base model that knows both task formats.
+
+GRPO learns only from differences among well-formed answers, so the base decides
+everything. The loop is nanoGPT-shaped: sample a batch, forward, backward, clip, step;
+evaluate and checkpoint every so often; resume from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SFT_STATE = "sft_state.pt"
+
+
+@dataclass
+class SFTConfig:
+    data: str = "data/train.jsonl.gz"
+    eval_data: str = "data/eval.jsonl.gz"
+    out: str = "models/rookworld-tiny"
+    init: str | None = None  # continue from this model directory instead of a fresh one
+    preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
+    n_positions: int = 256
+    layout: str = "compact"
+    loss_on: str = "full"  # full | completion
+    env_share: float = 0.5  # share of A: samples in each batch
+    steps: int = 3000
+    max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
+    batch_size: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    autocast: str = "none"  # none | bf16
+    eval_every: int = 500
+    eval_samples: int = 200  # per task, greedy task metrics
+    save_every: int = 500
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+
+    def validate(self) -> None:
+        if self.loss_on not in ("full", "completion"):
+            raise ValueError("sft.loss_on must be 'full' or 'completion'")
+        if self.autocast not in ("none", "bf16"):
+            raise ValueError("sft.autocast must be 'none' or 'bf16'")
+        if not 0 <= self.env_share <= 1:
+            raise ValueError("sft.env_share must be in [0, 1]")
+        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
+        if not Path(self.data).exists():
+            raise ValueError(f"sft.data: {self.data}: no such file")
+
+
+def _encode(tokenizer, samples, layout: str) -> list[tuple[list[int], int]]:
+    """(ids with EOS, prompt length). Prompt and completion are tokenized apart, as at generation."""
+    pairs = [s.render(layout) for s in samples]
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+    comps = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [(p + c + [eos], len(p)) for p, c in zip(prompts, comps)]
+
+
+def make_batch(rows: list[tuple[list[int], int]], pad_id: int, loss_on: str):
+    """Right-padded batch; labels -100 on padding (and on the prompt for completion-only loss)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+        start = n_prompt if loss_on == "completion" else 1
+        labels[i, start: len(ids)] = torch.tensor(ids[start:])
+    return input_ids, mask, labels
+
+
+def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.grpo.control import cosine_lr
+    from rookworld_rlvr.model import build_chess_tokenizer, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    device = resolve_device(cfg.device)
+    out = Path(cfg.out)
+    ckpt = out.parent / f"{out.name}.checkpoint"
+    state = None
+    if resume and (ckpt / SFT_STATE).exists():
+        model, tokenizer = load_policy(str(ckpt), device=str(device))
+        state = torch.load(ckpt / SFT_STATE, weights_only=False)
+    elif cfg.init:
+        model, tokenizer = load_policy(cfg.init, device=str(device))
+    else:
+        from transformers import GPT2LMHeadModel
+
+        tokenizer = build_chess_tokenizer()
+        model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
+
+    samples = read_samples(cfg.data)
+    by_task = {t: _encode(tokenizer, [s for s in samples if s.task == t], cfg.layout) for t in ("P", "A")}
+    limit = getattr(model.config, "n_positions", None) or 10**9
+    for t, rows in by_task.items():
+        too_long = sum(len(ids) > limit for ids, _ in rows)
+        if too_long:
+            raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
+    eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
+    eval_rows = {t: _encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout) for t in ("P", "A")}
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    step, elapsed_before = 0, 0.0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed_before = state["step"], state["elapsed"]
+        rng.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        print(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
+    log_path = out.parent / f"{out.name}.sft_log.jsonl"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
+    t0 = time.time()
+    budget = cfg.max_minutes * 60 if cfg.max_minutes else None
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc="sft")
+    metrics: dict = {}
+
+    def progress_frac() -> float:
+        frac = step / cfg.steps
+        if budget:
+            frac = max(frac, (elapsed_before + time.time() - t0) / budget)
+        return min(frac, 1.0)
+
+    def save(final: bool = False) -> None:
+        target = out if final else ckpt
+        save_pretrained_atomic(model, tokenizer, target)
+        if not final:
+            tmp = target / f".{SFT_STATE}.tmp"
+            torch.save({"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed_before + time.time() - t0,
+                        "python_rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config": asdict(cfg)}, tmp)
+            os.replace(tmp, target / SFT_STATE)
+
+    model.train()
+    model.config.use_cache = False
+    while step < cfg.steps and progress_frac() < 1.0:
+        lr = cfg.lr * cosine_lr(int(progress_frac() * cfg.steps), cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))
+        rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
+        rows += rng.choices(by_task["P"], k=cfg.batch_size - len(rows)) if by_task["P"] else []
+        input_ids, mask, labels = (x.to(device) for x in make_batch(rows, tokenizer.pad_token_id, cfg.loss_on))
+        with autocast:
+            loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        bar.update()
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+        record = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm),
+                  "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
+        done = step >= cfg.steps or progress_frac() >= 1.0
+        if step % cfg.eval_every == 0 or done:
+            record.update(_evaluate(model, tokenizer, eval_rows, eval_samples, cfg, device))
+            model.train()
+            metrics = record
+            bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}))
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if step % cfg.save_every == 0 and not done:
+            save()
+    bar.close()
+    model.eval()
+    model.config.use_cache = True
+    save()
+    save(final=True)
+    print(f"sft: saved {out} after {step} steps, {(elapsed_before + time.time() - t0) / 60:.1f} min")
+    return metrics
+
+
+def _evaluate(model, tokenizer, eval_rows, eval_samples, cfg: SFTConfig, device) -> dict:
+    """Eval loss per task, and greedy task metrics on a subset when the eval module is there."""
+    import torch
+
+    model.eval()
+    out: dict = {}
+    with torch.no_grad():
+        for t, rows in eval_rows.items():
+            if rows:
+                ids, mask, labels = (x.to(device) for x in make_batch(rows[:128], tokenizer.pad_token_id, "completion"))
+                out[f"eval_loss_{t}"] = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+    if cfg.eval_samples and eval_samples:
+        from rookworld_rlvr.evaluate import EvalConfig, evaluate
+
+        model.config.use_cache = True
+        subset = [s for s in eval_samples if s.task == "P"][: cfg.eval_samples] + \
+                 [s for s in eval_samples if s.task == "A"][: cfg.eval_samples]
+        res = evaluate(model, tokenizer, subset, config=EvalConfig(layout=cfg.layout), scorer=_scorer())
+        model.config.use_cache = False
+        for task in ("policy", "environment"):
+            for k, v in res.get(task, {}).items():
+                if isinstance(v, (int, float)) and k != "n":
+                    out[f"{task}/{k}"] = v
+    return out
+
+
+_SCORER = None
+
+
+def _scorer():
+    global _SCORER
+    if _SCORER is None:
+        from rookworld_rlvr.engine import EngineConfig, StockfishPool
+        from rookworld_rlvr.tasks.rewards import RewardScorer
+
+        _SCORER = RewardScorer(engine=StockfishPool(EngineConfig(depth=8, workers=1)))
+    return _SCORER
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    defaults = SFTConfig()
+    for field, value in asdict(defaults).items():
+        flag = "--" + field.replace("_", "-")
+        kind = type(value) if value is not None else (float if field == "max_minutes" else int if field == "threads" else str)
+        p.add_argument(flag, type=kind, default=value, help=f"(default: {value})")
+    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
+    p.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    fields = asdict(SFTConfig())
+    cfg = SFTConfig(**{k: getattr(args, k) for k in fields})
+    train(cfg, resume=args.resume, progress=not args.quiet)
+    return 0
