@@ -26,7 +26,7 @@ class SFTConfig:
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
     preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
-    n_positions: int = 256
+    n_positions: int = 320
     layout: str = "compact"
     loss_on: str = "full"  # full | completion
     env_share: float = 0.5  # share of A: samples in each batch

@@ -1,0 +1,293 @@
+"""The GRPO run configuration: one flat dataclass, YAML presets, `--key value` overrides.
+
+Every field has a help text (shown by `rookworld train --help` and in the README), is
+validated in `validate()`, and is read by the trainer. Flat names keep overrides simple:
+`--kl-coef 0.02` on the command line, `KL_COEF=0.02` in train.sh, `kl_coef: 0.02` in YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardConfig
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+KL_ESTIMATORS = ("k1", "k2", "k3", "exact")
+SCALES = ("group", "batch", "none")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    # -- model -------------------------------------------------------------------------------
+    model: str = _f("models/rookworld-tiny", "policy to train: a local directory or a Hub id (jrahn/RookWorld-LM-124M)")
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps")
+    ref_device: str | None = _f(None, "device for the frozen reference model (default: same as device)")
+    autocast: str = _f("none", "none | bf16 | auto: bf16 autocast with fp32 master weights (auto = where the hardware supports bf16 well)")
+    compile: bool = _f(False, "torch.compile the policy forward (GPU; little gain on CPU)")
+    threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
+    # -- data ----------------------------------------------------------------------------------
+    data: str = _f("data/train.jsonl.gz", "training prompts: our JSONL(.gz) or upstream RookWorld text lines")
+    eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
+    eval_limit: int = _f(200, "held-out samples per task in each evaluation (0 = all)")
+    skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")
+    layout: str = _f("compact", "P: prompt layout: compact | padded (upstream columns; use for RookWorld-LM)")
+    mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")
+    # -- batch and sampling --------------------------------------------------------------------
+    steps: int = _f(60, "optimizer steps (one batch of prompts per step)")
+    batch_positions: int = _f(8, "prompts per step (B)")
+    group_size: int = _f(8, "completions per prompt (G)")
+    temperature: float = _f(1.0, "sampling temperature (the trainer's log-probs use the same temperature)")
+    top_p: float = _f(1.0, "nucleus sampling")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+    max_new_tokens: int = _f(100, "completion length limit (tokens)")
+    task_sampling: dict = _f({}, "per-task overrides, e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
+    phases: list = _f([], "task phases: [{start: 0, mix_env_ratio: 0.0, temperature: ...}, {start: 30, ...}]")
+    # -- optimisation --------------------------------------------------------------------------
+    lr: float = _f(2e-5, "peak learning rate (AdamW)")
+    warmup_steps: int = _f(5, "linear LR warm-up steps")
+    min_lr_ratio: float = _f(0.1, "cosine schedule floor as a share of lr")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "gradient-norm clip (0 = off)")
+    updates_per_batch: int = _f(1, "μ: passes over each batch (>1 makes the clipped ratio matter)")
+    minibatch_size: int = _f(0, "completions per forward/backward (gradient accumulation); 0 = whole batch")
+    # -- GRPO loss ------------------------------------------------------------------------------
+    loss_type: str = _f("grpo", "grpo | bnpo | dr_grpo | dapo (how token losses are averaged)")
+    clip_range: float = _f(0.2, "ε: clip the ratio to [1-ε_low, 1+ε_high]; sets both unless given")
+    clip_low: float | None = _f(None, "ε_low (default: clip_range)")
+    clip_high: float | None = _f(None, "ε_high (default: clip_range; DAPO uses 0.28)")
+    scale_rewards: str = _f("group", "advantage scaling: group | batch | none")
+    std_floor: float = _f(0.05, "minimum std when scaling advantages")
+    adv_clip: float | None = _f(5.0, "clip advantages to [-adv_clip, adv_clip] (null = off)")
+    reward_norm: bool = _f(False, "EMA reward normalisation before advantages")
+    reward_norm_momentum: float = _f(0.9, "EMA momentum of the reward normaliser")
+    entropy_coef: float = _f(0.0, "entropy bonus coefficient")
+    # -- KL control ------------------------------------------------------------------------------
+    kl_coef: float = _f(0.04, "β: weight of KL(policy || reference); 0 skips the reference pass")
+    kl_estimator: str = _f("k3", "k1 | k2 | k3 on sampled tokens, or exact (full vocabulary)")
+    kl_clamp: float = _f(10.0, "clamp per-token KL values to this bound before averaging")
+    kl_mode: str = _f("fixed", "fixed | adaptive β")
+    kl_target: float = _f(0.05, "adaptive: target KL")
+    kl_horizon: int = _f(100, "adaptive: controller horizon in steps")
+    kl_coef_min: float = _f(0.0, "adaptive: lower clamp of β")
+    kl_coef_max: float = _f(1.0, "adaptive: upper clamp of β")
+    kl_warmup_steps: int = _f(0, "steps during which β is multiplied by kl_warmup_factor")
+    kl_warmup_factor: float = _f(0.0, "β multiplier during warm-up (0 = no KL penalty)")
+    kl_divergence_threshold: float | None = _f(None, "mean KL above this triggers recovery (rollback + lower LR), then a stop")
+    kl_max_recoveries: int = _f(2, "recoveries before a KL stop")
+    ref_refresh_every: int = _f(0, "copy the policy into the reference every K steps (0 = never)")
+    ref_mix_alpha: float = _f(0.0, "with ref_refresh_every: ref = α·policy + (1-α)·ref (0 = plain copy)")
+    # -- stability guards ----------------------------------------------------------------------
+    nan_max_consecutive: int = _f(3, "non-finite steps in a row before a rollback")
+    nan_max_rollbacks: int = _f(2, "rollbacks before the run stops")
+    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite or KL recovery)")
+    resample_zero_variance: int = _f(0, "rounds of replacing groups whose rewards are all equal (0 = off)")
+    # -- rewards ---------------------------------------------------------------------------------
+    reward_shaping: str = _f("linear", "linear | graduated (5 levels) | binary")
+    malformed_penalty: float = _f(-0.3, "reward of unreadable output")
+    policy_weights: dict = _f(dict(RewardConfig().policy_weights), f"P: component weights {POLICY_COMPONENTS}")
+    env_weights: dict = _f(dict(RewardConfig().env_weights), f"A: component weights {ENV_COMPONENTS}")
+    curriculum: dict = _f({}, "weights over steps: {P: [[0, {format: 1.0}], [20, {...}]], A: [...]}")
+    engine_depth: int = _f(8, "Stockfish depth for truths the data lacks and moves outside the top 5")
+    engine_workers: int = _f(1, "Stockfish processes")
+    engine_cache: str | None = _f("data/.cache/engine.sqlite", "SQLite analysis cache shared across runs (null = memory only)")
+    # -- run ---------------------------------------------------------------------------------------
+    output_dir: str = _f("runs/default", "run directory (config, metrics, checkpoints, report)")
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    resume: bool = _f(False, "continue from the latest checkpoint in output_dir")
+    eval_every: int = _f(0, "greedy held-out evaluation every N steps (0 = only before and after)")
+    save_every: int = _f(20, "checkpoint every N steps")
+    keep_last: int = _f(2, "checkpoints kept (plus the best by eval reward)")
+    tensorboard: bool = _f(True, "write TensorBoard events to output_dir/tb")
+    wandb: bool = _f(False, "log to Weights & Biases (needs wandb installed and a login)")
+    report: bool = _f(True, "write plots and report.html at the end")
+    progress: bool = _f(True, "progress bar")
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def eps_low(self) -> float:
+        return self.clip_range if self.clip_low is None else self.clip_low
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_range if self.clip_high is None else self.clip_high
+
+    def reward_config(self) -> RewardConfig:
+        return RewardConfig(policy_weights=dict(self.policy_weights), env_weights=dict(self.env_weights),
+                            shaping=self.reward_shaping, malformed_penalty=self.malformed_penalty)
+
+    def sampling_for(self, task: str, step: int) -> dict:
+        """Sampling settings and mix ratio in force for a task at a step (phases, then task overrides)."""
+        s = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+             "max_new_tokens": self.max_new_tokens, "mix_env_ratio": self.mix_env_ratio}
+        for phase in self.phases:
+            if phase.get("start", 0) <= step:
+                s.update({k: v for k, v in phase.items() if k in s})
+                s.update(phase.get("task_sampling", {}).get(task, {}))
+        s.update(self.task_sampling.get(task, {}))
+        return s
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"config field '{name}' {rule} (got {getattr(self, name, None)!r})")
+
+        need(self.steps >= 1, "steps", "must be >= 1")
+        need(self.batch_positions >= 1, "batch_positions", "must be >= 1")
+        need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare completions of one prompt)")
+        need(self.temperature > 0, "temperature", "must be > 0")
+        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(self.top_k >= 0, "top_k", "must be >= 0")
+        need(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        need(0 <= self.mix_env_ratio <= 1, "mix_env_ratio", "must be in [0, 1]")
+        need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
+        need(self.updates_per_batch >= 1, "updates_per_batch", "must be >= 1")
+        need(self.minibatch_size >= 0, "minibatch_size", "must be >= 0")
+        need(self.loss_type in LOSS_TYPES, "loss_type", f"must be one of {LOSS_TYPES}")
+        need(0 < self.clip_range < 1, "clip_range", "must be in (0, 1)")
+        need(self.clip_low is None or 0 < self.clip_low < 1, "clip_low", "must be in (0, 1)")
+        need(self.clip_high is None or self.clip_high > 0, "clip_high", "must be > 0")
+        need(self.scale_rewards in SCALES, "scale_rewards", f"must be one of {SCALES}")
+        need(self.std_floor > 0, "std_floor", "must be > 0")
+        need(self.adv_clip is None or self.adv_clip > 0, "adv_clip", "must be > 0 or null")
+        need(0 <= self.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
+        need(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
+        need(self.kl_coef >= 0, "kl_coef", "must be >= 0")
+        need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
+        need(self.kl_clamp > 0, "kl_clamp", "must be > 0")
+        need(self.kl_mode in ("fixed", "adaptive"), "kl_mode", "must be fixed or adaptive")
+        need(self.kl_target > 0, "kl_target", "must be > 0")
+        need(self.kl_horizon >= 1, "kl_horizon", "must be >= 1")
+        need(0 <= self.kl_coef_min <= self.kl_coef_max, "kl_coef_min", "must be in [0, kl_coef_max]")
+        need(self.kl_warmup_steps >= 0, "kl_warmup_steps", "must be >= 0")
+        need(self.kl_warmup_factor >= 0, "kl_warmup_factor", "must be >= 0")
+        need(self.kl_divergence_threshold is None or self.kl_divergence_threshold > 0, "kl_divergence_threshold", "must be > 0 or null")
+        need(self.kl_max_recoveries >= 0, "kl_max_recoveries", "must be >= 0")
+        need(self.ref_refresh_every >= 0, "ref_refresh_every", "must be >= 0")
+        need(0 <= self.ref_mix_alpha <= 1, "ref_mix_alpha", "must be in [0, 1]")
+        need(self.ref_mix_alpha == 0 or self.ref_refresh_every > 0, "ref_mix_alpha", "needs ref_refresh_every > 0")
+        need(self.nan_max_consecutive >= 1, "nan_max_consecutive", "must be >= 1")
+        need(self.nan_max_rollbacks >= 0, "nan_max_rollbacks", "must be >= 0")
+        need(0 < self.rollback_lr_factor <= 1, "rollback_lr_factor", "must be in (0, 1]")
+        need(self.resample_zero_variance >= 0, "resample_zero_variance", "must be >= 0")
+        need(self.layout in ("compact", "padded"), "layout", "must be compact or padded")
+        need(self.autocast in ("none", "bf16", "auto"), "autocast", "must be none, bf16 or auto")
+        need(self.eval_limit >= 0, "eval_limit", "must be >= 0")
+        need(self.eval_every >= 0, "eval_every", "must be >= 0")
+        need(self.save_every >= 1, "save_every", "must be >= 1")
+        need(self.keep_last >= 1, "keep_last", "must be >= 1")
+        need(self.engine_depth >= 1, "engine_depth", "must be >= 1")
+        need(self.engine_workers >= 1, "engine_workers", "must be >= 1")
+        need(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
+        self.reward_config().validate()
+        known = set(self.sampling_for("P", 0))
+        for task, over in self.task_sampling.items():
+            need(task in ("P", "A"), "task_sampling", "keys must be P or A")
+            need(set(over) <= known - {"mix_env_ratio"}, "task_sampling", f"may set only {sorted(known - {'mix_env_ratio'})}")
+        for i, phase in enumerate(self.phases):
+            need(isinstance(phase, dict) and isinstance(phase.get("start"), int), "phases", f"entry {i} needs an integer 'start'")
+            extra = set(phase) - known - {"start", "name", "task_sampling"}
+            need(not extra, "phases", f"entry {i} has unknown keys {sorted(extra)}")
+        starts = [p["start"] for p in self.phases]
+        need(starts == sorted(starts), "phases", "must be sorted by start")
+        from rookworld_rlvr.grpo.control import CurriculumSchedule
+
+        try:
+            CurriculumSchedule(self.curriculum).check({"P": self.policy_weights, "A": self.env_weights})
+        except ValueError as e:
+            raise ValueError(f"config field 'curriculum': {e}") from None
+        if self.kl_estimator == "exact" and self.kl_coef == 0:
+            pass  # exact KL is still logged
+
+    # -- io ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        from rookworld_rlvr.data.io import atomic_write_text
+
+        atomic_write_text(path, [yaml.safe_dump(self.to_dict(), sort_keys=False)])
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def coerce(name: str, text: str) -> Any:
+    """Parse a command-line / environment string for field `name` (YAML syntax: 1e-5, true, null, {a: 1})."""
+    if name not in FIELDS:
+        close = [n for n in FIELDS if n.split("_")[0] == name.split("_")[0]][:5]
+        raise ValueError(f"unknown config field '{name}'" + (f"; did you mean one of {close}?" if close else ""))
+    value = yaml.safe_load(text) if text != "" else None
+    default = TrainConfig().__getattribute__(name)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ValueError(f"config field '{name}' must be true or false, got {text!r}")
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(default, str) and value is not None and not isinstance(value, str):
+        value = str(text)
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """YAML preset (optional) + overrides (already typed, or strings to coerce). Unknown keys are errors."""
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ValueError(f"config file {path}: no such file")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: a config file must be a mapping of field: value")
+        for k in loaded:
+            if k not in FIELDS:
+                raise ValueError(f"{path}: unknown config field '{k}'")
+        data.update(loaded)
+    for k, v in (overrides or {}).items():
+        data[k] = coerce(k, v) if isinstance(v, str) else v
+        if k not in FIELDS:
+            raise ValueError(f"unknown config field '{k}'")
+    cfg = TrainConfig(**data)
+    _check_types(cfg)
+    cfg.validate()
+    return cfg
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    defaults = TrainConfig()
+    for name in FIELDS:
+        v, d = getattr(cfg, name), getattr(defaults, name)
+        if v is None or d is None:
+            continue
+        if isinstance(d, bool) != isinstance(v, bool) or (isinstance(d, (int, float)) and not isinstance(v, (int, float))) \
+                or (isinstance(d, str) and not isinstance(v, str)) or (isinstance(d, dict) and not isinstance(v, dict)) \
+                or (isinstance(d, list) and not isinstance(v, list)):
+            raise ValueError(f"config field '{name}' must be of type {type(d).__name__}, got {v!r}")
+        if isinstance(d, float) and isinstance(v, int):
+            setattr(cfg, name, float(v))
+
+
+def help_table() -> str:
+    """Markdown table of every field (for the README)."""
+    rows = ["| field | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(TrainConfig):
+        default = getattr(TrainConfig(), f.name)
+        rows.append(f"| `{f.name}` | `{json.dumps(default)}` | {f.metadata['help']} |")
+    return "\n".join(rows)

@@ -1,0 +1,126 @@
+"""`rookworld train | check-batch | overfit`: wiring the chess world into the generic trainer."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from rookworld_rlvr.config import FIELDS, TrainConfig, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--config", help="YAML preset (configs/default.yaml, configs/stable.yaml, ...)")
+    p.add_argument("--dry-run", action="store_true", help="validate config and data, print the plan, load nothing heavy")
+    p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
+    group = p.add_argument_group("config fields (any field of TrainConfig; YAML syntax for values)")
+    for f in dataclasses.fields(TrainConfig):
+        flags = ["--" + f.name.replace("_", "-")]
+        if "_" in f.name:
+            flags.append("--" + f.name)
+        default = getattr(TrainConfig(), f.name)
+        kw = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
+        group.add_argument(*flags, dest=f"cfg__{f.name}", default=None, metavar="V",
+                           help=f"{f.metadata['help']} (default: {json.dumps(default)})", **kw)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    overrides = {k[5:]: v for k, v in vars(args).items() if k.startswith("cfg__") and v is not None}
+    return load_config(args.config, overrides)
+
+
+def build(cfg: TrainConfig, log=print):
+    """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
+    from rookworld_rlvr.data.io import ReadReport, read_samples
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate
+    from rookworld_rlvr.grpo.trainer import Trainer
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    report = ReadReport()
+    train = read_samples(cfg.data, skip_invalid=cfg.skip_invalid, report=report)
+    if report.invalid:
+        log(f"data: skipped {report.invalid} invalid lines of {cfg.data} (first: {report.errors[0]})")
+    eval_samples = read_samples(cfg.eval_data, skip_invalid=cfg.skip_invalid) if cfg.eval_data else []
+    if cfg.eval_limit:
+        eval_samples = [s for s in eval_samples if s.task == "P"][: cfg.eval_limit] + \
+                       [s for s in eval_samples if s.task == "A"][: cfg.eval_limit]
+    pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
+    scorer = RewardScorer(cfg.reward_config(), engine=pool)
+
+    def reward_fn(prompts, completions, truths, weights):
+        return scorer.score_batch(prompts, completions, truths, weights)
+
+    eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens)
+
+    def eval_fn(model, tokenizer):
+        if not eval_samples:
+            return None
+        return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, return_examples=3)
+
+    trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log)
+    return trainer, pool
+
+
+def _writer(cfg: TrainConfig):
+    """TensorBoard (and wandb) sinks for per-step records."""
+    sinks = []
+    if cfg.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ValueError("tensorboard: true needs the tensorboard package (pip install tensorboard) "
+                             "or set tensorboard: false") from None
+        tb = SummaryWriter(str(Path(cfg.output_dir) / "tb"))
+        sinks.append(lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items()
+                                if isinstance(v, (int, float)) and k != "step"] and tb.flush())
+    if cfg.wandb:
+        try:
+            import wandb
+        except ImportError:
+            raise ValueError("wandb: true needs the wandb package (pip install wandb)") from None
+        run = wandb.init(project="rookworld-rlvr", config=cfg.to_dict(), dir=cfg.output_dir)
+        sinks.append(lambda r: run.log(r, step=r["step"]))
+    return (lambda r: [s(r) for s in sinks]) if sinks else None
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    cfg = config_from_args(args)
+    if name == "train" and args.dry_run:
+        from rookworld_rlvr.grpo.dryrun import dry_run
+
+        return dry_run(cfg)
+    if name == "train":
+        return _train(cfg)
+    raise SystemExit(f"{name}: not available yet")
+
+
+def _train(cfg: TrainConfig) -> int:
+    from rookworld_rlvr.evaluate import compare_table
+    from rookworld_rlvr.grpo.trainer import TrainingStopped
+
+    t0 = time.time()
+    trainer, pool = build(cfg)
+    try:
+        summary = trainer.train(writer=_writer(cfg))
+    except TrainingStopped as e:
+        print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
+        return 3
+    finally:
+        pool.close()
+    if summary["base"] and summary["final"]:
+        print("\nbase -> final (held-out, greedy)")
+        print(compare_table(summary["base"], summary["final"]))
+    if cfg.report:
+        try:
+            from rookworld_rlvr.report import write_report
+
+            path = write_report([cfg.output_dir])
+            print(f"report: {path}")
+        except ImportError:
+            pass
+    print(f"done in {(time.time() - t0) / 60:.1f} min; final model in {cfg.output_dir}/final")
+    return 0

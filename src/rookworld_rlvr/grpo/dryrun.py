@@ -1,0 +1,86 @@
+"""`rookworld train --dry-run`: check everything that can be checked without a model or an engine."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from rookworld_rlvr.config import TrainConfig
+from rookworld_rlvr.data.io import ReadReport, iter_samples
+
+
+def _count(path: str, skip_invalid: bool) -> tuple[Counter, ReadReport]:
+    report = ReadReport()
+    counts: Counter = Counter()
+    for s in iter_samples(path, skip_invalid=True, report=report):
+        counts[s.task] += 1
+    if report.invalid and not skip_invalid:
+        raise ValueError(f"{path}: {report.invalid} malformed lines (first: {report.errors[0]}); "
+                         "fix them or set skip_invalid: true")
+    return counts, report
+
+
+def plan(cfg: TrainConfig) -> list[str]:
+    """The phase schedule and step plan as printable lines."""
+    lines = []
+    boundaries = sorted({0} | {p["start"] for p in cfg.phases if p["start"] < cfg.steps})
+    for i, start in enumerate(boundaries):
+        end = boundaries[i + 1] if i + 1 < len(boundaries) else cfg.steps
+        for task in ("P", "A"):
+            s = cfg.sampling_for(task, start)
+            n_env = round(cfg.batch_positions * s["mix_env_ratio"])
+            n = n_env if task == "A" else cfg.batch_positions - n_env
+            lines.append(f"steps {start:>4}-{end - 1:<4} {task}: {n} prompts x {cfg.group_size} completions, "
+                         f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} max_new_tokens={s['max_new_tokens']}")
+    per_step = cfg.batch_positions * cfg.group_size
+    lines.append(f"{cfg.steps} steps x {per_step} completions = {cfg.steps * per_step} completions; "
+                 f"{cfg.updates_per_batch} update(s) per batch; beta {cfg.kl_coef} ({cfg.kl_mode}, estimator {cfg.kl_estimator}"
+                 f"{', warm-up ' + str(cfg.kl_warmup_steps) + ' steps x' + str(cfg.kl_warmup_factor) if cfg.kl_warmup_steps else ''})")
+    evals = [s for s in range(1, cfg.steps + 1) if cfg.eval_every and s % cfg.eval_every == 0]
+    lines.append(f"evaluations: before step 1, {'at steps ' + str(evals) + ', ' if evals else ''}and at the end")
+    lines.append(f"checkpoints every {cfg.save_every} steps into {cfg.output_dir}/checkpoints (keep last {cfg.keep_last} + best)")
+    return lines
+
+
+def dry_run(cfg: TrainConfig, out=print) -> int:
+    """Validate config, data and model location; print counts and the plan. Returns an exit code."""
+    problems = []
+    out("config: valid")
+    for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data)):
+        if not path:
+            continue
+        if not Path(path).exists():
+            problems.append(f"{name}: {path}: no such file")
+            continue
+        try:
+            counts, report = _count(path, cfg.skip_invalid)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        out(f"{name}: {path}: P={counts['P']} A={counts['A']} malformed={report.invalid}")
+        if name == "data":
+            if cfg.mix_env_ratio < 1 and not counts["P"]:
+                problems.append(f"data: {path} has no P: samples but mix_env_ratio < 1")
+            if cfg.mix_env_ratio > 0 and not counts["A"]:
+                problems.append(f"data: {path} has no A: samples but mix_env_ratio > 0")
+    model = Path(cfg.model)
+    if model.exists():
+        if not (model / "config.json").exists():
+            problems.append(f"model: {cfg.model} is a directory without config.json")
+        else:
+            cfg_json = json.loads((model / "config.json").read_text())
+            out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "
+                f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
+    elif cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/")):
+        out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
+    else:
+        problems.append(f"model: {cfg.model}: no such directory")
+    for line in plan(cfg):
+        out(line)
+    if problems:
+        for p in problems:
+            out(f"error: {p}")
+        return 1
+    out("dry run: ok")
+    return 0

@@ -1,0 +1,559 @@
+"""The GRPO loop. The only place that knows the order of things:
+
+    prompts -> G completions each -> verified rewards -> advantages
+    -> μ passes (minibatches, gradient accumulation) -> optimizer step
+    -> controllers (β, KL threshold, non-finite guard) -> metrics, eval, checkpoint
+
+The trainer receives a reward function (`reward_fn(prompts, completions, truths, weights)`),
+not the chess modules; `build_trainer` wires in the chess rewards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import subprocess
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rookworld_rlvr import __version__
+from rookworld_rlvr.config import TrainConfig
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
+                                         RewardNormalizer, SymptomMonitor, cosine_lr)
+from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
+from rookworld_rlvr.model import generate, load_policy, resolve_device, token_logprobs
+from rookworld_rlvr.model.generate import positions_from_mask
+
+
+class TrainingStopped(RuntimeError):
+    """A guard stopped the run; the message names the cause and the knob to turn."""
+
+
+@dataclass
+class Row:
+    """One completion with everything the update needs."""
+
+    task: str
+    prompt: str
+    truth: Any
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logp: list[float]
+    text: str
+    finish: str
+    reward: float = 0.0
+    components: dict = field(default_factory=dict)
+    valid: bool = False
+
+
+@dataclass
+class Batch:
+    rows: list[Row]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_mask: torch.Tensor  # [N, C]
+    sampler_logp: torch.Tensor  # [N, C]
+    rewards: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N]
+    n_completion: int
+
+
+def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """bf16 only where the hardware does it well (CUDA with bf16, CPUs with AMX / AVX512-BF16)."""
+    if setting == "none":
+        return None
+    if setting == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+        return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else None
+    return None
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class PromptSampler:
+    """Per-task shuffled cursor over the training samples; resumable from (epoch, cursor)."""
+
+    def __init__(self, samples_by_task: dict[str, list], seed: int) -> None:
+        self.samples = samples_by_task
+        self.seed = seed
+        self.state = {t: {"epoch": 0, "cursor": 0} for t in samples_by_task}
+        self._perm: dict[str, list[int]] = {}
+
+    def _order(self, task: str) -> list[int]:
+        st = self.state[task]
+        key = f"{task}:{st['epoch']}"
+        if key not in self._perm:
+            idx = list(range(len(self.samples[task])))
+            random.Random(f"{self.seed}:{key}").shuffle(idx)
+            self._perm = {key: idx}  | {k: v for k, v in self._perm.items() if k.startswith(("P:", "A:")) and k != key and k.split(":")[0] != task}
+        return self._perm[key]
+
+    def take(self, task: str, n: int) -> list:
+        if n and not self.samples.get(task):
+            raise ValueError(f"the training data has no {task}: samples but the configuration asks for them")
+        out = []
+        for _ in range(n):
+            st = self.state[task]
+            if st["cursor"] >= len(self.samples[task]):
+                st["epoch"], st["cursor"] = st["epoch"] + 1, 0
+            out.append(self.samples[task][self._order(task)[st["cursor"]]])
+            st["cursor"] += 1
+        return out
+
+
+RewardFn = Callable[[list[str], list[str], list[Any], dict], list[Any]]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, reward_fn: RewardFn, train_samples: list, eval_fn: Callable | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.reward_fn = reward_fn
+        self.eval_fn = eval_fn
+        self.log = log
+        self.run_dir = Path(cfg.output_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.ref_device = resolve_device(cfg.ref_device) if cfg.ref_device else self.device
+        self.amp = autocast_dtype(cfg.autocast, self.device)
+        resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
+        if cfg.resume and resume_from is None:
+            self.log(f"resume: no checkpoint in {self.run_dir}/checkpoints, starting fresh")
+        source = str(resume_from) if resume_from else cfg.model
+        self.policy, self.tokenizer = load_policy(source, device=str(self.device), verbose=False)
+        self.policy.eval()  # dropout off in every forward pass, training included
+        self.policy.requires_grad_(True)
+        self.ref = None
+        if cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None:
+            if resume_from is not None:  # the reference is the base model, not the resumed policy
+                self.ref, _ = load_policy(cfg.model, device=str(self.ref_device), verbose=False)
+            else:
+                self.ref = copy.deepcopy(self.policy).to(self.ref_device)
+            self.ref.eval().requires_grad_(False)
+        self.forward_model = torch.compile(self.policy) if cfg.compile else self.policy
+        self.n_params = sum(p.numel() for p in self.policy.parameters())
+        decay = [p for p in self.policy.parameters() if p.dim() >= 2]
+        other = [p for p in self.policy.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                      {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.99))
+        self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_mode, cfg.kl_target, cfg.kl_horizon, cfg.kl_coef_min,
+                                   max(cfg.kl_coef_max, cfg.kl_coef_min), cfg.kl_warmup_steps, cfg.kl_warmup_factor)
+        self.kl_guard = KLThresholdGuard(cfg.kl_divergence_threshold, cfg.kl_max_recoveries)
+        self.nan_guard = NonFiniteGuard(cfg.nan_max_consecutive, cfg.nan_max_rollbacks, cfg.rollback_lr_factor)
+        self.normalizer = RewardNormalizer(cfg.reward_norm_momentum, cfg.reward_norm)
+        self.curriculum = CurriculumSchedule(cfg.curriculum)
+        self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
+        by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
+        self.prompts = PromptSampler(by_task, cfg.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.step = 0
+        self.lr_scale = 1.0
+        self.base_eval: dict | None = None
+        self.best: tuple[float, int] | None = None
+        self.history_eval: list[dict] = []
+        if resume_from is not None:
+            self._load_state(ckpt.load_state(resume_from))
+            self.log(f"resumed from {resume_from} at step {self.step}")
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state(self) -> dict:
+        st = {
+            "step": self.step, "optimizer": self.opt.state_dict(), "lr_scale": self.lr_scale,
+            "kl_ctl": self.kl_ctl.state_dict(), "kl_guard": self.kl_guard.state_dict(),
+            "nan_guard": self.nan_guard.state_dict(), "normalizer": self.normalizer.state_dict(),
+            "monitor": self.monitor.state_dict(), "prompts": copy.deepcopy(self.prompts.state),
+            "generator": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+            "base_eval": self.base_eval, "best": self.best, "history_eval": self.history_eval,
+            "config": self.cfg.to_dict(), "version": __version__,
+        }
+        if self.ref is not None and self.cfg.ref_refresh_every:
+            st["ref"] = {k: v.detach().cpu() for k, v in self.ref.state_dict().items()}
+        return st
+
+    def _load_state(self, st: dict, weights_from: Path | None = None) -> None:
+        if weights_from is not None:
+            loaded, _ = load_policy(str(weights_from), device=str(self.device), verbose=False)
+            with torch.no_grad():
+                for p, q in zip(self.policy.parameters(), loaded.parameters()):
+                    p.copy_(q)
+        self.step = st["step"]
+        self.opt.load_state_dict(st["optimizer"])
+        self.lr_scale = st["lr_scale"]
+        self.kl_ctl.load_state_dict(st["kl_ctl"])
+        self.kl_guard.load_state_dict(st["kl_guard"])
+        self.nan_guard.load_state_dict(st["nan_guard"])
+        self.normalizer.load_state_dict(st["normalizer"])
+        self.monitor.load_state_dict(st["monitor"])
+        self.prompts.state = copy.deepcopy(st["prompts"])
+        self.gen.set_state(st["generator"])
+        torch.set_rng_state(st["torch_rng"])
+        random.setstate(st["python_rng"])
+        self.base_eval, self.best, self.history_eval = st["base_eval"], st["best"], st["history_eval"]
+        if "ref" in st and self.ref is not None:
+            self.ref.load_state_dict(st["ref"])
+
+    def save(self) -> Path:
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self._state())
+        keep = {self.best[1]} if self.best else set()
+        ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
+        return path
+
+    def rollback(self, reason: str) -> None:
+        """Restore the last good checkpoint (weights, optimizer, controllers) with a lower LR."""
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            raise TrainingStopped(f"{reason}; no checkpoint to roll back to")
+        guards = (self.nan_guard.state_dict(), self.kl_guard.state_dict())
+        lr_scale = self.lr_scale * self.cfg.rollback_lr_factor
+        self._load_state(ckpt.load_state(path), weights_from=path)
+        self.nan_guard.load_state_dict(guards[0])  # the guards remember how often they fired
+        self.kl_guard.load_state_dict(guards[1])
+        self.lr_scale = lr_scale
+        self.log(f"step {self.step}: {reason}: rolled back to {path.name}, LR x{self.lr_scale:.3g}")
+
+    # -- rollout ---------------------------------------------------------------------------------
+    def collect(self, step: int, timings: dict) -> list[list[Row]]:
+        """B prompts (mixed by the phase's ratio) x G completions, scored. Returns groups."""
+        cfg = self.cfg
+        mix = cfg.sampling_for("A", step)["mix_env_ratio"]
+        n_env = round(cfg.batch_positions * mix)
+        counts = {"P": cfg.batch_positions - n_env, "A": n_env}
+        groups: list[list[Row]] = []
+        for task in ("P", "A"):
+            groups += self._rollout(task, self.prompts.take(task, counts[task]), step, timings)
+        for _ in range(cfg.resample_zero_variance):
+            flat = [i for i, g in enumerate(groups) if _flat(g)]
+            if not flat:
+                break
+            for task in ("P", "A"):
+                idx = [i for i in flat if groups[i][0].task == task]
+                fresh = self._rollout(task, self.prompts.take(task, len(idx)), step, timings)
+                for i, g in zip(idx, fresh):
+                    if not _flat(g):
+                        groups[i] = g
+        return groups
+
+    def _rollout(self, task: str, samples: list, step: int, timings: dict) -> list[list[Row]]:
+        if not samples:
+            return []
+        cfg = self.cfg
+        s = cfg.sampling_for(task, step)
+        pairs = [x.render(cfg.layout) for x in samples]
+        prompts = [p for p, _ in pairs]
+        t0 = time.time()
+        g = generate(self.policy, self.tokenizer, prompts, max_new_tokens=s["max_new_tokens"],
+                     temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
+                     num_return_sequences=cfg.group_size, generator=self.gen, autocast_dtype=self.amp)
+        timings["generate"] = timings.get("generate", 0.0) + time.time() - t0
+        t0 = time.time()
+        n = len(g.texts)
+        truths = [samples[i // cfg.group_size].truth for i in range(n)]
+        row_prompts = [prompts[i // cfg.group_size] for i in range(n)]
+        weights = {"P": self.curriculum.weights("P", step, cfg.policy_weights),
+                   "A": self.curriculum.weights("A", step, cfg.env_weights)}
+        results = self.reward_fn(row_prompts, g.texts, truths, weights)
+        timings["score"] = timings.get("score", 0.0) + time.time() - t0
+        rows = []
+        for i in range(n):
+            pm, cm = g.prompt_mask[i].bool(), g.completion_mask[i].bool()
+            r = results[i]
+            rows.append(Row(task, row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
+                            g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
+                            g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format)))
+        return [rows[j: j + cfg.group_size] for j in range(0, n, cfg.group_size)]
+
+    def assemble(self, groups: list[list[Row]]) -> Batch:
+        """Left-pad prompts, right-pad completions, compute advantages."""
+        rows = [r for g in groups for r in g]
+        pad = self.tokenizer.pad_token_id
+        P = max(len(r.prompt_ids) for r in rows)
+        C = max(max(len(r.completion_ids) for r in rows), 1)
+        N = len(rows)
+        ids = torch.full((N, P + C), pad, dtype=torch.long)
+        mask = torch.zeros((N, P + C), dtype=torch.long)
+        slogp = torch.zeros((N, C))
+        for i, r in enumerate(rows):
+            p, c = len(r.prompt_ids), len(r.completion_ids)
+            ids[i, P - p: P] = torch.tensor(r.prompt_ids)
+            mask[i, P - p: P] = 1
+            if c:
+                ids[i, P: P + c] = torch.tensor(r.completion_ids)
+                mask[i, P: P + c] = 1
+                slogp[i, :c] = torch.tensor(r.sampler_logp)
+        rewards = torch.tensor([r.reward for r in rows], dtype=torch.float32)
+        shaped = self.normalizer.normalize(rewards) if self.cfg.reward_norm else rewards
+        adv = group_advantages(shaped, self.cfg.group_size, self.cfg.scale_rewards, self.cfg.std_floor,
+                               self.cfg.adv_clip).float()
+        d = self.device
+        return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), mask[:, P:].to(d).float(),
+                     slogp.to(d), rewards, adv.to(d), C)
+
+    # -- update ----------------------------------------------------------------------------------
+    def _amp(self, device: torch.device):
+        return torch.autocast(device.type, dtype=self.amp) if self.amp is not None else nullcontext()
+
+    def _logprobs(self, model, batch: Batch, rows: slice, device: torch.device, want_logits: bool, entropy: bool):
+        ids, am, pos = (x[rows].to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        temp = self.cfg.sampling_for(batch.rows[rows.start].task, self.step)["temperature"]
+        with self._amp(device):
+            return token_logprobs(model, ids, am, pos, batch.n_completion, temperature=temp,
+                                  return_entropy=entropy, return_logits=want_logits)
+
+    def _task_slices(self, batch: Batch) -> list[slice]:
+        """Minibatches never mix tasks (the temperature may differ per task) and never split a group."""
+        G = self.cfg.group_size
+        mb = self.cfg.minibatch_size or len(batch.rows)
+        mb = max(G, (mb // G) * G)
+        out, start = [], 0
+        while start < len(batch.rows):
+            end = start
+            while end < len(batch.rows) and end - start < mb and batch.rows[end].task == batch.rows[start].task:
+                end += G
+            out.append(slice(start, end))
+            start = end
+        return out
+
+    def update(self, batch: Batch, step: int, timings: dict) -> dict:
+        cfg = self.cfg
+        beta = self.kl_ctl.value(step)
+        exact = cfg.kl_estimator == "exact"
+        slices = self._task_slices(batch)
+        t0 = time.time()
+        ref_out: dict[int, dict] = {}
+        if self.ref is not None:
+            with torch.no_grad():
+                for k, sl in enumerate(slices):
+                    o = self._logprobs(self.ref, batch, sl, self.ref_device, exact, False)
+                    ref_out[k] = {key: v.to(self.device) for key, v in o.items()}
+        timings["reference"] = time.time() - t0
+        t0 = time.time()
+        old: dict[int, torch.Tensor] = {}
+        if cfg.updates_per_batch > 1:
+            with torch.no_grad():
+                for k, sl in enumerate(slices):
+                    old[k] = self._logprobs(self.forward_model, batch, sl, self.device, False, False)["logprobs"]
+        timings["old"] = time.time() - t0
+        total_rows = len(batch.rows)
+        total_tokens = batch.completion_mask.sum()
+        metrics: dict[str, float] = {}
+        timings["policy"] = timings["optimizer"] = 0.0
+        status = "ok"
+        for epoch in range(cfg.updates_per_batch):
+            t0 = time.time()
+            self.opt.zero_grad(set_to_none=True)
+            agg: dict[str, float] = {}
+            finite = True
+            for k, sl in enumerate(slices):
+                want_entropy = True
+                o = self._logprobs(self.forward_model, batch, sl, self.device, exact, want_entropy)
+                mask = batch.completion_mask[sl]
+                kl = None
+                if exact and self.ref is not None:
+                    kl = exact_kl(o["logits"], ref_out[k]["logits"]).clamp(max=cfg.kl_clamp)
+                out = grpo_loss(o["logprobs"], old.get(k), ref_out.get(k, {}).get("logprobs"), batch.advantages[sl], mask,
+                                beta=beta, kl_kind=cfg.kl_estimator if not exact else "k3", kl_clamp=cfg.kl_clamp,
+                                eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_type=cfg.loss_type,
+                                max_completion_length=batch.n_completion, entropy=o.get("entropy"),
+                                entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl)
+                share = (sl.stop - sl.start) / total_rows
+                loss = out.loss if cfg.loss_type == "dapo" else out.loss * share
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                for key, v in out.metrics().items():
+                    if key in ("kl_max", "ratio_max"):
+                        agg[key] = max(agg.get(key, -math.inf), v)
+                    elif key == "kl_min":
+                        agg[key] = min(agg.get(key, math.inf), v)
+                    else:
+                        agg[key] = agg.get(key, 0.0) + v * share
+                if epoch == 0:  # the sampler and the trainer must agree on log-probs
+                    diff = (o["logprobs"].detach() - batch.sampler_logp[sl]).abs() * mask
+                    agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), float(diff.max()))
+            timings["policy"] += time.time() - t0
+            t0 = time.time()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            status = self.nan_guard.check(agg.get("loss", float("nan")) if finite else float("nan"), grad_norm)
+            if status != "ok":
+                self.opt.zero_grad(set_to_none=True)
+                agg["grad_norm"] = float("nan")
+                metrics = {**agg, "nonfinite": 1.0}
+                break
+            lr = cfg.lr * self.lr_scale * cosine_lr(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            self.opt.step()
+            timings["optimizer"] += time.time() - t0
+            agg["grad_norm"] = float(grad_norm)
+            agg["lr"] = lr
+            metrics = agg if epoch == 0 else {**metrics, **{f"last_{k}": v for k, v in agg.items() if k in ("loss", "kl_mean", "clip_frac")}}
+        metrics["beta"] = beta
+        metrics["guard"] = status
+        return metrics
+
+    # -- loop --------------------------------------------------------------------------------------
+    def evaluate(self) -> dict | None:
+        if self.eval_fn is None:
+            return None
+        t0 = time.time()
+        res = self.eval_fn(self.policy, self.tokenizer)
+        res["seconds"] = round(time.time() - t0, 1)
+        res["step"] = self.step
+        return res
+
+    def banner(self) -> str:
+        lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
+                 f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}"
+                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if self.ref is None else 'on ' + str(self.ref_device)}",
+                 "config:"]
+        lines += [f"  {k}: {json.dumps(v)}" for k, v in self.cfg.to_dict().items()]
+        return "\n".join(lines)
+
+    def train(self, writer=None) -> dict:
+        cfg = self.cfg
+        self.log(self.banner())
+        cfg.save(self.run_dir / "config.yaml")
+        if self.base_eval is None:
+            self.base_eval = self.evaluate()
+            if self.base_eval:
+                self.history_eval.append(self.base_eval)
+                _append(self.run_dir / "eval.jsonl", self.base_eval)
+                self.best = (_eval_score(self.base_eval), 0)
+        if ckpt.latest_checkpoint(self.run_dir) is None:
+            self.save()  # the first good state: rollbacks need one
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc="grpo", dynamic_ncols=True)
+        while self.step < cfg.steps:
+            step = self.step
+            t_step = time.time()
+            timings: dict[str, float] = {}
+            groups = self.collect(step, timings)
+            batch = self.assemble(groups)
+            m = self.update(batch, step, timings)
+            status = m.pop("guard")
+            if status in ("rollback", "stop"):
+                if status == "stop":
+                    raise TrainingStopped(self.nan_guard.message)
+                self.rollback("non-finite loss or gradient")
+                continue
+            kl_status = self.kl_guard.check(m.get("kl_mean", 0.0)) if self.ref is not None else "ok"
+            if kl_status == "stop":
+                raise TrainingStopped(self.kl_guard.message)
+            if kl_status == "recover":
+                self.rollback(f"mean KL {m.get('kl_mean', 0):.4f} above threshold {cfg.kl_divergence_threshold}")
+                continue
+            if self.ref is not None:
+                self.kl_ctl.update(m.get("kl_mean", 0.0))
+            self.step += 1
+            if cfg.ref_refresh_every and self.ref is not None and self.step % cfg.ref_refresh_every == 0:
+                self._refresh_reference()
+            record = self._record(step, batch, m, timings, time.time() - t_step)
+            for w in self.monitor.observe(step, record):
+                bar.write(f"warning: {w}")
+            _append(self.run_dir / "metrics.jsonl", record)
+            if writer is not None:
+                writer(record)
+            bar.update()
+            bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
+                            s=f"{record['time/step']:.1f}")
+            last = self.step >= cfg.steps
+            if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                res = self.evaluate()
+                if res:
+                    self.history_eval.append(res)
+                    _append(self.run_dir / "eval.jsonl", res)
+                    score = _eval_score(res)
+                    if self.best is None or score > self.best[0]:
+                        self.best = (score, self.step)
+            if self.step % cfg.save_every == 0 or last:
+                self.save()
+        bar.close()
+        final_dir = self.run_dir / "final"
+        from rookworld_rlvr.model import save_pretrained_atomic
+
+        save_pretrained_atomic(self.policy, self.tokenizer, final_dir)
+        summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
+                   "best_step": self.best[1] if self.best else None, "steps": self.step}
+        from rookworld_rlvr.data.io import atomic_write_text
+
+        atomic_write_text(self.run_dir / "summary.json", [json.dumps(summary, indent=2)])
+        return summary
+
+    def _refresh_reference(self) -> None:
+        a = self.cfg.ref_mix_alpha
+        with torch.no_grad():
+            for r, p in zip(self.ref.parameters(), self.policy.parameters()):
+                r.copy_(p.to(r.device) if a == 0 else a * p.to(r.device) + (1 - a) * r)
+
+    def _record(self, step: int, batch: Batch, m: dict, timings: dict, seconds: float) -> dict:
+        rows = batch.rows
+        rec: dict[str, Any] = {"step": step + 1}
+        rec.update({k: v for k, v in m.items() if isinstance(v, (int, float))})
+        rec["reward/mean"] = float(batch.rewards.mean())
+        G = self.cfg.group_size
+        flat = zero_variance_groups(batch.rewards, G)
+        rec["zero_var_share"] = float(flat.float().mean())
+        rec["adv/mean"], rec["adv/std"] = float(batch.advantages.mean()), float(batch.advantages.std())
+        rec["adv/min"], rec["adv/max"] = float(batch.advantages.min()), float(batch.advantages.max())
+        lengths = batch.completion_mask.sum(1)
+        rec["completion_len/mean"], rec["completion_len/max"] = float(lengths.mean()), float(lengths.max())
+        rec["truncation_rate"] = sum(r.finish == "length" for r in rows) / len(rows)
+        for task in ("P", "A"):
+            tr = [r for r in rows if r.task == task]
+            if not tr:
+                continue
+            rec[f"reward/{task}"] = sum(r.reward for r in tr) / len(tr)
+            rec[f"valid/{task}"] = sum(r.valid for r in tr) / len(tr)
+            for comp in tr[0].components:
+                rec[f"reward/{task}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
+        rec["beta"] = m.get("beta", 0.0)
+        rec["kl_share"] = m.get("kl_share", 0.0)
+        rec["reward_mean"] = rec["reward/mean"]
+        rec["truncation"] = rec["truncation_rate"]
+        for k, v in timings.items():
+            rec[f"time/{k}"] = round(v, 4)
+        rec["time/step"] = round(seconds, 3)
+        rec["time/other"] = round(seconds - sum(timings.values()), 4)
+        return rec
+
+
+def _flat(group: list[Row]) -> bool:
+    return max(r.reward for r in group) - min(r.reward for r in group) < 1e-8
+
+
+def _eval_score(res: dict) -> float:
+    vals = [res[t]["mean_reward"] for t in ("policy", "environment") if res.get(t, {}).get("n")]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, default=float) + "\n")

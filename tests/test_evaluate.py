@@ -1,0 +1,331 @@
+"""Evaluation: metric code against perfect and corrupted completions, `evaluate` end to end on a
+tiny random GPT-2, mate-in-one files, self-play refereeing, tables and the `rookworld eval` CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import chess
+import pytest
+import torch
+from transformers import GPT2LMHeadModel
+
+from conftest import REFERENCE, random_transitions
+from rookworld_rlvr import evaluate as ev
+from rookworld_rlvr.cli import main
+from rookworld_rlvr.data.io import DataError, Sample, read_samples
+from rookworld_rlvr.tasks import environment as env_task
+from rookworld_rlvr.tasks.rewards import RewardScorer
+
+START = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+FOOLS_MATE = ["f2f3", "e7e5", "g2g4", "d8h4"]
+MATES = [
+    ("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1", ["a1a8"]),  # back rank
+    ("rnbqkbnr/pppp1ppp/8/4p3/6P1/5P2/PPPPP2P/RNBQKBNR b KQkq g3 0 2", ["d8h4"]),  # fool's mate
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on shared cores: thread hand-offs cost more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[Sample]:
+    return read_samples(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def env_samples() -> list[Sample]:
+    return [Sample("A", t) for t in random_transitions(40, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def mixed(reference, env_samples) -> list[Sample]:
+    return reference[:8] + env_samples[:8]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    cache = str(tmp_path_factory.mktemp("engine") / "cache.sqlite")
+    with StockfishPool(EngineConfig(depth=6, workers=1, cache_path=cache)) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from rookworld_rlvr.model.load import tiny_config
+    from rookworld_rlvr.model.tokenizer import build_chess_tokenizer
+
+    tokenizer = build_chess_tokenizer()
+    cfg = tiny_config(len(tokenizer), n_positions=256)
+    cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 32, 2
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval(), tokenizer
+
+
+def truth_completions(samples: list[Sample], layout: str = "compact") -> list[str]:
+    return [s.render(layout)[1] for s in samples]
+
+
+def with_best(completion: str, move: str) -> str:
+    return completion.rsplit("B:", 1)[0] + f"B: {move}"
+
+
+def illegal_move(fen: str) -> str:
+    legal = {m.uci() for m in chess.Board(fen).legal_moves}
+    return next(m for m in ("a1a2", "h8h1", "e2e5", "b1b4", "d1d8", "a8h1") if m not in legal)
+
+
+def legal_outside(sample: Sample) -> str:
+    return next(m.uci() for m in chess.Board(sample.fen).legal_moves if m.uci() not in sample.truth.moves)
+
+
+# -- metric code -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["compact", "padded"])
+def test_perfect_oracle_scores_the_maximum(reference, env_samples, layout):
+    samples = reference[:60] + env_samples
+    res = ev.score_completions(samples, truth_completions(samples, layout), RewardScorer(), layout=layout)
+    p, a = res["policy"], res["environment"]
+    assert p["n"] == 60 and a["n"] == len(env_samples)
+    assert p["best_acc"] == 1 and p["legal_best"] == 1 and p["invalid"] == 0 and p["legal_candidates"] == 1
+    expected_overlap = sum(len(s.truth.moves) / 5 for s in reference[:60]) / 60
+    assert p["top5_overlap"] == pytest.approx(expected_overlap)
+    assert p["mean_reward"] == 1
+    assert a["invalid"] == 0 and a["next_state_acc"] == 1 and a["nls"] == 1 and a["reward_acc"] == 1
+    assert a["reward_mae"] == 0 and a["terminated_acc"] == 1 and a["truncated_acc"] == 1 and a["mean_reward"] == 1
+
+
+def test_raw_upstream_labels_against_corrected_truth(reference):
+    """Our truth writes a true best move; the upstream label is not one on 223 of 500 rows."""
+    ours = ev.score_completions(reference, truth_completions(reference), RewardScorer())["policy"]
+    assert ours["n_labelled"] == 500 and ours["best_acc"] == 1
+    assert ours["best_acc_raw_labels"] == pytest.approx(277 / 500)
+    raw = [with_best(c, s.truth.label) for s, c in zip(reference, truth_completions(reference))]
+    theirs = ev.score_completions(reference, raw, RewardScorer())["policy"]
+    assert theirs["best_acc_raw_labels"] == 1 and theirs["best_acc"] == pytest.approx(277 / 500)
+    assert theirs["legal_best"] == 1 and theirs["mean_reward"] < 1
+
+
+def test_corrupted_completions_score_lower(reference, env_samples, pool):
+    ps, envs = reference[:12], env_samples[:12]
+    good = truth_completions(ps)
+    illegal = [with_best(c, illegal_move(s.fen)) for s, c in zip(ps, good)]
+    res = ev.score_completions(ps, illegal, RewardScorer())["policy"]
+    assert res["legal_best"] == 0 and res["best_acc"] == 0 and res["best_acc_raw_labels"] == 0
+    assert res["invalid"] == 0 and res["mean_reward"] < 1
+    # A legal move outside Stockfish's top 5 needs the engine for its centipawn loss.
+    weak = [with_best(c, legal_outside(s)) for s, c in zip(ps, good)]
+    assert ev.needs_engine(ps, weak) and not ev.needs_engine(ps, good)
+    res = ev.score_completions(ps, weak, RewardScorer(engine=pool))["policy"]
+    assert res["legal_best"] == 1 and res["best_acc"] == 0 and 0 < res["mean_reward"] < 1
+    garbage = ev.score_completions(ps, ["M: zz E: x"] * len(ps), RewardScorer())["policy"]
+    assert garbage["invalid"] == 1 and garbage["top5_overlap"] == 0 and garbage["legal_candidates"] == 0
+    assert garbage["mean_reward"] < 0
+
+    wrong_fen = [c.replace(" w ", " x ", 1) if " w " in c else c.replace(" b ", " x ", 1)
+                 for c in truth_completions(envs)]
+    wrong_reward = [c.replace("+0.001+", "+0.5+").replace("+-1.0+", "+0.001+").replace("+1.0+", "+0.5+")
+                    for c in truth_completions(envs)]
+    a = ev.score_completions(envs, wrong_fen, RewardScorer())["environment"]
+    assert a["next_state_acc"] == 0 and 0.9 < a["nls"] < 1 and a["reward_acc"] == 1 and a["mean_reward"] < 1
+    a = ev.score_completions(envs, wrong_reward, RewardScorer())["environment"]
+    assert a["next_state_acc"] == 1 and a["reward_acc"] < 1 and a["reward_mae"] > 0
+    a = ev.score_completions(envs, ["nonsense"] * len(envs), RewardScorer())["environment"]
+    expected_mae = sum(abs(s.truth.reward) for s in envs) / len(envs)
+    assert a["invalid"] == 1 and a["reward_acc"] == 0 and a["reward_mae"] == pytest.approx(expected_mae)
+    assert a["mean_reward"] < 0
+
+
+def test_examples_per_task(mixed):
+    res = ev.score_completions(mixed, truth_completions(mixed), RewardScorer(), examples=2)
+    ex = res["examples"]
+    assert [len(ex["policy"]), len(ex["environment"])] == [2, 2]
+    first = ex["policy"][0]
+    assert first["prompt"].startswith("P: ") and first["reward"] == 1 and first["truth"]["fen"] == mixed[0].fen
+    assert set(first) >= {"prompt", "completion", "truth", "reward", "components"}
+    json.dumps(res)
+
+
+# -- evaluate on a tiny random model -----------------------------------------------------------------
+
+
+def in_unit(v) -> bool:
+    return v is None or 0 <= v <= 1
+
+
+def test_evaluate_end_to_end_tiny_model(tiny, mixed):
+    model, tokenizer = tiny
+    cfg = ev.EvalConfig(batch_size=5, max_new_tokens=24, selfplay_games=1, selfplay_max_plies=3)
+    res = ev.evaluate(model, tokenizer, mixed, config=cfg, mate_in_one=MATES, return_examples=1)
+    json.dumps(res)
+    p, a = res["policy"], res["environment"]
+    assert p["n"] == 8 and a["n"] == 8
+    for key in ev.POLICY_METRICS:
+        assert key in p and (key == "mean_reward" or in_unit(p[key])), key
+    for key in ev.ENV_METRICS:
+        assert key in a and (key in ("mean_reward", "reward_mae") or in_unit(a[key])), key
+    assert -1 <= p["mean_reward"] <= 1 and -1 <= a["mean_reward"] <= 1 and 0 <= a["reward_mae"] <= 2
+    assert res["mate_in_one"]["n"] == 2 and in_unit(res["mate_in_one"]["acc"])
+    assert res["selfplay"]["games"] == 1 and res["selfplay"]["mean_legal_half_moves"] >= 0
+    assert len(res["examples"]["policy"]) == 1 and len(res["examples"]["environment"]) == 1
+    assert "policy.best_acc" in ev.format_table(res)
+
+
+def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):
+    from rookworld_rlvr.model.generate import generate
+
+    model, tokenizer = tiny
+    prompts = [s.render()[0] for s in mixed[6:11]]  # P: and A: prompts of different lengths
+    gen = ev._Generator(model, tokenizer, ev.EvalConfig(batch_size=2, max_new_tokens=8))
+    texts, reasons = gen.run(prompts)
+    single = [generate(model, tokenizer, [p], max_new_tokens=8, greedy=True).texts[0] for p in prompts]
+    assert texts == single and len(reasons) == len(prompts)
+
+
+def test_evaluate_limit_and_context_cap(tiny, mixed):
+    model, tokenizer = tiny
+    res = ev.evaluate(model, tokenizer, mixed, config=ev.EvalConfig(limit=2, max_new_tokens=200))
+    assert res["policy"]["n"] == 2 and res["environment"]["n"] == 2
+    assert res["meta"]["capped_batches"] >= 1  # 200 new tokens do not fit the 256-token context
+
+
+def test_evaluate_builds_and_closes_a_pool_when_needed(tiny, reference, monkeypatch):
+    import rookworld_rlvr.engine as engine
+
+    made = []
+
+    class Recorded(engine.StockfishPool):
+        def __init__(self, config):
+            super().__init__(engine.EngineConfig(depth=6, workers=1))
+            made.append(self)
+
+    samples = reference[:2]
+    weak = [with_best(c, legal_outside(s)) for s, c in zip(samples, truth_completions(samples))]
+    monkeypatch.setattr(engine, "StockfishPool", Recorded)
+    monkeypatch.setattr(ev, "_generate_tasks", lambda gen, s, progress: (weak, ["eos"] * len(s)))
+    model, tokenizer = tiny
+    res = ev.evaluate(model, tokenizer, samples, scorer=RewardScorer())
+    assert len(made) == 1 and made[0]._closed
+    assert res["policy"]["legal_best"] == 1 and 0 < res["policy"]["mean_reward"] < 1
+
+
+# -- self-play, mate-in-one ----------------------------------------------------------------------------
+
+
+class ScriptedGenerator(ev._Generator):
+    """Answers every prompt with the next move of a script (the referee is what is under test)."""
+
+    def __init__(self, config, script):
+        self.config, self.script, self.capped_batches = config, list(script), 0
+
+    def run(self, prompts, *, bar=None, **sampling):
+        move = self.script.pop(0) if self.script else "a1a1"
+        return [f"M: {move} E: 0.0 B: {move}"] * len(prompts), ["eos"] * len(prompts)
+
+
+def test_selfplay_referee_counts_legal_half_moves():
+    cfg = ev.EvalConfig(selfplay_max_plies=10)
+    res = ev.selfplay_metrics(ScriptedGenerator(cfg, FOOLS_MATE), 2, False)
+    assert res == {"games": 2, "mean_legal_half_moves": 4, "max_legal_half_moves": 4,
+                   "ended_illegal": 0, "ended_game_over": 2, "ended_max_plies": 0}
+    res = ev.selfplay_metrics(ScriptedGenerator(cfg, ["e2e4", "e2e4"]), 1, False)  # second e2e4 is illegal
+    assert res["mean_legal_half_moves"] == 1 and res["ended_illegal"] == 1
+    res = ev.selfplay_metrics(ScriptedGenerator(ev.EvalConfig(selfplay_max_plies=2), FOOLS_MATE), 1, False)
+    assert res["mean_legal_half_moves"] == 2 and res["ended_max_plies"] == 1
+
+
+def test_selfplay_sampling_on_the_tiny_model(tiny):
+    model, tokenizer = tiny
+    cfg = ev.EvalConfig(max_new_tokens=16, selfplay_games=2, selfplay_max_plies=2, selfplay_temperature=0.8)
+    res = ev.evaluate(model, tokenizer, [], config=cfg)
+    assert res["selfplay"]["games"] == 2 and res["selfplay"]["mean_legal_half_moves"] >= 0
+    assert res["policy"]["n"] == 0 and res["environment"]["n"] == 0
+
+
+def test_load_mate_in_one(tmp_path):
+    good = tmp_path / "m1.tsv"
+    good.write_text(f"# comment\nP: {MATES[0][0]}\t{MATES[0][1][0]}\n\n{MATES[1][0]}\td8h4\n")
+    assert ev.load_mate_in_one(good) == MATES
+    for bad_line in (f"{MATES[0][0]} a1a8", f"{MATES[0][0]}\ta1a7", "not a fen\ta1a8", f"{MATES[0][0]}\t"):
+        bad = tmp_path / "bad.tsv"
+        bad.write_text(f"{MATES[1][0]}\td8h4\n{bad_line}\n")
+        with pytest.raises(DataError, match="^" + re.escape(f"{bad}:2: ")):
+            ev.load_mate_in_one(bad)
+
+
+# -- tables -------------------------------------------------------------------------------------------
+
+
+def test_tables():
+    base = {"policy": {"n": 4, "best_acc": 0.25, "best_acc_raw_labels": None, "components": {"format": 0.5}},
+            "selfplay": {"games": 1, "mean_legal_half_moves": 2.0}, "examples": {"policy": []}, "meta": {"x": 1}}
+    final = {"policy": {"n": 4, "best_acc": 0.5, "best_acc_raw_labels": 0.75, "components": {"format": 1.0}},
+             "environment": {"n": 2, "nls": 0.9}}
+    table = ev.compare_table(base, final)
+    lines = table.splitlines()
+    assert [c.strip() for c in lines[0].split("|")] == ["metric", "base", "final", "delta"]
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]] for line in lines[2:]}
+    assert rows["policy.best_acc"] == ["0.2500", "0.5000", "+0.2500"]
+    assert rows["policy.best_acc_raw_labels"] == ["-", "0.7500", "-"]
+    assert rows["policy.components.format"] == ["0.5000", "1.0000", "+0.5000"]
+    assert rows["selfplay.mean_legal_half_moves"] == ["2.0000", "-", "-"]
+    assert rows["environment.nls"] == ["-", "0.9000", "-"]
+    assert not any(k.startswith(("meta", "examples")) for k in rows)
+    assert len({len(line) for line in lines[:2]}) == 1  # header and rule aligned
+    assert "policy.best_acc" in ev.format_table(base) and "meta" not in ev.format_table(base)
+
+
+# -- command line -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tiny, tmp_path_factory) -> Path:
+    from rookworld_rlvr.model.load import save_pretrained_atomic
+
+    model, tokenizer = tiny
+    return save_pretrained_atomic(model, tokenizer, tmp_path_factory.mktemp("m") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def data_file(env_samples, tmp_path_factory) -> Path:
+    """Upstream text lines, P: and A: mixed (the A: lines without prefix, as upstream wrote them)."""
+    lines = REFERENCE.read_text().split("\n")[:6]
+    lines += [env_task.render(s.truth, prefix=i % 2 == 0) for i, s in enumerate(env_samples[:6])]
+    path = tmp_path_factory.mktemp("d") / "mixed.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys):
+    out = tmp_path / "res.json"
+    rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--json", str(out), "--limit", "4",
+               "--device", "cpu", "--max-new-tokens", "16", "--quiet"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert {"policy", "environment", "meta"} <= set(res)
+    assert res["policy"]["n"] == 4 and res["environment"]["n"] == 4
+    assert set(ev.POLICY_METRICS) <= set(res["policy"]) and set(ev.ENV_METRICS) <= set(res["environment"])
+    assert "policy.best_acc" in capsys.readouterr().out
+
+
+def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
+    rc = main(["eval", "--model", str(tmp_path / "nope"), "--data", str(data_file), "--device", "cpu"])
+    assert rc == 1 and "cannot load model" in capsys.readouterr().err
+    bad = tmp_path / "bad.txt"
+    bad.write_text("P: not a sample\n")
+    rc = main(["eval", "--model", str(saved_model), "--data", str(bad), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "cannot read data" in err and f"{bad}:1:" in err
+    rc = main(["eval", "--model", str(saved_model), "--data", str(tmp_path / "missing.jsonl")])
+    assert rc == 1 and "no such file" in capsys.readouterr().err
