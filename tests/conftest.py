@@ -55,3 +55,35 @@ def random_transitions(n: int, seed: int = 0) -> list[env_task.EnvTruth]:
             board.push_uci(move)
             history.append(move)
     return out[:n] if len(out) > n else out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random GPT-2 with the chess tokenizer, saved in Hugging Face format."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from rookworld_rlvr.model import build_chess_tokenizer, save_pretrained_atomic, tiny_config
+
+    torch.manual_seed(0)
+    tok = build_chess_tokenizer()
+    cfg = tiny_config(len(tok), "tiny", n_positions=320)
+    cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 64, 4
+    model = GPT2LMHeadModel(cfg)
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    save_pretrained_atomic(model, tok, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory, reference_lines):
+    """Train/eval JSONL: P: from the reference file, A: from random games (real truths)."""
+    from rookworld_rlvr.data.io import Sample, write_samples
+    from rookworld_rlvr.tasks import policy as pol_task
+
+    pol = [Sample("P", pol_task.parse_line(line)) for line in reference_lines[:80]]
+    env = [Sample("A", t) for t in random_transitions(80, seed=7)]
+    root = tmp_path_factory.mktemp("data")
+    write_samples(root / "train.jsonl", pol[:60] + env[:60])
+    write_samples(root / "eval.jsonl", pol[60:] + env[60:])
+    return root

@@ -1,0 +1,228 @@
+"""Loading and saving policies: Hub ids or local directories, strict about weights.
+
+A silently half-initialised model (a key renamed between versions, a truncated
+file) trains for hours before anyone notices, so loading fails loudly instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+# Buffers that some GPT-2 checkpoints carry (or lack) and that the model rebuilds itself.
+_BENIGN_KEY_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".crossattention.bias", ".crossattention.masked_bias")
+
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 6, "n_embd": 256, "n_head": 8},
+    "gpt2-124m": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
+}
+
+
+class ModelLoadError(RuntimeError):
+    """The checkpoint does not match the model class (missing, unexpected or mis-shaped weights)."""
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """"auto" picks cuda, then mps, then cpu; an explicit device must exist."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"device {device!r} requested but MPS is not available")
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map "float32" / "bfloat16" / "float16" (or fp32/bf16/fp16) to a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16") from None
+
+
+def tiny_config(vocab_size: int, preset: str = "tiny", n_positions: int = 256, *, eos_token_id: int = 0) -> GPT2Config:
+    """GPT-2 config for a fresh model: `tiny` (~5M params with the char vocab) or `gpt2-124m`.
+
+    bos/eos/pad ids are set to `eos_token_id` (0 for our tokenizers) so that HF's
+    `model.generate` stops where our `generate` does. `gpt2-124m` fixes n_positions at 1024.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    params = {"n_positions": n_positions, **PRESETS[preset]}
+    return GPT2Config(
+        vocab_size=vocab_size,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        **params,
+    )
+
+
+def _is_benign(key: str, model: PreTrainedModel) -> bool:
+    if key.endswith(_BENIGN_KEY_SUFFIXES):
+        return True
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    if tied and key.endswith("lm_head.weight"):
+        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+        return out is not None and inp is not None and out.weight is inp.weight
+    return False
+
+
+def _check_loading_info(info: dict, model: PreTrainedModel, source: str) -> None:
+    """Raise ModelLoadError listing every real key problem."""
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys"):
+        keys = sorted(k for k in info.get(kind, ()) if not _is_benign(k, model))
+        if keys:
+            problems.append(f"{kind}: {', '.join(keys)}")
+    mismatched = [str(m) for m in info.get("mismatched_keys", ())]
+    if mismatched:
+        problems.append(f"mismatched_keys: {', '.join(sorted(mismatched))}")
+    errors = [str(e) for e in info.get("error_msgs", ()) if e]
+    if errors:
+        problems.append(f"errors: {'; '.join(errors)}")
+    if problems:
+        raise ModelLoadError(f"checkpoint {source} does not match {type(model).__name__}: " + " | ".join(problems))
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    verbose: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a Hub id or a local directory.
+
+    The model comes back in eval mode (dropout off) with requires_grad untouched;
+    the tokenizer pads on the left with eos as pad. Raises ModelLoadError when any
+    weight is missing, unexpected or mis-shaped.
+    """
+    path = Path(name_or_path).expanduser()
+    is_local = path.is_dir()
+    # Hub ids are "name" or "owner/name"; anything else that is not a directory is a typo'd path.
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if not is_local and (looks_like_path or path.exists()):
+        raise ModelLoadError(f"{name_or_path!r} is not a model directory (and not a Hub id like owner/name)")
+    source = str(path.resolve()) if is_local else name_or_path
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        source,
+        dtype=torch_dtype,
+        trust_remote_code=trust_remote_code,
+        output_loading_info=True,
+        # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
+        ignore_mismatched_sizes=True,
+    )
+    _check_loading_info(info, model, source)
+    model.to(dev)
+    model.eval()
+
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+
+    if verbose:
+        n_params = model.num_parameters()
+        kind = "local" if is_local else "hub"
+        msg = (
+            f"loaded {type(model).__name__} ({kind}: {source}): {n_params / 1e6:.2f}M parameters, "
+            f"device {dev}, dtype {torch_dtype}, vocab {len(tokenizer)}"
+        )
+        print(msg, flush=True)
+    return model, tokenizer
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file so the rename below publishes complete data."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def save_pretrained_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike) -> Path:
+    """Save model (safetensors) and tokenizer so `out_dir` is either complete or untouched.
+
+    Writes into a temporary directory beside `out_dir` and renames it into place;
+    an existing `out_dir` is moved aside first and deleted only after the swap.
+    """
+    out = Path(out_dir).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    old: Path | None = None
+    try:
+        model.save_pretrained(tmp)  # safetensors is the default serialization
+        tokenizer.save_pretrained(tmp)
+        _portable_tokenizer_class(tmp)
+        if not list(tmp.glob("*.safetensors")):
+            raise RuntimeError(f"save_pretrained wrote no safetensors file into {tmp}")
+        _fsync_tree(tmp)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():  # put the previous checkpoint back
+            os.replace(old / out.name, out)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _portable_tokenizer_class(directory: Path) -> None:
+    """transformers 5 writes "TokenizersBackend", which 4.x cannot load; the 4.x name loads in both."""
+    cfg_path = directory / "tokenizer_config.json"
+    if not cfg_path.exists():
+        return
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

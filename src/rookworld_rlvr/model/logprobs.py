@@ -1,0 +1,74 @@
+"""Per-token log-probs of completions in one forward pass (policy, old policy, reference).
+
+Positions are derived from the attention mask exactly as in `generate`, so a
+left-padded batch scores each completion as if it had been run alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .generate import accepts_logits_to_keep, positions_from_mask
+
+
+def build_batch(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Concatenate left-padded prompts and right-padded completions; positions from the mask."""
+    if prompt_ids.shape[0] != completion_ids.shape[0]:
+        raise ValueError(f"batch sizes differ: prompts {prompt_ids.shape[0]}, completions {completion_ids.shape[0]}")
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    return input_ids, attention_mask, positions_from_mask(attention_mask)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    n_completion: int,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    return_logits: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
+
+    Returns "logprobs" [N, C] (0 where the attention mask is 0), optionally "entropy"
+    [N, C] of the same distribution (0 where masked) and "logits" [N, C, V]
+    (temperature-scaled float32, for exact KL). Only C + 1 positions go through the
+    LM head. Gradients flow unless the caller wraps this in torch.no_grad(); the
+    model's train/eval mode is the caller's choice (dropout should be off for GRPO).
+    """
+    length = input_ids.shape[1]
+    if not 0 < n_completion < length:
+        raise ValueError(f"n_completion must be in [1, {length - 1}] for sequences of length {length}, got {n_completion}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **keep,
+    )
+    # Logits at position t predict token t + 1: take the C positions before each completion token.
+    logits = out.logits[:, -(n_completion + 1) : -1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    # gather - logsumexp instead of a full log_softmax: no second [N, C, V] tensor (50k vocab at 124M).
+    lse = torch.logsumexp(logits, dim=-1)
+    targets = input_ids[:, -n_completion:]
+    mask = attention_mask[:, -n_completion:].bool()
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    result = {"logprobs": torch.where(mask, logp, torch.zeros_like(logp))}
+    if return_entropy:
+        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
+        result["entropy"] = torch.where(mask, entropy, torch.zeros_like(entropy))
+    if return_logits:
+        result["logits"] = logits
+    return result

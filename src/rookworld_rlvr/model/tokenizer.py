@@ -1,0 +1,74 @@
+"""Tokenizers built locally with the `tokenizers` library (no download needed).
+
+Both follow the GPT-2 conventions the RookWorld models use: one special token
+`<|endoftext|>` with id 0 that is bos, eos and pad at once, left padding for
+generation, and an exact `decode(encode(text)) == text` round trip (runs of
+spaces matter: the P: layout pads columns with spaces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+EOS_TOKEN = "<|endoftext|>"
+UNK_TOKEN = "<unk>"
+
+# Every printable ASCII char (space .. ~) plus newline: covers FENs, UCI moves,
+# evals, the P:/A: prefixes and multi-line files.
+CHESS_CHARS: tuple[str, ...] = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+
+
+def _wrap(tokenizer: Tokenizer, unk_token: str) -> PreTrainedTokenizerFast:
+    """Wrap a raw `tokenizers.Tokenizer` with the shared special-token conventions."""
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        unk_token=unk_token,
+        padding_side="left",
+        # The default clean-up would rewrite " ." / " ," etc. and break the round trip.
+        clean_up_tokenization_spaces=False,
+    )
+    assert wrapped.eos_token_id == 0, "eos must be id 0"
+    return wrapped
+
+
+def build_chess_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one token per character, ids stable and tiny (98).
+
+    Vocabulary: `<|endoftext|>` (0), `<unk>` (1), printable ASCII space..~ (2..96), "\\n" (97).
+    A literal `<|endoftext|>` inside text is recognised as the special token.
+    """
+    vocab = {EOS_TOKEN: 0, UNK_TOKEN: 1}
+    for ch in CHESS_CHARS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Split into single characters ([\s\S] also matches "\n", unlike ".").
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # concatenate tokens as-is: exact round trip
+    tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
+    return _wrap(tok, UNK_TOKEN)
+
+
+def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (GPT-2 style) trained on `texts`; lossless for any input.
+
+    Used by tests to check that nothing in the model package assumes one token per
+    character, and by users who want GPT-2-like tokenization at a small vocabulary.
+    Byte-level BPE never needs an unknown token, so unk is `<|endoftext|>` as in GPT-2.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],  # first special token -> id 0
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _wrap(tok, EOS_TOKEN)

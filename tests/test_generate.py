@@ -1,0 +1,315 @@
+"""Sampler invariants: batched == single greedy, sampler log-probs == trainer log-probs,
+policy == reference before any update, early stop and argument checks.
+
+Runs on a tiny random GPT-2 (2 layers x 64) under both the char-level chess
+tokenizer and a locally trained byte-level BPE, so nothing assumes one token per char.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from rookworld_rlvr.model import (
+    build_batch,
+    build_bpe_tokenizer,
+    build_chess_tokenizer,
+    filter_logits,
+    generate,
+    token_logprobs,
+)
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "rook_val_500.txt"
+SAMPLES = [
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
+    "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
+    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0",
+]
+# P: and A: prompts of different lengths (compact and column-padded P: layouts).
+PROMPTS = [
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 ",
+    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
+    f"P: {'1b1k4/6p1/1P3pp1/2P1n3/4RP1r/8/2K5/4B3 b - - 1 60':90}",
+    "P: 8/8/8/8/8/8/8/K6k w - - 0 1 ",
+    "A: r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3+f1b5+e2e4 e7e5 g1f3 b8c6 f1b5+",
+    "A: 8/8/8/8/8/8/8/K6k w - - 0 1+a1a2+a1a2+",
+    "P: 1B2k3/1n3p2/1pr1p1p1/7p/1PPR3P/4K1P1/5P2/8 b - - 0 35 ",
+]
+
+
+def corpus() -> list[str]:
+    if REFERENCE.exists():
+        return REFERENCE.read_text().split("\n")
+    return SAMPLES * 50
+
+
+def make_tokenizer(kind: str):
+    return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
+
+
+def tiny_gpt2(vocab_size: int, *, eos_boost: float, n_positions: int = 512, seed: int = 0) -> GPT2LMHeadModel:
+    """Random 2x64 GPT-2; init 0.1 gives varied (non-looping) text, eos_boost makes EOS reachable."""
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=vocab_size, n_positions=n_positions, n_layer=2, n_embd=64, n_head=4,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.1,
+    )
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # shift the final LayerNorm so the EOS logit rises by exactly eos_boost
+        e = model.transformer.wte.weight[0]
+        model.transformer.ln_f.bias += eos_boost * e / e.dot(e)
+    return model
+
+
+# Chosen so greedy decoding of PROMPTS ends some rows at EOS and others at the length limit.
+EOS_BOOST = 1.5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on shared cores: thread hand-offs cost more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["char", "bpe"])
+def rig(request):
+    tok = make_tokenizer(request.param)
+    model = tiny_gpt2(len(tok), eos_boost=EOS_BOOST)
+    return request.param, model, tok
+
+
+def single_forward_logprobs(model, ids: list[int], n_prompt: int, temperature: float) -> torch.Tensor:
+    """Reference: plain unpadded forward of one sequence, no mask, no positions, no cache."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float() / temperature
+    logp = logits.log_softmax(-1)[n_prompt - 1 : len(ids) - 1]
+    return logp.gather(-1, torch.tensor(ids[n_prompt:]).unsqueeze(-1)).squeeze(-1)
+
+
+# 1. batched greedy == one-at-a-time greedy ------------------------------------------------------
+
+
+def test_batched_greedy_equals_single(rig):
+    kind, model, tok = rig
+    batch = generate(model, tok, PROMPTS, max_new_tokens=48, greedy=True)
+    reasons = set(batch.finish_reasons)
+    assert reasons == {"eos", "length"}, f"{kind}: test lost its teeth, want rows of both kinds, got {reasons}"
+    for i, prompt in enumerate(PROMPTS):
+        one = generate(model, tok, [prompt], max_new_tokens=48, greedy=True)
+        n = one.completion_ids.shape[1]
+        assert torch.equal(batch.completion_ids[i, :n], one.completion_ids[0]), f"row {i} differs"
+        assert torch.equal(batch.completion_mask[i, :n], one.completion_mask[0])
+        assert not batch.completion_mask[i, n:].any()
+        assert (batch.completion_ids[i, n:] == tok.pad_token_id).all()
+        torch.testing.assert_close(batch.logprobs[i, :n], one.logprobs[0], atol=1e-5, rtol=0)
+        assert batch.texts[i] == one.texts[0]
+        assert batch.finish_reasons[i] == one.finish_reasons[0]
+        # The prompt row is the unpadded prompt, left-padded.
+        real = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
+        assert real.tolist() == tok(prompt, add_special_tokens=False)["input_ids"]
+
+
+# 2. sampler log-probs == recomputed log-probs -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 10, 1.0), (1.0, 0, 0.9), (0.7, 20, 0.8)],
+)
+def test_sampler_logprobs_match_recomputed(rig, temperature, top_k, top_p):
+    kind, model, tok = rig
+    prompts = PROMPTS[:4]
+    gen = generate(
+        model, tok, prompts, max_new_tokens=40, temperature=temperature, top_k=top_k, top_p=top_p,
+        num_return_sequences=4, generator=torch.Generator().manual_seed(1),
+    )
+    n_rows, n_completion = gen.completion_ids.shape
+    assert n_rows == 16 and gen.logprobs.dtype == torch.float32
+    mask = gen.completion_mask.bool()
+    assert (gen.logprobs[~mask] == 0).all() and (gen.logprobs[mask] <= 0).all()
+
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    with torch.no_grad():
+        out = token_logprobs(
+            model, *batch, n_completion=n_completion, temperature=temperature, return_entropy=True, return_logits=True
+        )
+    torch.testing.assert_close(out["logprobs"], gen.logprobs, atol=1e-5, rtol=0)
+    logp_all = out["logits"].log_softmax(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
+    torch.testing.assert_close(out["entropy"], entropy, atol=1e-5, rtol=0)
+
+    for row in range(n_rows):
+        prompt = gen.prompt_ids[row][gen.prompt_mask[row].bool()].tolist()
+        completion = gen.completion_ids[row][mask[row]].tolist()
+        ref = single_forward_logprobs(model, prompt + completion, len(prompt), temperature)
+        torch.testing.assert_close(gen.logprobs[row][mask[row]], ref, atol=1e-5, rtol=0)
+
+    if top_k:  # every sampled token was inside the top-k of the scaled logits
+        logits = out["logits"]
+        chosen = logits.gather(-1, gen.completion_ids.unsqueeze(-1))
+        rank = (logits > chosen).sum(-1)
+        assert (rank[mask] < top_k).all()
+
+
+# 3. policy vs untouched copy: ratio exactly 1 ----------------------------------------------------
+
+
+def test_policy_equals_reference_before_update(rig):
+    kind, model, tok = rig
+    reference = copy.deepcopy(model)
+    gen = generate(model, tok, PROMPTS, max_new_tokens=30, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(3))
+    assert gen.prompt_mask.sum(-1).unique().numel() > 1, "batch must be left-padded with mixed lengths"
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    policy = token_logprobs(model, *batch, n_completion=n, return_entropy=True, return_logits=True)
+    with torch.no_grad():
+        ref = token_logprobs(reference, *batch, n_completion=n, return_logits=True)
+    assert policy["logprobs"].requires_grad  # the trainer differentiates through this call
+    diff = (policy["logprobs"].detach() - ref["logprobs"])[gen.completion_mask.bool()]
+    assert (diff == 0).all()
+    assert torch.equal(policy["logits"].detach(), ref["logits"])
+    ratio = torch.exp(policy["logprobs"].detach() - ref["logprobs"])
+    assert (ratio == 1).all()
+    ent = policy["entropy"].detach()
+    assert (ent[gen.completion_mask.bool()] > 0).all() and (ent[~gen.completion_mask.bool()] == 0).all()
+
+
+# 7. stop early, finish reasons, limits -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_stops_early_when_every_row_hits_eos(kind):
+    tok = make_tokenizer(kind)
+    model = tiny_gpt2(len(tok), eos_boost=6.0)
+    gen = generate(model, tok, PROMPTS[:3], max_new_tokens=60, num_return_sequences=4,
+                   generator=torch.Generator().manual_seed(0))
+    n_completion = gen.completion_ids.shape[1]
+    assert n_completion < 60
+    assert gen.finish_reasons == ["eos"] * 12
+    eos = tok.eos_token_id
+    for row in range(12):
+        length = int(gen.completion_mask[row].sum())
+        assert gen.completion_mask[row, :length].all() and not gen.completion_mask[row, length:].any()
+        assert gen.completion_ids[row, length - 1] == eos  # EOS is inside the mask
+        assert eos not in gen.completion_ids[row, : length - 1].tolist()
+        assert (gen.completion_ids[row, length:] == tok.pad_token_id).all()
+        assert gen.texts[row] == tok.decode(gen.completion_ids[row, : length - 1].tolist())
+    # The loop ran exactly as long as the longest row.
+    assert int(gen.completion_mask.sum(-1).max()) == n_completion
+
+
+def test_length_rows_and_greedy_group(rig):
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS, max_new_tokens=5, greedy=True, num_return_sequences=2)
+    assert gen.completion_ids.shape == (len(PROMPTS) * 2, 5)
+    for row, reason in enumerate(gen.finish_reasons):
+        length = int(gen.completion_mask[row].sum())
+        if reason == "length":
+            assert length == 5 and tok.eos_token_id not in gen.completion_ids[row].tolist()
+        else:
+            assert gen.completion_ids[row, length - 1] == tok.eos_token_id
+    # Rows of a group are adjacent and share the prompt; greedy makes them identical.
+    assert torch.equal(gen.prompt_ids[0::2], gen.prompt_ids[1::2])
+    assert torch.equal(gen.completion_ids[0::2], gen.completion_ids[1::2])
+
+
+def test_prompt_too_long_raises():
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=0.0, n_positions=128)
+    with pytest.raises(ValueError, match=r"prompt length 93 \+ max_new_tokens 100 = 193 exceeds .* n_positions 128"):
+        generate(model, tok, [PROMPTS[2], PROMPTS[0]], max_new_tokens=100)
+    generate(model, tok, [PROMPTS[2]], max_new_tokens=35, greedy=True)  # 93 + 35 = 128 fits
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"temperature": 0.0}, "temperature"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"num_return_sequences": 0}, "num_return_sequences"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=0.0)
+    with pytest.raises(ValueError, match=match):
+        generate(model, tok, PROMPTS[:1], **kwargs)
+    with pytest.raises(ValueError, match="prompts"):
+        generate(model, tok, [])
+    with pytest.raises(ValueError, match="prompts"):
+        generate(model, tok, "P: 8/8/8/8/8/8/8/K6k w - - 0 1 ")
+
+
+# Sharing, modes, reproducibility ----------------------------------------------------------------
+
+
+def test_each_distinct_prompt_is_prefilled_once(rig):
+    kind, model, tok = rig
+    calls: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
+        gen = generate(model, tok, prompts, max_new_tokens=6, num_return_sequences=3,
+                       generator=torch.Generator().manual_seed(0))
+    finally:
+        hook.remove()
+    assert calls[0][0] == 2  # one prefill row per distinct prompt
+    assert all(shape == (9, 1) for shape in calls[1:])  # decode steps: one token per row
+    assert len(calls) <= 6
+    assert torch.equal(gen.prompt_ids[0:3], gen.prompt_ids[6:9])
+
+
+def test_dropout_off_and_mode_restored(rig):
+    kind, model, tok = rig
+    expected = generate(model, tok, PROMPTS[:3], max_new_tokens=20, greedy=True)
+    model.train()  # config dropout is 0.1: generation must still be deterministic
+    try:
+        got = generate(model, tok, PROMPTS[:3], max_new_tokens=20, greedy=True)
+        assert model.training
+    finally:
+        model.eval()
+    assert torch.equal(expected.completion_ids, got.completion_ids)
+
+
+def test_generator_makes_sampling_reproducible(rig):
+    kind, model, tok = rig
+    a = generate(model, tok, PROMPTS[:2], max_new_tokens=20, num_return_sequences=3,
+                 generator=torch.Generator().manual_seed(7))
+    b = generate(model, tok, PROMPTS[:2], max_new_tokens=20, num_return_sequences=3,
+                 generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+
+
+def test_bf16_autocast_runs():
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=2.0)
+    gen = generate(model, tok, PROMPTS[:2], max_new_tokens=10, num_return_sequences=2,
+                   autocast_dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    assert gen.logprobs.dtype == torch.float32 and torch.isfinite(gen.logprobs).all()
+    assert next(model.parameters()).dtype == torch.float32  # weights untouched
+
+
+def test_filter_logits():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    inf = float("-inf")
+    assert filter_logits(logits, top_k=2)[0, 2] == inf and torch.isfinite(filter_logits(logits, top_k=2)[0, :2]).all()
+    kept = torch.isfinite(filter_logits(logits, top_p=0.7))
+    assert kept.tolist() == [[True, True, False], [False, True, True]]
+    kept = torch.isfinite(filter_logits(logits, top_p=0.4))
+    assert kept.tolist() == [[True, False, False], [False, False, True]]
+    assert torch.equal(filter_logits(logits), logits)

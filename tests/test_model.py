@@ -1,0 +1,278 @@
+"""Tokenizers, loading (strict about weights), atomic saving and plain-HF compatibility."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from rookworld_rlvr.model import (
+    ModelLoadError,
+    build_bpe_tokenizer,
+    build_chess_tokenizer,
+    generate,
+    load_policy,
+    resolve_device,
+    resolve_dtype,
+    save_pretrained_atomic,
+    tiny_config,
+)
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "rook_val_500.txt"
+SAMPLES = [
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
+    "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
+    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0",
+]
+PROMPTS = [
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 ",
+    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
+    f"P: {'1b1k4/6p1/1P3pp1/2P1n3/4RP1r/8/2K5/4B3 b - - 1 60':90}",
+    "P: 8/8/8/8/8/8/8/K6k w - - 0 1 ",
+    "A: 8/8/8/8/8/8/8/K6k w - - 0 1+a1a2+a1a2+",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on shared cores: thread hand-offs cost more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def read_reference() -> list[str]:
+    if not REFERENCE.exists():
+        pytest.skip(f"reference file {REFERENCE} not present")
+    return REFERENCE.read_text().split("\n")
+
+
+def corpus() -> list[str]:
+    return REFERENCE.read_text().split("\n") if REFERENCE.exists() else SAMPLES * 50
+
+
+def make_tokenizer(kind: str):
+    return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
+
+
+def tiny_gpt2(vocab_size: int, eos_boost: float = 1.5, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=vocab_size, n_positions=256, n_layer=2, n_embd=64, n_head=4,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.1,
+    )
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        e = model.transformer.wte.weight[0]
+        model.transformer.ln_f.bias += eos_boost * e / e.dot(e)
+    return model
+
+
+# 6. tokenizers -----------------------------------------------------------------------------------
+
+
+def test_chess_tokenizer_vocabulary():
+    tok = build_chess_tokenizer()
+    assert len(tok) == 98
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<unk>", " ", "~", "\n"]) == [0, 1, 2, 96, 97]
+    assert tok.eos_token_id == tok.bos_token_id == tok.pad_token_id == 0
+    assert tok.padding_side == "left"
+    text = "P: 8/8   x"
+    assert tok.encode(text) == tok.convert_tokens_to_ids(list(text))  # one id per char, no BOS
+    assert tok.encode("é") == [tok.unk_token_id]
+    assert tok.encode("ab<|endoftext|>") == tok.convert_tokens_to_ids(["a", "b"]) + [0]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_round_trip_reference_file(kind):
+    lines = read_reference()
+    assert len(lines) == 500
+    tok = make_tokenizer(kind)
+    for number, line in enumerate(lines, 1):
+        ids = tok.encode(line)
+        assert tok.unk_token_id not in ids or kind == "bpe", f"line {number}: unknown char"
+        assert tok.decode(ids) == line, f"line {number}"
+    for text in SAMPLES + PROMPTS + ["  two  spaces \n newline  ", ""]:
+        assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tokenizer_saves_and_loads_with_autotokenizer(kind, tmp_path):
+    tok = make_tokenizer(kind)
+    tok.save_pretrained(tmp_path)
+    assert (tmp_path / "tokenizer.json").exists()
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in SAMPLES + PROMPTS:
+        assert loaded.encode(text) == tok.encode(text)
+    assert loaded.padding_side == "left" and loaded.pad_token_id == loaded.eos_token_id == 0
+    short, long = sorted(PROMPTS[:2], key=lambda t: len(loaded.encode(t)))
+    mask = loaded([short, long], padding=True)["attention_mask"]
+    assert mask[0][0] == 0 and mask[0][-1] == 1 and mask[1][0] == 1  # padded on the left
+
+
+def test_bpe_tokenizer_is_multi_char():
+    tok = make_tokenizer("bpe")
+    assert len(tok) == 512 and tok.eos_token_id == 0
+    assert len(tok.encode(SAMPLES[0])) < len(SAMPLES[0])
+
+
+# Devices, dtypes, configs ------------------------------------------------------------------------
+
+
+def test_resolve_device_and_dtype():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in {"cpu", "cuda", "mps"}
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:1")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("gpu0")
+    assert resolve_dtype("float32") is torch.float32
+    assert resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype("float16") is torch.float16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("float8")
+
+
+def test_tiny_config_presets():
+    cfg = tiny_config(98)
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions) == (6, 256, 8, 256)
+    assert cfg.eos_token_id == cfg.bos_token_id == cfg.pad_token_id == 0
+    with torch.device("meta"):  # count parameters without allocating them
+        assert 4.5e6 < GPT2LMHeadModel(cfg).num_parameters() < 5.5e6
+        big = tiny_config(50257, preset="gpt2-124m")
+        assert (big.n_layer, big.n_embd, big.n_head, big.n_positions) == (12, 768, 12, 1024)
+        assert 123e6 < GPT2LMHeadModel(big).num_parameters() < 125e6
+    with pytest.raises(ValueError, match="preset"):
+        tiny_config(98, preset="huge")
+
+
+# 4. save atomically, load with plain transformers, same greedy tokens ----------------------------
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_checkpoint_loads_with_plain_transformers(kind, tmp_path):
+    tok = make_tokenizer(kind)
+    model = tiny_gpt2(len(tok))
+    out = tmp_path / "ckpt"
+    save_pretrained_atomic(model, tok, out)
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp dirs left behind
+
+    hf_model = AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    ours = generate(model, tok, PROMPTS, max_new_tokens=40, greedy=True)
+    assert set(ours.finish_reasons) == {"eos", "length"}
+    enc = hf_tok(PROMPTS, padding=True, return_tensors="pt")
+    assert torch.equal(enc["input_ids"], ours.prompt_ids) and torch.equal(enc["attention_mask"], ours.prompt_mask)
+    with torch.no_grad():
+        hf_out = hf_model.generate(
+            **enc, max_new_tokens=40, do_sample=False, pad_token_id=hf_tok.pad_token_id, eos_token_id=hf_tok.eos_token_id
+        )
+    hf_completion = hf_out[:, enc["input_ids"].shape[1] :]
+    assert torch.equal(hf_completion, ours.completion_ids)
+    texts = hf_tok.batch_decode(hf_completion, skip_special_tokens=True)
+    assert texts == ours.texts
+
+
+def test_save_replaces_existing_checkpoint(tmp_path):
+    tok = build_chess_tokenizer()
+    out = tmp_path / "ckpt"
+    save_pretrained_atomic(tiny_gpt2(len(tok), seed=0), tok, out)
+    second = tiny_gpt2(len(tok), seed=1)
+    save_pretrained_atomic(second, tok, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    loaded = load_file(out / "model.safetensors")
+    assert torch.equal(loaded["transformer.wte.weight"], second.transformer.wte.weight)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["padding_side"] == "left"
+
+
+def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
+    tok = build_chess_tokenizer()
+    out = tmp_path / "ckpt"
+    model = tiny_gpt2(len(tok))
+    save_pretrained_atomic(model, tok, out)
+    before = (out / "model.safetensors").read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(tok), "save_pretrained", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_pretrained_atomic(tiny_gpt2(len(tok), seed=5), tok, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert (out / "model.safetensors").read_bytes() == before
+
+
+# 5. strict loading -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    tok = build_chess_tokenizer()
+    out = tmp_path / "ckpt"
+    save_pretrained_atomic(tiny_gpt2(len(tok)), tok, out)
+    return out
+
+
+def edit_weights(directory: Path, edit) -> None:
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_load_policy_local(checkpoint, capsys):
+    model, tok = load_policy(str(checkpoint), device="cpu")
+    assert not model.training
+    assert all(p.requires_grad for p in model.parameters())
+    assert next(model.parameters()).dtype == torch.float32
+    assert tok.padding_side == "left" and tok.pad_token_id == tok.eos_token_id == 0
+    report = capsys.readouterr().out
+    assert "parameters" in report and "local" in report and "cpu" in report and "float32" in report
+    bf16, _ = load_policy(str(checkpoint), device="cpu", dtype="bfloat16", verbose=False)
+    assert next(bf16.parameters()).dtype == torch.bfloat16
+    assert capsys.readouterr().out == ""
+
+
+def test_load_policy_sets_missing_pad_token(checkpoint):
+    config_path = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("pad_token", None)
+    config["padding_side"] = "right"
+    config_path.write_text(json.dumps(config))
+    _, tok = load_policy(str(checkpoint), device="cpu", verbose=False)
+    assert tok.pad_token == tok.eos_token and tok.padding_side == "left"
+
+
+def test_load_policy_missing_weight_raises(checkpoint):
+    edit_weights(checkpoint, lambda t: t.pop("transformer.h.1.mlp.c_fc.weight"))
+    with pytest.raises(ModelLoadError, match=r"missing_keys: transformer\.h\.1\.mlp\.c_fc\.weight"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+
+
+def test_load_policy_unexpected_and_mismatched_raise(checkpoint):
+    edit_weights(checkpoint, lambda t: t.update({"transformer.extra.weight": torch.zeros(3)}))
+    with pytest.raises(ModelLoadError, match=r"unexpected_keys: transformer\.extra\.weight"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+    edit_weights(checkpoint, lambda t: t.update({"transformer.ln_f.weight": torch.zeros(7)}))
+    with pytest.raises(ModelLoadError, match=r"mismatched_keys: .*transformer\.ln_f\.weight"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+
+
+def test_load_policy_ignores_benign_attn_bias_buffer(checkpoint):
+    edit_weights(checkpoint, lambda t: t.update({"transformer.h.0.attn.bias": torch.ones(1, 1, 256, 256)}))
+    model, _ = load_policy(str(checkpoint), device="cpu", verbose=False)
+    assert not model.training
+
+
+def test_load_policy_bad_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a model directory"):
+        load_policy(str(tmp_path / "nope" / "model"), device="cpu")
