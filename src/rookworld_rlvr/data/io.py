@@ -145,6 +145,9 @@ def atomic_write_text(path: str | Path, chunks: Iterable[str]) -> None:
                     raw.write(chunk.encode("utf-8"))
             raw.flush()
             os.fsync(raw.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; published files get normal permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
