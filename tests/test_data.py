@@ -1,0 +1,119 @@
+"""Data: generation (deterministic, resumable, split by position), import, stats, atomic writes."""
+
+import gzip
+import json
+
+import pytest
+
+from conftest import REFERENCE, random_transitions
+from rookworld_rlvr.cli import main
+from rookworld_rlvr.data.generate import GenerateConfig, generate
+from rookworld_rlvr.data.importer import import_data
+from rookworld_rlvr.data.io import DataError, Sample, read_samples, write_samples
+from rookworld_rlvr.tasks import environment as E
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    cfg = GenerateConfig(out_dir=str(root / "a"), games=4, games_per_shard=2, max_plies=12, workers=1, depth=5,
+                         eval_per_task=5, eval_permille=200, seed=3)
+    summary = generate(cfg, progress=False)
+    return cfg, summary
+
+
+def test_generate_writes_valid_splits_without_shared_positions(generated):
+    cfg, summary = generated
+    train = read_samples(f"{cfg.out_dir}/train.jsonl.gz")
+    evals = read_samples(f"{cfg.out_dir}/eval.jsonl.gz")
+    assert summary["train_P"] > 0 and summary["train_A"] > 0 and summary["eval_P"] > 0
+    assert {s.fen for s in train}.isdisjoint({s.fen for s in evals})
+    for s in train + evals:
+        if s.task == "P":
+            assert 1 <= len(s.truth.moves) <= 5 and set(s.truth.best) <= set(s.truth.moves)
+        else:
+            assert E.transition(s.truth.fen, s.truth.move, s.truth.history.split()[:-1]) == s.truth
+    keys = [json.dumps(s.to_row(), sort_keys=True) for s in train]
+    assert len(keys) == len(set(keys)), "duplicates"
+
+
+def test_generate_is_deterministic_and_resumes_without_duplicates(generated, tmp_path):
+    cfg, _ = generated
+    from pathlib import Path
+
+    again = GenerateConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "b"), "cache_path": None})
+    generate(again, progress=False)
+    a = gzip.decompress(Path(cfg.out_dir, "train.jsonl.gz").read_bytes())
+    b = gzip.decompress(Path(again.out_dir, "train.jsonl.gz").read_bytes())
+    assert a == b
+    # interrupt: lose one shard, run again -> identical result, nothing duplicated
+    (Path(again.out_dir) / ".shards" / "shard_00001.jsonl").unlink()
+    generate(again, progress=False)
+    assert gzip.decompress(Path(again.out_dir, "train.jsonl.gz").read_bytes()) == a
+    # resuming with another configuration is refused
+    with pytest.raises(ValueError, match="another configuration"):
+        generate(GenerateConfig(**{**again.__dict__, "seed": 99}), progress=False)
+
+
+def test_import_reference_corrects_labels_and_reports_json(reference_lines, tmp_path, capsys):
+    out = tmp_path / "ref.jsonl"
+    assert main(["data", "import", str(REFERENCE), "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary == {"read": 500, "written": 500, "invalid": 0, "labels_corrected": 223}
+    samples = read_samples(out)
+    assert all(s.truth.label is not None for s in samples)
+
+
+def test_import_stops_at_a_malformed_line_with_file_and_line(tmp_path, reference_lines):
+    src = tmp_path / "bad.txt"
+    lines = reference_lines[:3] + ["P: this is not a fen M: e2e4 E: 0.1 B: e2e4"] + reference_lines[3:5]
+    src.write_text("\n".join(lines))
+    with pytest.raises(DataError, match=rf"{src}:4: bad FEN"):
+        import_data(str(src), str(tmp_path / "o.jsonl"))
+    assert not (tmp_path / "o.jsonl").exists(), "a failed import must not leave a partial file"
+    summary = import_data(str(src), str(tmp_path / "o.jsonl"), skip_invalid=True)
+    assert (summary["read"], summary["written"], summary["invalid"]) == (6, 5, 1)
+
+
+def test_import_environment_lines_with_and_without_prefix(tmp_path):
+    ts = random_transitions(20, seed=5)
+    src = tmp_path / "env.txt"
+    src.write_text("\n".join(E.render(t, prefix=i % 2 == 0) for i, t in enumerate(ts)) + "\n")
+    summary = import_data(str(src), str(tmp_path / "env.jsonl"))
+    assert summary["written"] == 20
+    assert [s.truth for s in read_samples(tmp_path / "env.jsonl")] == ts
+
+
+def test_cli_errors_are_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task": "P", "truth": {"fen": "x"}}\n')
+    assert main(["data", "stats", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:1:" in err and "truth" in err
+
+
+def test_stats_counts(tmp_path, reference_lines):
+    from rookworld_rlvr.data.importer import stats
+    from rookworld_rlvr.tasks import policy as P
+
+    path = tmp_path / "mix.jsonl.gz"
+    write_samples(path, [Sample("P", P.parse_line(x)) for x in reference_lines[:10]] +
+                  [Sample("A", t) for t in random_transitions(15)])
+    st = stats(str(path))
+    assert (st["samples"], st["P"], st["A"]) == (25, 10, 15)
+    assert st["A_kinds"]["checkmate"] >= 1 and st["A_kinds"]["illegal"] >= 1
+
+
+def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path):
+    path = tmp_path / "x.jsonl"
+    write_samples(path, [Sample("A", t) for t in random_transitions(3)])
+    before = path.read_bytes()
+
+    def boom():
+        yield Sample("A", random_transitions(1)[0])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_samples(path, boom())
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"], "no temp files left behind"
