@@ -16,6 +16,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--config", help="YAML preset (configs/default.yaml, configs/stable.yaml, ...)")
     p.add_argument("--dry-run", action="store_true", help="validate config and data, print the plan, load nothing heavy")
     p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
+    if name == "check-batch":
+        p.add_argument("--max-truncation", type=float, default=0.5, help="fail when more completions hit the length limit")
+    if name == "overfit":
+        p.add_argument("--overfit-steps", type=int, default=40, help="training steps on the fixed batch")
+        p.add_argument("--max-kl-share", type=float, default=0.7, help="fail when KL is a larger share of the loss")
     group = p.add_argument_group("config fields (any field of TrainConfig; YAML syntax for values)")
     for f in dataclasses.fields(TrainConfig):
         flags = ["--" + f.name.replace("_", "-")]
@@ -95,7 +100,24 @@ def run(args: argparse.Namespace, name: str) -> int:
         return dry_run(cfg)
     if name == "train":
         return _train(cfg)
-    raise SystemExit(f"{name}: not available yet")
+    return _sanity(cfg, name, args)
+
+
+def _sanity(cfg: TrainConfig, name: str, args: argparse.Namespace) -> int:
+    """check-batch / overfit run in a scratch output directory and write no checkpoints."""
+    import tempfile
+
+    from rookworld_rlvr.grpo.sanity import check_batch, overfit
+
+    with tempfile.TemporaryDirectory(prefix=f"rookworld-{name}-") as tmp:
+        cfg.output_dir, cfg.resume, cfg.eval_data = tmp, False, ""
+        trainer, pool = build(cfg, log=lambda *_: None)
+        try:
+            if name == "check-batch":
+                return check_batch(trainer, args.max_truncation)
+            return overfit(trainer, args.overfit_steps, max_kl_share=args.max_kl_share)
+        finally:
+            pool.close()
 
 
 def _train(cfg: TrainConfig) -> int:
