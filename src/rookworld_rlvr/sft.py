@@ -161,7 +161,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     model.train()
     model.config.use_cache = False
     while step < cfg.steps and progress_frac() < 1.0:
-        lr = cfg.lr * cosine_lr(int(progress_frac() * cfg.steps), cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress
+        lr = cfg.lr * warm * cosine_lr(int(progress_frac() * cfg.steps), cfg.steps, 0, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
         n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))

@@ -1,0 +1,56 @@
+"""check-batch, overfit and --dry-run: the tools that catch silent failures early."""
+
+import pytest
+
+from rookworld_rlvr.cli import main
+from rookworld_rlvr.grpo.sanity import check_batch, overfit
+from test_trainer import make, varied_reward
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    with StockfishPool(EngineConfig(depth=6, workers=1)) as pool:
+        yield RewardScorer(engine=pool)
+
+
+def test_check_batch_fails_loudly_when_every_reward_is_equal(tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer)  # random weights: every completion is malformed
+    lines = []
+    assert check_batch(tr, max_truncation=1.0, out=lines.append) == 1
+    text = "\n".join(lines)
+    assert "every reward in the batch is equal" in text
+    assert "KL 0.00e+00" in text
+
+
+def test_check_batch_passes_with_a_learning_signal(tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, varied_reward)
+    lines = []
+    assert check_batch(tr, max_truncation=1.0, out=lines.append) == 0, "\n".join(lines)
+    assert any(line.startswith("one step: loss") for line in lines)
+
+
+def test_overfit_one_batch_rises_on_a_learnable_reward(tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, varied_reward, lr=3e-3, kl_coef=0.0, steps=12,
+              batch_positions=2, group_size=8, max_new_tokens=16, temperature=1.0)
+    lines = []
+    code = overfit(tr, steps=12, window=4, eval_every=2, out=lines.append)
+    text = "\n".join(lines)
+    assert code == 0, text
+    assert "PASS: 4-step moving average of greedy reward rises" in text
+
+
+def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir, small_data, capsys):
+    base = ["train", "--dry-run", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"),
+            "--eval-data", str(small_data / "eval.jsonl")]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "data: " in out and "P=60 A=60" in out and "dry run: ok" in out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((small_data / "train.jsonl").read_text() + "not json\n")
+    assert main(base[:4] + ["--data", str(bad), "--eval-data", str(small_data / "eval.jsonl")]) == 1
+    assert f"{bad}:121" in capsys.readouterr().out
+    assert main(base + ["--group-size", "1"]) == 1
+    assert "group_size" in capsys.readouterr().err
