@@ -39,3 +39,14 @@ def test_cli_help_lists_every_subcommand(capsys):
     text = capsys.readouterr().out
     for sub in ("data", "eval", "sft", "train", "check-batch", "overfit", "report"):
         assert sub in text
+
+
+def test_readme_documents_every_config_field():
+    from pathlib import Path
+
+    from rookworld_rlvr.config import help_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert help_table() in readme, "README config table is stale: run python scripts/sync_readme.py"
+    lines = readme.splitlines()
+    assert lines[0] == "# rookworld-rlvr" and "make train" in lines[3] and "make test" in lines[4]

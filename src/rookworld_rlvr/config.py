@@ -235,6 +235,11 @@ def coerce(name: str, text: str) -> Any:
         raise ValueError(f"unknown config field '{name}'" + (f"; did you mean one of {close}?" if close else ""))
     value = yaml.safe_load(text) if text != "" else None
     default = TrainConfig().__getattribute__(name)
+    if isinstance(value, str) and FIELDS[name].type in ("float", "float | None", "int", "int | None"):
+        try:  # YAML 1.1 reads 1e-5 as a string
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"config field '{name}' needs a number, got {text!r}") from None
     if isinstance(default, bool) and not isinstance(value, bool):
         raise ValueError(f"config field '{name}' must be true or false, got {text!r}")
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -289,5 +294,6 @@ def help_table() -> str:
     rows = ["| field | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(TrainConfig):
         default = getattr(TrainConfig(), f.name)
-        rows.append(f"| `{f.name}` | `{json.dumps(default)}` | {f.metadata['help']} |")
+        meaning = f.metadata["help"].replace("|", "\\|")
+        rows.append(f"| `{f.name}` | `{json.dumps(default)}` | {meaning} |")
     return "\n".join(rows)
