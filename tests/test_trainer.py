@@ -239,3 +239,29 @@ def test_trainer_checkpoint_loads_with_plain_transformers(tmp_path, tiny_model_d
     hf = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
     n = min(len(hf), len(ours))
     assert torch.equal(hf[:n], ours[:n])
+
+
+def test_phases_and_curriculum_take_effect_on_the_same_trainer(tmp_path, tiny_model_dir, small_data, scorer):
+    seen = []
+
+    def recording_reward(prompts, completions, truths, weights):
+        seen.append(weights)
+        return varied_reward(prompts, completions, truths, weights)
+
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, recording_reward, mix_env_ratio=0.0,
+              phases=[{"start": 1, "mix_env_ratio": 1.0, "max_new_tokens": 8}],
+              curriculum={"A": [[1, {"next_state": 0.0}]]})
+    first = tr.collect(0, {})
+    assert {g[0].task for g in first} == {"P"}
+    second = tr.collect(1, {})
+    assert {g[0].task for g in second} == {"A"}
+    assert max(len(r.completion_ids) for g in second for r in g) <= 8
+    assert seen[0]["A"]["next_state"] > 0 and seen[-1]["A"]["next_state"] == 0.0
+
+
+def test_a_fresh_run_moves_an_old_run_aside(tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=1)
+    tr.train()
+    make(tmp_path, tiny_model_dir, small_data, scorer, steps=1)
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("run-")]
+    assert len(moved) == 1 and (moved[0] / "metrics.jsonl").exists()

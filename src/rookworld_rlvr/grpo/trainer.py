@@ -135,6 +135,12 @@ class Trainer:
         self.eval_fn = eval_fn
         self.log = log
         self.run_dir = Path(cfg.output_dir)
+        if not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()):
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((self.run_dir / "config.yaml").stat().st_mtime
+                                                                  if (self.run_dir / "config.yaml").exists() else time.time()))
+            aside = self.run_dir.with_name(f"{self.run_dir.name}-{stamp}")
+            self.run_dir.rename(aside)  # a fresh run never mixes with an old one, and nothing is deleted
+            log(f"moved the previous run in {self.run_dir} to {aside} (use resume: true to continue it)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)

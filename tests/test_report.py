@@ -1,0 +1,243 @@
+"""`rookworld report`: plots and the HTML page from synthetic run directories (NaN, missing keys,
+a half-written line, real FENs in the examples), the overlay of two runs, the error for a
+directory without metrics.jsonl, and a headless Chromium screenshot of the page."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rookworld_rlvr import report as rp
+from rookworld_rlvr.cli import main
+
+P_FEN = "2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34"
+A_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+A_NEW_FEN = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1"
+P_PROMPT = f"P: {P_FEN} "
+A_PROMPT = f"A: {A_FEN}+e2e4+e2e4+"
+MARKUP = "<b>&</b>"  # model garbage that must come out escaped
+
+
+def _metrics(steps: int, seed: int, *, with_entropy: bool = True, with_timings: bool = True) -> list[dict]:
+    """Per-step records shaped like the trainer's, with a NaN grad norm and keys that come and go."""
+    rng = random.Random(seed)
+    rows = []
+    for s in range(1, steps + 1):
+        trend = s / steps
+        rec = {"step": s, "reward/mean": 0.3 + 0.4 * trend + rng.gauss(0, 0.08),
+               "reward/P": 0.2 + 0.5 * trend + rng.gauss(0, 0.1), "valid/P": min(1.0, 0.6 + 0.4 * trend),
+               "kl_mean": 0.002 * s + rng.random() * 0.01, "kl_max": 0.5 + rng.random(), "kl_min": 0.0,
+               "beta": 0.04, "clip_frac": rng.random() * 0.1, "grad_norm": 1.0 + rng.random(),
+               "completion_len/mean": 60 + rng.gauss(0, 5), "completion_len/max": 120,
+               "truncation_rate": rng.random() * 0.05, "lr": 1e-6, "loss": rng.gauss(0, 0.1)}
+        rec.update({f"reward/P/{c}": rng.random() for c in rp.POLICY_COMPONENTS})
+        if s % 2:  # A: is sampled on odd steps only
+            rec.update({"reward/A": 0.5 + rng.gauss(0, 0.1), "valid/A": 0.9})
+            rec.update({f"reward/A/{c}": rng.random() for c in rp.ENV_COMPONENTS})
+        if s > 5:  # the clip split was added to the log mid-run
+            rec.update(clip_low=rng.random() * 0.05, clip_high=rng.random() * 0.05)
+        if with_entropy:
+            rec["entropy"] = 1.5 - trend + rng.gauss(0, 0.05)
+        if with_timings:
+            phases = {"generate": 2.0, "score": 0.4, "reference": 0.3, "old": 0.3, "policy": 0.9, "optimizer": 0.1}
+            rec.update({f"time/{k}": v * (1 + rng.random() * 0.2) for k, v in phases.items()})
+            rec["time/other"] = 0.05
+            rec["time/step"] = sum(v for k, v in rec.items() if k.startswith("time/"))
+        rows.append(rec)
+    rows[6]["grad_norm"] = math.nan  # a skipped step
+    rows[6]["kl_max"] = math.inf
+    return rows
+
+
+def _examples() -> dict:
+    p_truth = {"fen": P_FEN, "moves": ["a4a3", "c8f5", "h7f6", "h7g5", "h7f8"],
+               "evals": [-3.06, -2.82, -3.21, -3.16, -2.3], "best": ["h7f8"], "label": "h7f6"}
+    a_truth = {"fen": A_FEN, "move": "e2e4", "history": "e2e4", "new_fen": A_NEW_FEN, "reward": 0.001,
+               "terminated": False, "truncated": False}
+    policy = [{"prompt": P_PROMPT, "completion": f"M: a4a3 c8f5 h7f6 h7g5 h7f8 E: -3.1 -2.8 -3.2 -3.2 -2.3 B: c8f5 {MARKUP}",
+               "truth": p_truth, "reward": 0.42, "correct": False, "notes": ["B: not best"],
+               "components": {"format": 1.0, "best_legal": 1.0, "best_rank": 0.5, "best_cp": 0.3,
+                              "candidates": 1.0, "evals": 0.8}}]
+    env = [{"prompt": A_PROMPT, "completion": f"{A_NEW_FEN}+0.001+0+0", "truth": a_truth, "reward": 1.0,
+            "correct": True, "notes": [],
+            "components": {"format": 1.0, "next_state": 1.0, "reward": 1.0, "terminated": 1.0, "truncated": 1.0}}]
+    return {"policy": policy, "environment": env}
+
+
+def _eval(step: int, quality: float, examples: bool) -> dict:
+    res = {"step": step, "seconds": 3.2,
+           "policy": {"n": 50, "invalid": 0.2 - 0.1 * quality, "legal_best": 0.7 + 0.2 * quality,
+                      "best_acc": 0.2 + 0.1 * quality, "best_acc_raw_labels": None, "top5_overlap": 0.5,
+                      "legal_candidates": 0.9, "mean_reward": 0.4 + 0.2 * quality, "hit_max_tokens": 0.0,
+                      "components": {"format": 0.9, "best_legal": 0.8}},
+           "environment": {"n": 50, "invalid": 0.1, "next_state_acc": 0.5 + 0.3 * quality, "nls": 0.95,
+                           "reward_acc": 0.9, "reward_mae": 0.1 - 0.05 * quality, "terminated_acc": 1.0,
+                           "truncated_acc": 1.0, "mean_reward": 0.6 + 0.1 * quality},
+           "meta": {"seconds": {"generate": 3.0}}}
+    if examples:
+        res["examples"] = _examples()
+    return res
+
+
+def make_run(root: Path, name: str, *, seed: int = 0, steps: int = 30, config: dict | None = None,
+             **metric_options) -> Path:
+    """A finished run directory as the trainer leaves it (plus a half-written metrics line)."""
+    run = root / name
+    run.mkdir(parents=True)
+    lines = [json.dumps(r) for r in _metrics(steps, seed, **metric_options)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 31, "rew')
+    evals = [_eval(s, s / steps, examples=s == steps) for s in (0, 10, 20, steps)]
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    summary = {"base": evals[0], "final": evals[-1], "best_step": steps, "steps": steps}
+    (run / "summary.json").write_text(json.dumps(summary))
+    cfg = config or {"model": "jrahn/RookWorld-LM-124M", "lr": 1e-6, "group_size": 8, "kl_coef": 0.04,
+                     "policy_weights": {"format": 0.1, "best_legal": 0.4}, "phases": []}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return run
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    """The report of one run (built once: plotting is the slow part)."""
+    run = make_run(tmp_path_factory.mktemp("runs"), "grpo-a")
+    return rp.write_report([str(run)])
+
+
+def test_single_run_writes_plots_next_to_the_run(single):
+    assert single == single.parent / "report.html" and (single.parent / "metrics.jsonl").exists()
+    plots = {p.stem: p for p in (single.parent / "plots").glob("*.png")}
+    expected = {"reward", "components_P", "components_A", "kl", "entropy", "clip", "grad_norm", "lengths",
+                "timings", "eval"}
+    assert expected <= set(plots)
+    for p in plots.values():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_html_has_config_eval_table_plots_and_samples(single):
+    page = single.read_text()
+    for key in ("model", "group_size", "kl_coef", "policy_weights"):
+        assert f"<code>{key}</code>" in page
+    assert "jrahn/RookWorld-LM-124M" in page
+    assert "<code>policy.best_acc</code>" in page and "<code>environment.reward_mae</code>" in page
+    assert "policy.components.format" in page  # nested eval sections are flattened
+    assert 'src="plots/reward.png"' in page and 'src="plots/timings.png"' in page
+    assert page.count("<svg") == 2 and "viewBox" in page  # one board per example
+    assert html.escape(P_PROMPT) in page and html.escape(A_PROMPT) in page
+    assert html.escape(MARKUP) in page and MARKUP not in page
+    assert "non-finite dropped" not in page  # said on the plot, not the page
+    assert "best_legal" in page and "next_state" in page  # reward components of the examples
+
+
+def test_eval_deltas_are_coloured_by_direction(single):
+    page = single.read_text()
+
+    def row(metric: str) -> str:
+        start = page.index(f"<tr><td><code>{metric}</code>")
+        return page[start:page.index("</tr>", start)]
+
+    assert 'class="num good">+0.1000' in row("policy.best_acc")
+    assert 'class="num good">-0.1000' in row("policy.invalid")  # lower is better
+    assert 'class="num good">-0.0500' in row("environment.reward_mae")
+    assert "good" not in row("policy.n") and "bad" not in row("policy.n") and "+0</td>" in row("policy.n")
+    assert page.count("<tr><td><code>policy.best_acc</code>") == 1  # one row per metric
+
+
+def test_a_samples_draw_the_move_arrow(single):
+    page = single.read_text()
+    assert "arrow: e2e4" in page and 'class="arrow' in page
+    assert "blue: model c8f5" in page  # P: the model's legal B: next to the best move
+
+
+def test_missing_keys_skip_plots_and_nan_is_dropped(tmp_path):
+    run = make_run(tmp_path, "sparse", with_entropy=False, with_timings=False)
+    page = rp.write_report([str(run)], str(tmp_path / "out"))
+    plots = {p.stem for p in (page.parent / "plots").glob("*.png")}
+    assert "entropy" not in plots and "timings" not in plots and "reward" in plots
+    assert "plots/entropy.png" not in page.read_text()
+    xs, ys, dropped = rp.series(rp.load_run(run).metrics, "grad_norm")
+    assert dropped == 1 and len(ys) == 29 and all(math.isfinite(v) for v in ys) and 7 not in xs
+
+
+def test_metrics_only_run_reports_without_evals(tmp_path):
+    run = tmp_path / "live"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.1}) + "\n")
+    page = rp.write_report([str(run)]).read_text()
+    assert "No evaluations" in page and "No config.yaml" in page and "in progress" in page
+
+
+def test_two_runs_overlay_into_a_compare_dir(tmp_path):
+    a = make_run(tmp_path / "runs", "base-lr", seed=1)
+    b = make_run(tmp_path / "runs", "high-lr", seed=2, with_entropy=False,
+                 config={"model": "jrahn/RookWorld-LM-124M", "lr": 1e-5, "group_size": 8})
+    assert main(["report", str(a), str(b)]) == 0
+    out = tmp_path / "runs" / "compare-base-lr-high-lr"
+    page = (out / "report.html").read_text()
+    assert '<th colspan="3" class="run">base-lr</th>' in page and '<th colspan="3" class="run">high-lr</th>' in page
+    assert "<th>base-lr</th><th>high-lr</th>" in page  # one config column per run
+    assert '<tr class="differs"><td><code>lr</code>' in page
+    assert '<tr><td><code>group_size</code>' in page  # equal values are not highlighted
+    assert (out / "plots" / "entropy.png").stat().st_size > 0  # drawn from the run that has it
+    assert page.count("<svg") == 4
+
+
+def test_out_option_and_printed_path(tmp_path, capsys):
+    run = make_run(tmp_path, "r", steps=12)
+    assert main(["report", str(run), "--out", str(tmp_path / "elsewhere")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == str(tmp_path / "elsewhere" / "report.html") and Path(printed).exists()
+
+
+def test_missing_metrics_names_the_path(tmp_path, capsys):
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=str(empty / "metrics.jsonl")):
+        rp.write_report([str(empty)])
+    assert main(["report", str(empty)]) == 1
+    assert str(empty / "metrics.jsonl") in capsys.readouterr().err
+
+
+def test_undrawable_fen_leaves_out_only_the_board():
+    example = {**_examples()["policy"][0], "truth": {"fen": "not a fen", "best": ["e2e4"]}}
+    card = rp.sample_card("policy", example)
+    assert "<svg" not in card and "not drawable" in card and html.escape(P_PROMPT) in card
+
+
+def test_moving_average_and_noise():
+    assert rp.moving_average([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
+    assert not rp.is_noisy([float(i) for i in range(30)])
+    assert rp.is_noisy([float(i % 2) for i in range(30)])
+
+
+def _chromium() -> str | None:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    return found or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+def test_report_renders_in_headless_chromium(single, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed (looked for chromium, chromium-browser, /usr/bin/chromium)")
+    shot = tmp_path / "report.png"
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000", f"--screenshot={shot}",
+           single.resolve().as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (2000, 1280)
+    flat = pixels[..., :3].reshape(-1, 3)
+    assert (flat.max(axis=0) - flat.min(axis=0)).max() > 0.5  # not one uniform colour
+    assert (flat.std(axis=0) > 0.05).any()
