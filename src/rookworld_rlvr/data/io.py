@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +85,14 @@ def sample_from_line(line: str) -> Sample:
     return Sample("A", env_task.parse_line(s), "rookworld")
 
 
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
+
+
 def _open_text(path: Path) -> io.TextIOBase:
+    """Undecodable bytes are kept as lone surrogates, so the line that holds them gets the error."""
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape")
+    return open(path, encoding="utf-8", errors="surrogateescape")
 
 
 def is_jsonl(path: str | Path) -> bool:
@@ -115,6 +120,8 @@ def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
                 continue
             report.read += 1
             try:
+                if _NOT_UTF8.search(line):
+                    raise FormatError("not valid UTF-8 text")
                 yield sample_from_row(json.loads(line)) if jsonl else sample_from_line(line)
             except (FormatError, json.JSONDecodeError, ValueError) as e:
                 msg = f"{path}:{lineno}: {e}"

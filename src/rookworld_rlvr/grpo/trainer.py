@@ -185,6 +185,7 @@ class Trainer:
         self.history_eval: list[dict] = []
         if resume_from is not None:
             self._load_state(ckpt.load_state(resume_from))
+            self._truncate_logs()
             self.log(f"resumed from {resume_from} at step {self.step}")
 
     # -- state ---------------------------------------------------------------------------------
@@ -224,6 +225,16 @@ class Trainer:
         if "ref" in st and self.ref is not None:
             self.ref.load_state_dict(st["ref"])
 
+    def _truncate_logs(self) -> None:
+        """Drop log records of steps after the restored checkpoint: they will be redone."""
+        from rookworld_rlvr.data.io import atomic_write_text
+
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            path = self.run_dir / name
+            if path.exists():
+                keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= self.step]
+                atomic_write_text(path, [line + "\n" for line in keep])
+
     def save(self) -> Path:
         path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self._state())
         keep = {self.best[1]} if self.best else set()
@@ -241,6 +252,7 @@ class Trainer:
         self.nan_guard.load_state_dict(guards[0])  # the guards remember how often they fired
         self.kl_guard.load_state_dict(guards[1])
         self.lr_scale = lr_scale
+        self._truncate_logs()
         self.log(f"step {self.step}: {reason}: rolled back to {path.name}, LR x{self.lr_scale:.3g}")
 
     # -- rollout ---------------------------------------------------------------------------------

@@ -1,0 +1,394 @@
+"""Fault drills: NaN steps, a Stockfish process killed mid-run, the trainer killed while writing a
+checkpoint, and malformed data lines. Real components throughout (tiny GPT-2, real Stockfish, real
+files); monkeypatch only injects the faults."""
+
+import gzip
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import chess
+import pytest
+import torch
+
+from rookworld_rlvr.config import load_config
+from rookworld_rlvr.data.io import DataError, read_samples
+from rookworld_rlvr.engine import EngineConfig, StockfishPool
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
+from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks.rewards import RewardScorer
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+STOCKFISH = "/usr/games/stockfish"
+
+
+class _Result:
+    def __init__(self, total):
+        self.total, self.components, self.valid_format = total, {"chars": total}, True
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """The drills train with threads=1 (a shared 2-core machine); later tests get torch's setting back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def varied_reward(prompts, completions, truths, weights):
+    """A dense toy reward (share of digits) so a random model gets a learning signal."""
+    return [_Result(sum(c.isdigit() for c in text) / max(len(text), 1)) for text in completions]
+
+
+def _fields(tiny_model_dir, small_data, run_dir, **over):
+    fields = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data="",
+                  output_dir=str(run_dir), steps=3, batch_positions=2, group_size=4, max_new_tokens=24,
+                  lr=1e-3, warmup_steps=0, save_every=1, tensorboard=False, progress=False, report=False, seed=1,
+                  engine_cache=None, device="cpu", threads=1)
+    fields.update(over)
+    return fields
+
+
+def make(tmp_path, tiny_model_dir, small_data, reward_fn=varied_reward, log=lambda *_: None, **over):
+    cfg = load_config(None, _fields(tiny_model_dir, small_data, tmp_path / "run", **over))
+    return Trainer(cfg, reward_fn, read_samples(cfg.data), None, log=log)
+
+
+def _snapshot(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _inject_nan(monkeypatch, tr, poison):
+    """NaN in the policy's log-probs (the gradient pass only) whenever poison(step) says so."""
+    import rookworld_rlvr.grpo.trainer as trainer_mod
+
+    real = trainer_mod.token_logprobs
+
+    def faulty(model, *a, **k):
+        out = real(model, *a, **k)
+        if model is tr.forward_model and torch.is_grad_enabled() and poison(tr.step):
+            out["logprobs"] = out["logprobs"] * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer_mod, "token_logprobs", faulty)
+
+
+# -- 1. NaN ------------------------------------------------------------------------------------------------
+
+
+def test_nan_at_random_steps_skips_them_and_the_run_finishes(tmp_path, tiny_model_dir, small_data, monkeypatch):
+    steps = 6
+    bad = set(random.Random(20240601).sample(range(steps), 2))
+    tr = make(tmp_path, tiny_model_dir, small_data, steps=steps, nan_max_consecutive=3, save_every=100)
+    _inject_nan(monkeypatch, tr, lambda step: step in bad)
+    weights = [_snapshot(tr.policy)]  # weights[k]: after k steps
+    summary = tr.train(writer=lambda rec: weights.append(_snapshot(tr.policy)))
+
+    assert tr.step == steps and summary["steps"] == steps
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    records = _records(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for step in range(steps):
+        rec = records[step]
+        if step in bad:
+            assert rec.get("nonfinite") == 1.0, (step, rec)
+            assert _same(weights[step], weights[step + 1]), f"skipped step {step} moved the weights"
+        else:
+            assert "nonfinite" not in rec and torch.isfinite(torch.tensor(rec["loss"])), (step, rec)
+            assert not _same(weights[step], weights[step + 1]), f"healthy step {step} did not update"
+    assert all(torch.isfinite(p).all() for p in tr.policy.parameters())
+    assert tr.nan_guard.total_skips == 2 and tr.nan_guard.rollbacks == 0 and tr.lr_scale == 1.0
+
+
+@pytest.mark.parametrize("healthy", [0, 2], ids=["nan-from-start", "nan-after-2-good-steps"])
+def test_nan_every_update_rolls_back_once_then_stops(tmp_path, tiny_model_dir, small_data, monkeypatch, healthy):
+    logs: list[str] = []
+    # save_every 100: the only checkpoint is the step-0 one, so after good steps the rollback visibly moves weights
+    tr = make(tmp_path, tiny_model_dir, small_data, steps=6, nan_max_consecutive=2, nan_max_rollbacks=1,
+              save_every=100, log=logs.append)
+    _inject_nan(monkeypatch, tr, lambda step: step >= healthy or tr.nan_guard.rollbacks > 0)
+    weights = [_snapshot(tr.policy)]
+    with pytest.raises(TrainingStopped, match=r"^non-finite loss") as info:
+        tr.train(writer=lambda rec: weights.append(_snapshot(tr.policy)))
+    msg = str(info.value)
+    assert "1/1 rollbacks" in msg and "LR scale now 0.5" in msg and "4 steps skipped" in msg, msg
+    assert tr.nan_guard.rollbacks == 1 and tr.lr_scale == 0.5
+    rolled = [line for line in logs if "rolled back to" in line]
+    assert len(rolled) == 1, rolled
+    assert "rolled back to step_000000" in rolled[0] and "LR x0.5" in rolled[0], rolled
+    last = ckpt.latest_checkpoint(tmp_path / "run")
+    assert last.name == "step_000000"
+    from transformers import AutoModelForCausalLM
+
+    saved = list(AutoModelForCausalLM.from_pretrained(last).parameters())
+    assert _same(list(tr.policy.parameters()), saved), "after the rollback the weights are the last checkpoint's"
+    # records: the healthy steps, one skip (the next step rolled back, no record), one skip after the rollback
+    records = _records(tmp_path / "run")
+    flags = [r.get("nonfinite", 0.0) for r in records]
+    assert flags == [0.0] * healthy + [1.0] + [1.0], (flags, records)
+    assert len(weights) == 1 + healthy + 2
+    if healthy:
+        assert not _same(weights[healthy], saved), "the good steps had moved the weights away from the checkpoint"
+        assert _same(weights[healthy], weights[healthy + 1]), "the skipped step did not move them"
+
+
+# -- 2. Stockfish killed mid-run ---------------------------------------------------------------------------
+
+
+def _outside_candidate_batch(samples, rng, moves_per_position):
+    """P: prompts whose completions name a legal best move that is not among the truth's candidates."""
+    prompts, completions, truths = [], [], []
+    for s in samples:
+        t = s.truth
+        board = chess.Board(t.fen)
+        outside = sorted(m.uci() for m in board.legal_moves if m.uci() not in t.moves)
+        for move in rng.sample(outside, min(moves_per_position, len(outside))):
+            evals = " ".join(pol_task.format_eval(e) for e in t.evals)
+            prompts.append(pol_task.prompt(t.fen))
+            completions.append(f"M: {' '.join(t.moves)} E: {evals} B: {move}")
+            truths.append(t)
+    return prompts, completions, truths
+
+
+def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while os.path.exists(f"/proc/{pid}"):  # a zombie keeps its /proc entry
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_killed_stockfish_loses_no_reward(small_data):
+    p_samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"]
+    rng = random.Random(5)
+    rng.shuffle(p_samples)
+    batches = [_outside_candidate_batch(p_samples[0:4], rng, 1),    # before any kill
+               _outside_candidate_batch(p_samples[4:8], rng, 1),    # after a kill between two calls
+               _outside_candidate_batch(p_samples[8:16], rng, 2)]   # with a kill during the call
+    for prompts, completions, truths in batches:
+        assert all(pol_task.parse_completion(c).best not in t.moves for c, t in zip(completions, truths))
+
+    cfg = EngineConfig(path=STOCKFISH, depth=6, workers=2, timeout=20.0)
+    with StockfishPool(cfg) as pool:
+        scorer = RewardScorer(engine=pool)
+        got = [scorer.score_batch(*batches[0])]
+        calls = pool.stats["engine_calls"]
+        assert calls >= len(batches[0][0]), "the scorer must have asked the engine"
+
+        killed = pool._engine_pids()
+        assert killed
+        for pid in killed:  # between two scoring calls: the engines are idle
+            os.kill(pid, signal.SIGKILL)
+        got.append(scorer.score_batch(*batches[1]))
+        assert pool.stats["restarts"] >= 1
+        assert pool.stats["engine_calls"] >= calls + len(batches[1][0])
+
+        restarts, calls = pool.stats["restarts"], pool.stats["engine_calls"]
+        hit: list[int] = []
+
+        def killer():  # during a scoring call: as soon as it has run two searches
+            deadline = time.monotonic() + 30
+            while pool.stats["engine_calls"] < calls + 2 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            for pid in pool._engine_pids():
+                os.kill(pid, signal.SIGKILL)
+                hit.append(pid)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        got.append(scorer.score_batch(*batches[2]))
+        thread.join(30)
+        assert hit, "the killer thread never fired"
+        assert pool.stats["restarts"] > restarts, "the kill landed after the call ended"
+        assert pool.stats["engine_calls"] >= calls + len(batches[2][0])
+        assert all(_wait_gone(pid) for pid in killed + hit), "killed engines must be reaped"
+        assert set(pool._engine_pids()).isdisjoint(killed + hit)
+
+    with StockfishPool(EngineConfig(path=STOCKFISH, depth=6, workers=1)) as fresh:
+        expected = [RewardScorer(engine=fresh).score_batch(*b) for b in batches]
+        assert fresh.stats["restarts"] == 0
+    for g, e in zip(got, expected):
+        assert len(g) == len(e)
+        for a, b in zip(g, e):
+            assert (a.total, a.components, a.valid_format, a.correct) == (b.total, b.components, b.valid_format, b.correct)
+            assert a.components["best_legal"] == 1.0 and a.components["best_cp"] < 1.0
+
+
+# -- 3. the trainer killed while writing a checkpoint ------------------------------------------------------
+
+_SCRIPT = """
+import io, json, os, sys, time
+sys.path.insert(0, {tests!r})
+from test_faults import make, varied_reward
+from pathlib import Path
+import rookworld_rlvr.grpo.checkpoint as ck
+import torch
+
+class SlowTorch:
+    '''torch, as seen by the checkpoint module, with a slow torch.save that writes half the file first.'''
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def save(obj, f, *a, **k):
+        buf = io.BytesIO()
+        torch.save(obj, buf, *a, **k)
+        data = buf.getvalue()
+        with open(f, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            os.fsync(fh.fileno())
+            print(f"SAVING step {{obj['step']}}", flush=True)  # half the state file is on disk now
+            time.sleep(2)
+            fh.write(data[len(data) // 2:])
+
+ck.torch = SlowTorch()
+over = json.loads(sys.argv[1])
+tr = make(Path(over.pop("tmp")), Path(over.pop("model")), Path(over.pop("data")),
+          log=lambda *a: print(*a, file=sys.stderr), **over)
+tr.train()
+print("FINISHED", flush=True)
+"""
+
+
+def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, tiny_model_dir, small_data):
+    from transformers import AutoModelForCausalLM
+
+    script = tmp_path / "train_slow_save.py"
+    script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent)))
+    over = {"tmp": str(tmp_path), "model": str(tiny_model_dir), "data": str(small_data), "steps": 3, "keep_last": 3}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SRC), "TOKENIZERS_PARALLELISM": "false"}
+    stderr = open(tmp_path / "child.stderr", "w")
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(over)], stdout=subprocess.PIPE, stderr=stderr,
+                            text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line.strip())
+            if line.strip() == "SAVING step 2":
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        watchdog.cancel()
+        rc = proc.wait(30)
+        stderr.close()
+    assert seen[-1:] == ["SAVING step 2"], (seen, (tmp_path / "child.stderr").read_text()[-2000:])
+    assert "FINISHED" not in seen and rc == -signal.SIGKILL
+
+    run = tmp_path / "run"
+    found = ckpt.list_checkpoints(run)
+    assert [s for s, _ in found] == [0, 1]
+    for step, path in found:
+        assert (path / ckpt.STATE_FILE).exists()
+        assert ckpt.load_state(path)["step"] == step
+        AutoModelForCausalLM.from_pretrained(path)
+    assert not (run / "checkpoints" / "step_000002").exists()
+    partial = list((run / "checkpoints").glob(".step_000002.tmp-*"))
+    assert len(partial) == 1, "the kill must have hit the save of step 2"
+    half = partial[0] / ckpt.STATE_FILE
+    assert half.exists() and half.stat().st_size < (found[-1][1] / ckpt.STATE_FILE).stat().st_size
+    assert ckpt.latest_checkpoint(run) == found[-1][1]
+    killed_records = _records(run)
+    assert [r["step"] for r in killed_records] == [1, 2]
+
+    logs: list[str] = []
+    resumed = make(tmp_path, tiny_model_dir, small_data, steps=3, keep_last=3, resume=True, log=logs.append)
+    assert resumed.step == 1 and any("resumed from" in x and "step_000001" in x for x in logs)
+    summary = resumed.train()
+    assert summary["steps"] == 3 and resumed.step == 3
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [1, 2, 3]
+    assert not list((run / "checkpoints").glob(".step_*.tmp-*")), "the half-written save is cleaned up"
+    assert (run / "final" / "model.safetensors").exists()
+    for _, path in ckpt.list_checkpoints(run):
+        AutoModelForCausalLM.from_pretrained(path)
+    # the resumed run redoes step 2 exactly as the killed run did it (the RNG states come from step_000001)
+    redone = [r for r in _records(run) if r["step"] == 2][-1]
+    assert [r["step"] for r in _records(run)][-2:] == [2, 3]
+    assert redone["reward/mean"] == killed_records[1]["reward/mean"]
+    assert redone["completion_len/mean"] == killed_records[1]["completion_len/mean"]
+    assert abs(redone["loss"] - killed_records[1]["loss"]) < 1e-5
+
+
+# -- 4. malformed data lines -------------------------------------------------------------------------------
+
+
+def _bad_file(small_data, path: Path) -> tuple[Path, list[int], int]:
+    """The training file with malformed lines spliced in; returns (path, bad line numbers, good count)."""
+    good = [line.encode() for line in (small_data / "train.jsonl").read_text().splitlines()]
+    row = json.loads(good[0])
+    broken = {
+        3: b'{"task": "P", "truth": {"fen": ',                                    # truncated JSON
+        7: json.dumps({**row, "task": "X"}).encode(),                             # unknown task
+        12: json.dumps({**row, "truth": {k: v for k, v in row["truth"].items() if k != "moves"}}).encode(),  # no moves
+        20: json.dumps({**row, "prompt": "P: 8/8/8/8/8/8/8/8 w - - 0 1 "}).encode(),  # prompt disagrees with truth
+        25: b'{"task": "A", "truth": \xff\xfe\x00 garbage}',                       # bytes that are not UTF-8
+    }
+    lines, src = [], iter(good)
+    for lineno in range(1, len(good) + len(broken) + 1):
+        lines.append(broken[lineno] if lineno in broken else next(src))
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path, sorted(broken), len(good)
+
+
+@pytest.mark.parametrize("name", ["bad.jsonl", "bad.jsonl.gz"])
+def test_malformed_lines_fail_dry_run_and_build_with_file_line(tmp_path, tiny_model_dir, small_data, capsys, name):
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.data.io import ReadReport
+    from rookworld_rlvr.grpo.cli import build
+
+    bad, bad_lines, n_good = _bad_file(small_data, tmp_path / name)
+    report = ReadReport()
+    assert len(read_samples(bad, skip_invalid=True, report=report)) == n_good
+    assert report.invalid == len(bad_lines)
+    assert [e.split(": ")[0] for e in report.errors] == [f"{bad}:{n}" for n in bad_lines], report.errors
+    assert report.errors[-1] == f"{bad}:25: not valid UTF-8 text"
+    common = ["--model", str(tiny_model_dir), "--eval-data", "", "--output-dir", str(tmp_path / "run"),
+              "--engine-cache", "null"]
+
+    assert main(["train", "--dry-run", "--data", str(bad), *common]) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert f"{bad}:{bad_lines[0]}:" in text and f"{len(bad_lines)} malformed lines" in text, text
+    assert "dry run: ok" not in text
+
+    assert main(["train", "--dry-run", "--data", str(bad), "--skip-invalid", *common]) == 0
+    text = capsys.readouterr().out
+    assert f"malformed={len(bad_lines)}" in text and "dry run: ok" in text, text
+
+    assert main(["train", "--data", str(bad), *common]) == 1  # a real run stops before loading anything
+    err = capsys.readouterr().err
+    assert f"error: {bad}:{bad_lines[0]}:" in err, err
+
+    fields = _fields(tiny_model_dir, small_data, tmp_path / "run", data=str(bad))
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}:{bad_lines[0]}: "):
+        build(load_config(None, fields))
+
+    logs: list[str] = []
+    trainer, pool = build(load_config(None, {**fields, "skip_invalid": True}), log=logs.append)
+    try:
+        skipped = [x for x in logs if "skipped" in x]
+        assert len(skipped) == 1 and f"skipped {len(bad_lines)} invalid lines" in skipped[0], logs
+        assert f"{bad}:{bad_lines[0]}:" in skipped[0]
+        assert sum(len(v) for v in trainer.prompts.samples.values()) == n_good
+    finally:
+        pool.close()
