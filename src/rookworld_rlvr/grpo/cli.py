@@ -138,11 +138,13 @@ def _train(cfg: TrainConfig) -> int:
         print(compare_table(summary["base"], summary["final"]))
     if cfg.report:
         try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("report: not written: matplotlib is missing (pip install 'rookworld-rlvr[report]'), "
+                  "or set report: false", file=sys.stderr)
+        else:
             from rookworld_rlvr.report import write_report
 
-            path = write_report([cfg.output_dir])
-            print(f"report: {path}")
-        except ImportError:
-            pass
+            print(f"report: {write_report([cfg.output_dir])}")
     print(f"done in {(time.time() - t0) / 60:.1f} min; final model in {cfg.output_dir}/final")
     return 0

@@ -1,0 +1,410 @@
+"""GRPO seconds per step: our trainer vs TRL's GRPOTrainer on the same work.
+
+    python benchmarks/grpo_vs_trl.py [--config small|124m|both] [--steps 5] [--beta 0 0.04]
+                                     [--threads 2] [--json OUT]
+
+Both trainers get the same model (two copies of one checkpoint), the same prompts in the same
+order (B prompts per step, half P: and half A:, from data/train.jsonl.gz), the same reward (one
+`TRLRewardFunction`; our trainer calls its scorer directly because it also logs the reward
+components), G completions per prompt, at most --max-tokens new tokens, the same temperature,
+learning rate (constant in both), β, clip range and loss aggregation, dropout off, float32
+(or bf16 autocast in both with --bf16). The runs are interleaved step by step inside one process:
+a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
+steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
+
+Configurations: `small` is the shipped `models/rookworld-tiny` when it has weights (else a random
+model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
+(`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
+RookWorld-LM scale. Per configuration and β it prints the median s/step of each trainer and the
+ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
+float32 and bf16 matmul rates.
+
+TRL is a benchmark-only dependency (the `bench` extra):
+    pip install -c constraints.txt trl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
+
+
+# -- machine -----------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def bf16_hardware() -> str:
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "unknown"
+    found = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    return "+".join(found) if found else "none"
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 1024, min_seconds: float = 0.4) -> float:
+    """torch.matmul of n x n matrices at the current thread count (best of short timed batches)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(dtype)
+    b = torch.randn(n, n, generator=g).to(dtype)
+    for _ in range(3):
+        torch.matmul(a, b)
+    best, spent = 0.0, 0.0
+    while spent < min_seconds:
+        reps = 4
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        dt = time.perf_counter() - t0
+        spent += dt
+        best = max(best, 2 * n ** 3 * reps / dt / 1e9)
+    return best
+
+
+# -- model and data ------------------------------------------------------------------------------------
+def has_weights(path: Path) -> bool:
+    return path.is_dir() and (any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").exists())
+
+
+def random_model(preset: str, out_dir: Path, seed: int) -> Path:
+    from transformers import GPT2LMHeadModel
+
+    from rookworld_rlvr.model import build_chess_tokenizer, save_pretrained_atomic, tiny_config
+
+    tok = build_chess_tokenizer()
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(tiny_config(len(tok), preset))
+    save_pretrained_atomic(model, tok, out_dir)
+    return out_dir
+
+
+def step_prompts(data: Path, tokenizer, n_steps: int, batch: int, max_tokens: int, n_positions: int, seed: int):
+    """Per step: B prompts, P: first then A: (as our trainer's collect orders them); mix 0.5."""
+    from rookworld_rlvr.data.io import iter_samples
+
+    n_a = round(batch * 0.5)
+    n_p = batch - n_a
+    need = {"P": n_p * n_steps, "A": n_a * n_steps}
+    pool: dict[str, list] = {"P": [], "A": []}
+    for s in iter_samples(data):  # the first rows are enough; no need to parse 120k lines
+        prompt = s.render("compact")[0]
+        if len(tokenizer(prompt, add_special_tokens=False).input_ids) + max_tokens > n_positions:
+            continue
+        if len(pool[s.task]) < 4 * need[s.task] + 8:
+            pool[s.task].append(s)
+        if all(len(pool[t]) >= 4 * need[t] + 8 for t in pool):
+            break
+    rng = random.Random(seed)
+    for t in pool:
+        if len(pool[t]) < need[t]:
+            raise SystemExit(f"{data}: only {len(pool[t])} usable {t}: samples, need {need[t]}")
+        rng.shuffle(pool[t])
+    return [pool["P"][k * n_p:(k + 1) * n_p] + pool["A"][k * n_a:(k + 1) * n_a] for k in range(n_steps)]
+
+
+class OrderedPrompts:
+    """Stands in for the trainer's PromptSampler: hands out the prepared prompts in step order."""
+
+    def __init__(self, steps: list[list]) -> None:
+        self.queue = {t: [s for step in steps for s in step if s.task == t] for t in ("P", "A")}
+
+    def take(self, task: str, n: int) -> list:
+        out, self.queue[task] = self.queue[task][:n], self.queue[task][n:]
+        if len(out) < n:
+            raise RuntimeError(f"benchmark ran out of {task}: prompts")
+        return out
+
+
+# -- FLOPs ----------------------------------------------------------------------------------------------
+def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: int) -> dict[str, float]:
+    """Model FLOPs of one step of ours, from its real token counts (pads and skipped work not counted).
+
+    body = parameters outside the embeddings (2 FLOPs each per token forward); the LM head (2·V·d)
+    only where a next-token distribution is needed (every generated token; completion positions in
+    the scoring passes, as our `token_logprobs` does); causal attention 4·n_layer·d·context per token
+    forward. Generation prefills each distinct prompt once (as our sampler does). Forward+backward = 3x
+    forward.
+    """
+    cfg = model.config
+    L, d = cfg.n_layer, cfg.n_embd
+    emb = model.get_input_embeddings().weight
+    wpe = model.transformer.wpe.weight.numel() if hasattr(model, "transformer") else 0
+    body = sum(p.numel() for p in model.parameters()) - emb.numel() - wpe
+    head = 2 * emb.shape[0] * emb.shape[1]
+
+    def attn(ctx_from: int, ctx_to: int) -> float:  # sum of 4·L·d·c for c in (ctx_from, ctx_to]
+        return 4 * L * d * (ctx_to * (ctx_to + 1) - ctx_from * (ctx_from + 1)) / 2
+
+    gen = fwd = 0.0
+    for i, row in enumerate(batch.rows):
+        p, g = len(row.prompt_ids), len(row.completion_ids)
+        if i % group_size == 0:  # one prefill per distinct prompt
+            gen += 2 * body * p + attn(0, p) + head
+        gen += (2 * body + head) * max(g - 1, 0) + attn(p, p + max(g - 1, 0))
+        fwd += 2 * body * (p + g) + attn(0, p + g) + head * g
+    out = {"generate": gen, "reference": fwd if beta > 0 else 0.0,
+           "old": fwd if updates_per_batch > 1 else 0.0, "policy": 3 * fwd * updates_per_batch}
+    out["total"] = sum(out.values())
+    out["params_body"] = float(body)
+    return out
+
+
+# -- one configuration -----------------------------------------------------------------------------------
+def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: int, tmp: Path, log) -> dict:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from datasets import Dataset
+
+    from rookworld_rlvr.config import load_config
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.grpo.trainer import Trainer
+    from rookworld_rlvr.model import load_policy
+    from rookworld_rlvr.tasks.rewards import RewardScorer, TRLRewardFunction
+
+    total = warmup + steps
+    B, G, M = args.prompts, args.generations, args.max_tokens
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-beta{beta}-", dir=tmp))
+    cfg = load_config(None, {
+        "model": str(model_dir), "device": "cpu", "threads": args.threads, "data": str(args.data), "eval_data": "",
+        "batch_positions": B, "group_size": G, "temperature": args.temperature, "max_new_tokens": M,
+        "lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "kl_coef": beta, "steps": total,
+        "mix_env_ratio": 0.5, "autocast": "bf16" if args.bf16 else "none", "engine_cache": None,
+        "output_dir": str(run_dir / "ours"), "tensorboard": False, "report": False, "progress": False,
+        "seed": args.seed,
+    })
+    pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=None))
+    reward = TRLRewardFunction(RewardScorer(cfg.reward_config(), engine=pool))
+    try:
+        ours = Trainer(cfg, lambda p, c, t, w: reward.scorer.score_batch(p, c, t, w), [], None, log=lambda *_: None)
+        prompts = step_prompts(args.data, ours.tokenizer, total, B, M, ours.policy.config.n_positions, args.seed)
+        ours.prompts = OrderedPrompts(prompts)
+        dataset = Dataset.from_list([{"prompt": s.render("compact")[0], "truth": json.dumps(s.truth.to_dict())}
+                                     for step in prompts for s in step])
+
+        ours_rec: list[dict] = []
+
+        def ours_step() -> None:
+            step = ours.step
+            t0 = time.perf_counter()
+            timings: dict[str, float] = {}
+            batch = ours.assemble(ours.collect(step, timings))
+            m = ours.update(batch, step, timings)
+            guard = m.pop("guard")
+            if ours.ref is not None:
+                ours.kl_ctl.update(m.get("kl_mean", 0.0))
+            ours.step += 1
+            seconds = time.perf_counter() - t0
+            rec = ours._record(step, batch, m, timings, seconds)
+            rec["guard"] = guard
+            rec["flops"] = step_flops(ours.policy, batch, G, beta, cfg.updates_per_batch)
+            ours_rec.append(rec)
+
+        trl_times: list[float] = []
+
+        class Interleave(TrainerCallback):
+            k = 0
+            t0 = 0.0
+
+            def on_step_begin(self, a, state, control, **kw):
+                torch.set_num_threads(args.threads)
+                if self.k % 2 == 0:
+                    ours_step()
+                self.t0 = time.perf_counter()
+
+            def on_step_end(self, a, state, control, **kw):
+                trl_times.append(time.perf_counter() - self.t0)
+                if self.k % 2 == 1:
+                    ours_step()
+                log(f"  {name} beta={beta:g} step {self.k + 1}/{total}: ours {ours_rec[-1]['time/step']:.2f} s, "
+                    f"TRL {trl_times[-1]:.2f} s{'  (warm-up)' if self.k < warmup else ''}")
+                self.k += 1
+
+        trl_model, tok = load_policy(str(model_dir), device="cpu", verbose=False)
+        trl_args = GRPOConfig(
+            output_dir=str(run_dir / "trl"), use_cpu=True, gradient_checkpointing=False, disable_dropout=True,
+            per_device_train_batch_size=B * G, num_generations=G, max_completion_length=M, beta=beta,
+            temperature=args.temperature, top_k=0, top_p=1.0, learning_rate=args.lr,
+            lr_scheduler_type="constant", warmup_steps=0, max_steps=total, logging_steps=1, report_to=[],
+            save_strategy="no", bf16=args.bf16, fp16=False, shuffle_dataset=False,
+            loss_type=cfg.loss_type, epsilon=cfg.clip_range, scale_rewards=cfg.scale_rewards,
+            max_grad_norm=cfg.grad_clip, weight_decay=cfg.weight_decay, adam_beta2=0.99,
+            seed=args.seed, disable_tqdm=True, dataloader_num_workers=0,
+        )
+        trl = GRPOTrainer(model=trl_model, reward_funcs=[reward], args=trl_args, train_dataset=dataset,
+                          processing_class=tok, callbacks=[Interleave()])
+        trl.remove_callback(PrinterCallback)  # disable_tqdm adds it; it prints every log dict
+        torch.set_num_threads(args.threads)
+        trl.train()
+        trl_logged = [h["step_time"] for h in trl.state.log_history if "step_time" in h]
+        trl_lengths = [h["completions/mean_length"] for h in trl.state.log_history if "completions/mean_length" in h]
+    finally:
+        pool.close()
+
+    meas = ours_rec[warmup:]
+    ours_s = statistics.median(r["time/step"] for r in meas)
+    trl_s = statistics.median(trl_times[warmup:])
+    phase_tot = {p: sum(r.get(f"time/{p}", 0.0) for r in meas) for p in PHASES}
+    step_tot = sum(r["time/step"] for r in meas)
+    flops = statistics.median(r["flops"]["total"] for r in meas)
+    return {
+        "config": name, "model": str(model_dir), "params": ours.n_params,
+        "params_body": meas[0]["flops"]["params_body"], "beta": beta, "steps": steps, "warmup_steps": warmup,
+        "prompts": B, "generations": G, "max_tokens": M, "temperature": args.temperature, "lr": args.lr,
+        "bf16": args.bf16, "threads": torch.get_num_threads(),
+        "ours_s_per_step": ours_s, "trl_s_per_step": trl_s, "ratio_trl_over_ours": trl_s / ours_s,
+        "ours_steps": [r["time/step"] for r in ours_rec], "trl_steps": trl_times, "trl_logged_step_time": trl_logged,
+        "ours_completion_len": statistics.mean(r["completion_len/mean"] for r in meas),
+        "trl_completion_len": statistics.mean(trl_lengths[warmup:]) if len(trl_lengths) > warmup else None,
+        "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
+        "phase_share": {p: (v / step_tot if step_tot else 0.0) for p, v in phase_tot.items()},
+        "flops": {k: statistics.median(r["flops"][k] for r in meas) for k in ("generate", "reference", "old", "policy")}
+        | {"total": flops},
+    }
+
+
+def add_bound(res: dict, rates: dict[str, float]) -> None:
+    res["bound_seconds"] = {k: res["flops"]["total"] / (r * 1e9) for k, r in rates.items()}
+    res["fraction_of_bound"] = {k: v / res["ours_s_per_step"] for k, v in res["bound_seconds"].items()}
+
+
+# -- output ---------------------------------------------------------------------------------------------
+def table(machine: dict, results: list[dict]) -> str:
+    lines = [f"GRPO seconds per step: rookworld-rlvr vs TRL {machine['trl']} GRPOTrainer (interleaved, medians)",
+             f"machine: {machine['cpu']} ({machine['processor']}), {machine['cores']} cores, "
+             f"{machine['threads']} torch threads, torch {machine['torch']}, transformers {machine['transformers']}, "
+             f"load average at start {machine['loadavg']}",
+             f"command: {machine['command']}",
+             f"matmul 1024x1024: float32 {machine['gflops']['float32']:.0f} GFLOP/s, "
+             f"bf16 {machine['gflops']['bf16']:.0f} GFLOP/s (CPU bf16 support: {machine['bf16_hardware']})", ""]
+    head = (f"{'config':7s} {'params':>7s} {'beta':>5s} {'steps':>5s} {'BxG':>5s} {'tok':>4s} "
+            f"{'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} {'len ours/TRL':>12s}")
+    lines += [head, "-" * len(head)]
+    for r in results:
+        tl = f"{r['trl_completion_len']:.0f}" if r["trl_completion_len"] is not None else "?"
+        lines.append(f"{r['config']:7s} {r['params'] / 1e6:6.1f}M {r['beta']:5g} {r['steps']:5d} "
+                     f"{r['prompts']}x{r['generations']:<3d} {r['max_tokens']:4d} {r['ours_s_per_step']:11.2f} "
+                     f"{r['trl_s_per_step']:10.2f} {r['ratio_trl_over_ours']:7.2f}x "
+                     f"{r['ours_completion_len']:>6.0f}/{tl:<5s}")
+    lines.append("")
+    for r in results:
+        share = ", ".join(f"{p} {100 * r['phase_share'][p]:.0f}%" for p in PHASES)
+        f = r["flops"]
+        lines.append(f"{r['config']} beta={r['beta']:g} ({Path(r['model']).name}):")
+        lines.append(f"  our step: {share}")
+        lines.append(f"  FLOPs/step {f['total'] / 1e9:.1f} G (generate {f['generate'] / 1e9:.1f}, reference "
+                     f"{f['reference'] / 1e9:.1f}, old {f['old'] / 1e9:.1f}, policy fwd+bwd {f['policy'] / 1e9:.1f}); "
+                     f"bound {r['bound_seconds']['float32']:.2f} s at float32, {r['bound_seconds']['bf16']:.2f} s at bf16; "
+                     f"ours reaches {100 * r['fraction_of_bound']['float32']:.0f}% / "
+                     f"{100 * r['fraction_of_bound']['bf16']:.0f}% of it")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=("small", "124m", "both"), default="both",
+                    help="small: models/rookworld-tiny; 124m: random GPT-2 124M architecture (default: both)")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps of each trainer (small config)")
+    ap.add_argument("--steps-124m", type=int, default=3, help="measured steps of each trainer (124m config)")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps of each trainer (small config)")
+    ap.add_argument("--warmup-124m", type=int, default=0, help="unmeasured first steps (124m config)")
+    ap.add_argument("--beta", type=float, nargs="+", default=[0.0, 0.04], help="KL coefficients, one run pair each")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both trainers, matmul timing)")
+    ap.add_argument("--json", help="write all numbers here")
+    ap.add_argument("--model", help="small config model (default: models/rookworld-tiny if it has weights, "
+                                    "else a random tiny model)")
+    ap.add_argument("--data", type=Path, default=ROOT / "data/train.jsonl.gz")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default float32)")
+    ap.add_argument("--seed", type=int, default=0)
+    # smoke-test knobs (the benchmark itself is 8 x 8, 100 tokens)
+    ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--generations", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--max-tokens", type=int, default=100, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.prompts < 2 or args.generations < 2 or args.steps < 1 or args.steps_124m < 1 or min(args.warmup, args.warmup_124m) < 0:
+        ap.error("need --prompts >= 2, --generations >= 2, --steps >= 1, --warmup >= 0")
+
+    try:
+        import trl
+    except ImportError:
+        print("TRL is not installed: pip install -c constraints.txt trl   (the `bench` extra)", file=sys.stderr)
+        return 2
+    import transformers
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    machine = {
+        "cpu": cpu_model(), "processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "trl": trl.__version__, "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "command": " ".join(["python", *map(shlex.quote, sys.argv)]), "bf16_hardware": bf16_hardware(),
+    }
+    log("measuring matmul rates ...")
+    machine["gflops"] = {"float32": matmul_gflops(torch.float32), "bf16": matmul_gflops(torch.bfloat16)}
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmpdir:
+        tmp = Path(tmpdir)
+        plans = []
+        if args.config in ("small", "both"):
+            shipped = ROOT / "models/rookworld-tiny"
+            if args.model:
+                small = Path(args.model)
+            elif has_weights(shipped):
+                small = shipped
+            else:
+                log(f"{shipped} has no weights yet: using a random model of the tiny preset")
+                small = random_model("tiny", tmp / "random-tiny", args.seed)
+            plans.append(("small", small, args.steps, args.warmup))
+        if args.config in ("124m", "both"):
+            log("building a random GPT-2 124M (chess tokenizer) ...")
+            plans.append(("124m", random_model("gpt2-124m", tmp / "random-gpt2-124m", args.seed), args.steps_124m,
+                          args.warmup_124m))
+        for name, model_dir, steps, warmup in plans:
+            for beta in args.beta:
+                log(f"{name}: {model_dir}, beta {beta:g}, {warmup} warm-up + {steps} measured steps each")
+                res = run_pair(name, model_dir, args, beta, steps, warmup, tmp, log)
+                add_bound(res, machine["gflops"])
+                results.append(res)
+    print(table(machine, results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "results": results}, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
