@@ -545,6 +545,9 @@ class Trainer:
         rows = batch.rows
         rec: dict[str, Any] = {"step": step + 1}
         rec.update({k: v for k, v in m.items() if isinstance(v, (int, float))})
+        if self.ref is None:  # beta 0 and no threshold: no reference pass, so KL is not measured (not 0)
+            for k in ("kl_mean", "kl_max", "kl_min", "kl_loss"):
+                rec.pop(k, None)
         rec["reward/mean"] = float(batch.rewards.mean())
         G = self.cfg.group_size
         flat = zero_variance_groups(batch.rewards, G)
