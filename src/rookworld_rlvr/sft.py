@@ -135,6 +135,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         print(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
+        log_file = out.parent / f"{out.name}.sft_log.jsonl"
+        if log_file.exists():  # steps after the checkpoint are redone: drop their old records
+            kept = [x for x in log_file.read_text().splitlines() if json.loads(x)["step"] <= step]
+            log_file.write_text("".join(x + "\n" for x in kept))
     log_path = out.parent / f"{out.name}.sft_log.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
