@@ -313,7 +313,9 @@ def test_killed_engine_is_restarted_and_the_answer_is_still_right(reference):
         killer.join()
         assert out == [reference[f] for f in VARIED]
         assert time.monotonic() - t < 10, "a dead engine must be noticed at once, not after the timeout"
-        assert pool.stats["restarts"] == 3 and pool.stats["engine_calls"] == len(VARIED)
+        # under load two kills can hit the same (already dead) process: count distinct processes
+        assert 1 <= pool.stats["restarts"] == len(set(killed))
+        assert pool.stats["engine_calls"] == len(VARIED)
         assert all(wait_gone(pid) for pid in killed)
         assert pool._engine_pids() and pool._engine_pids()[0] not in killed
 
