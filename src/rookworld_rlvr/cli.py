@@ -82,6 +82,7 @@ _OPTIONAL = {
     "check-batch": ("rookworld_rlvr.grpo.cli", "collect one batch and check it"),
     "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),
     "report": ("rookworld_rlvr.report", "plots and an HTML report of runs"),
+    "sweep": ("rookworld_rlvr.sweep", "hyperparameter sweeps with Optuna"),
 }
 
 

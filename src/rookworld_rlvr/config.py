@@ -63,6 +63,12 @@ class TrainConfig:
     grad_clip: float = _f(1.0, "gradient-norm clip (0 = off)")
     updates_per_batch: int = _f(1, "μ: passes over each batch (>1 makes the clipped ratio matter)")
     minibatch_size: int = _f(0, "completions per forward/backward (gradient accumulation); 0 = whole batch")
+    # -- LoRA (optional, needs peft) --------------------------------------------------------------
+    lora_r: int = _f(0, "LoRA rank: train low-rank adapters instead of every weight (0 = off, full fine-tuning; needs peft). "
+                        "The reference is the base with adapters disabled; checkpoints are saved merged")
+    lora_alpha: float = _f(16.0, "LoRA scale numerator: adapter output x lora_alpha / lora_r")
+    lora_dropout: float = _f(0.0, "LoRA dropout; must be 0 (every GRPO forward pass runs without dropout)")
+    lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names that get adapters (GPT-2: c_attn,c_proj,c_fc)")
     # -- GRPO loss ------------------------------------------------------------------------------
     loss_type: str = _f("grpo", "grpo | bnpo | dr_grpo | dapo (how token losses are averaged)")
     clip_range: float = _f(0.2, "ε: clip the ratio to [1-ε_low, 1+ε_high]; sets both unless given")
@@ -159,6 +165,17 @@ class TrainConfig:
         need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
         need(self.updates_per_batch >= 1, "updates_per_batch", "must be >= 1")
         need(self.minibatch_size >= 0, "minibatch_size", "must be >= 0")
+        need(self.lora_r >= 0, "lora_r", "must be >= 0 (0 = off)")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        # Sampler, old-policy, policy and reference log-probs of a token must agree exactly before an
+        # update (ratio 1, KL 0), so the model stays in eval mode; dropout would add noise to both.
+        need(self.lora_dropout == 0, "lora_dropout", "must be 0: dropout is off in every GRPO forward pass "
+             "(the policy stays in eval mode so sampler, policy and reference log-probs agree)")
+        need(any(t.strip() for t in self.lora_targets.split(",")), "lora_targets", "must name at least one module")
+        need(self.lora_r == 0 or self.ref_refresh_every == 0, "ref_refresh_every",
+             "must be 0 with LoRA (the reference is the base model with the adapters disabled)")
+        need(self.lora_r == 0 or self.ref_device is None, "ref_device",
+             "must be null with LoRA (the reference is the policy's own base model, on device)")
         need(self.loss_type in LOSS_TYPES, "loss_type", f"must be one of {LOSS_TYPES}")
         need(0 < self.clip_range < 1, "clip_range", "must be in (0, 1)")
         need(self.clip_low is None or 0 < self.clip_low < 1, "clip_low", "must be in (0, 1)")

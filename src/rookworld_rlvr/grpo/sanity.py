@@ -33,11 +33,13 @@ def _kl_ratio(trainer, batch) -> tuple[float, float, float]:
     with torch.no_grad():
         pol = token_logprobs(trainer.policy, batch.input_ids, batch.attention_mask, batch.position_ids, C,
                              temperature=trainer.cfg.temperature)["logprobs"]
-        kl = 0.0
-        if trainer.ref is not None:
-            ref = token_logprobs(trainer.ref, batch.input_ids.to(trainer.ref_device), batch.attention_mask.to(trainer.ref_device),
-                                 batch.position_ids.to(trainer.ref_device), C,
-                                 temperature=trainer.cfg.temperature)["logprobs"].to(pol.device)
+        kl = float("nan")  # not measured without a reference (beta 0, no threshold)
+        if trainer.use_ref:
+            model, ctx = trainer.reference()
+            with ctx:
+                ref = token_logprobs(model, batch.input_ids.to(trainer.ref_device), batch.attention_mask.to(trainer.ref_device),
+                                     batch.position_ids.to(trainer.ref_device), C,
+                                     temperature=trainer.cfg.temperature)["logprobs"].to(pol.device)
             kl = float(kl_k3(pol, ref)[mask].mean())
     ratio = torch.exp(pol - batch.sampler_logp)[mask]
     return kl, float((ratio - 1).abs().max()), float(ratio.mean())
@@ -73,7 +75,7 @@ def check_batch(trainer, max_truncation: float = 0.5, out=print) -> int:
         problems.append("every reward in the batch is equal: no learning signal (check the base model and the reward)")
     kl0, ratio_dev, ratio_mean = _kl_ratio(trainer, batch)
     out(f"before the update: KL {kl0:.2e} (must be 0), ratio {ratio_mean:.6f} (max |ratio-1| {ratio_dev:.1e}, must be ~0)")
-    if abs(kl0) > 1e-6:
+    if math.isfinite(kl0) and abs(kl0) > 1e-6:
         problems.append(f"KL to the reference is {kl0:.2e} before any update (policy and reference differ)")
     tol = 1e-2 if trainer.amp is not None else 1e-4
     if ratio_dev > tol:

@@ -93,6 +93,27 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("lora_r > 0 needs peft: pip install 'rookworld-rlvr[lora]'") from None
+    return peft
+
+
+def wrap_lora(model, cfg: TrainConfig):
+    """LoRA adapters on `model` (peft). They start at zero, so the wrapped policy equals the base;
+    the base weights are frozen and only the adapters train. Returned in eval mode (dropout off)."""
+    from transformers.pytorch_utils import Conv1D
+
+    peft = _peft()
+    targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
+    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+                           fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
+    return peft.get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
+
+
 class PromptSampler:
     """Per-task shuffled cursor over the training samples; resumable from (epoch, cursor)."""
 
@@ -152,21 +173,29 @@ class Trainer:
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
         if cfg.resume and resume_from is None:
             self.log(f"resume: no checkpoint in {self.run_dir}/checkpoints, starting fresh")
-        source = str(resume_from) if resume_from else cfg.model
+        # LoRA checkpoints hold merged weights; a LoRA resume rebuilds base + adapters (from trainer_state.pt)
+        source = str(resume_from) if resume_from and not cfg.lora_r else cfg.model
         self.policy, self.tokenizer = load_policy(source, device=str(self.device), verbose=False)
         self.policy.eval()  # dropout off in every forward pass, training included
         self.policy.requires_grad_(True)
+        self.use_ref = cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None
         self.ref = None
-        if cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None:
+        if cfg.lora_r:  # the reference is this model with its adapters disabled: no second copy
+            self.policy = wrap_lora(self.policy, cfg)
+        elif self.use_ref:
             if resume_from is not None:  # the reference is the base model, not the resumed policy
                 self.ref, _ = load_policy(cfg.model, device=str(self.ref_device), verbose=False)
             else:
                 self.ref = copy.deepcopy(self.policy).to(self.ref_device)
             self.ref.eval().requires_grad_(False)
-        self.forward_model = torch.compile(self.policy) if cfg.compile else self.policy
+        # the peft wrapper's forward hides HF's logits_to_keep; its inner model runs the same adapters
+        net = self.policy.get_base_model() if cfg.lora_r else self.policy
+        self.forward_model = torch.compile(net) if cfg.compile else net
         self.n_params = sum(p.numel() for p in self.policy.parameters())
-        decay = [p for p in self.policy.parameters() if p.dim() >= 2]
-        other = [p for p in self.policy.parameters() if p.dim() < 2]
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA
+        self.n_trainable = sum(p.numel() for p in trainable)
+        decay = [p for p in trainable if p.dim() >= 2]
+        other = [p for p in trainable if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                       {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.99))
         self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_mode, cfg.kl_target, cfg.kl_horizon, cfg.kl_coef_min,
@@ -202,10 +231,17 @@ class Trainer:
         }
         if self.ref is not None and self.cfg.ref_refresh_every:
             st["ref"] = {k: v.detach().cpu() for k, v in self.ref.state_dict().items()}
+        if self.cfg.lora_r:  # the base never changes: the adapters are the whole trained state
+            st["lora"] = {k: v.detach().cpu() for k, v in _peft().get_peft_model_state_dict(self.policy).items()}
         return st
 
     def _load_state(self, st: dict, weights_from: Path | None = None) -> None:
-        if weights_from is not None:
+        if self.cfg.lora_r:
+            if "lora" not in st:
+                raise ValueError("this checkpoint has no LoRA adapters (saved with lora_r 0): resume it with lora_r 0")
+            with torch.no_grad():
+                _peft().set_peft_model_state_dict(self.policy, st["lora"])  # copies in place: the optimizer keeps its params
+        elif weights_from is not None:
             loaded, _ = load_policy(str(weights_from), device=str(self.device), verbose=False)
             with torch.no_grad():
                 for p, q in zip(self.policy.parameters(), loaded.parameters()):
@@ -236,8 +272,12 @@ class Trainer:
                 keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= self.step]
                 atomic_write_text(path, [line + "\n" for line in keep])
 
+    def plain_model(self):
+        """The policy as a plain transformers model: itself, or (LoRA) a merged copy of base + adapters."""
+        return copy.deepcopy(self.policy).merge_and_unload() if self.cfg.lora_r else self.policy
+
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.tokenizer, self._state())
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.plain_model(), self.tokenizer, self._state())
         keep = {self.best[1]} if self.best else set()
         ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
         return path
@@ -358,6 +398,12 @@ class Trainer:
             start = end
         return out
 
+    def reference(self):
+        """(model, context) of the frozen reference; with LoRA the policy with adapters switched off."""
+        if self.ref is not None:
+            return self.ref, nullcontext()
+        return self.policy.get_base_model(), self.policy.disable_adapter()
+
     def update(self, batch: Batch, step: int, timings: dict) -> dict:
         cfg = self.cfg
         beta = self.kl_ctl.value(step)
@@ -365,10 +411,11 @@ class Trainer:
         slices = self._task_slices(batch)
         t0 = time.time()
         ref_out: dict[int, dict] = {}
-        if self.ref is not None:
-            with torch.no_grad():
+        if self.use_ref:
+            ref, ref_ctx = self.reference()
+            with torch.no_grad(), ref_ctx:
                 for k, sl in enumerate(slices):
-                    o = self._logprobs(self.ref, batch, sl, self.ref_device, exact, False)
+                    o = self._logprobs(ref, batch, sl, self.ref_device, exact, False)
                     ref_out[k] = {key: v.to(self.device) for key, v in o.items()}
         timings["reference"] = time.time() - t0
         t0 = time.time()
@@ -393,7 +440,7 @@ class Trainer:
                 o = self._logprobs(self.forward_model, batch, sl, self.device, exact, want_entropy)
                 mask = batch.completion_mask[sl]
                 kl = None
-                if exact and self.ref is not None:
+                if exact and self.use_ref:
                     kl = exact_kl(o["logits"], ref_out[k]["logits"]).clamp(max=cfg.kl_clamp)
                 out = grpo_loss(o["logprobs"], old.get(k), ref_out.get(k, {}).get("logprobs"), batch.advantages[sl], mask,
                                 beta=beta, kl_kind=cfg.kl_estimator if not exact else "k3", kl_clamp=cfg.kl_clamp,
@@ -448,9 +495,11 @@ class Trainer:
         return res
 
     def banner(self) -> str:
+        lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""
         lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
-                 f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}"
-                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if self.ref is None else 'on ' + str(self.ref_device)}",
+                 f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}{lora}"
+                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if not self.use_ref else 'on ' + str(self.ref_device)}"
+                 f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
                  "config:"]
         lines += [f"  {k}: {json.dumps(v)}" for k, v in self.cfg.to_dict().items()]
         return "\n".join(lines)
@@ -470,13 +519,13 @@ class Trainer:
         if status == "rollback":
             self.rollback("non-finite loss or gradient")
             return None
-        kl_status = self.kl_guard.check(m.get("kl_mean", 0.0)) if self.ref is not None else "ok"
+        kl_status = self.kl_guard.check(m.get("kl_mean", 0.0)) if self.use_ref else "ok"
         if kl_status == "stop":
             raise TrainingStopped(self.kl_guard.message)
         if kl_status == "recover":
             self.rollback(f"mean KL {m.get('kl_mean', 0):.4f} above threshold {cfg.kl_divergence_threshold}")
             return None
-        if self.ref is not None:
+        if self.use_ref:
             self.kl_ctl.update(m.get("kl_mean", 0.0))
         self.step += 1
         if cfg.ref_refresh_every and self.ref is not None and self.step % cfg.ref_refresh_every == 0:
@@ -527,7 +576,7 @@ class Trainer:
         final_dir = self.run_dir / "final"
         from rookworld_rlvr.model import save_pretrained_atomic
 
-        save_pretrained_atomic(self.policy, self.tokenizer, final_dir)
+        save_pretrained_atomic(self.plain_model(), self.tokenizer, final_dir)
         summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
                    "best_step": self.best[1] if self.best else None, "steps": self.step}
         from rookworld_rlvr.data.io import atomic_write_text
@@ -545,7 +594,7 @@ class Trainer:
         rows = batch.rows
         rec: dict[str, Any] = {"step": step + 1}
         rec.update({k: v for k, v in m.items() if isinstance(v, (int, float))})
-        if self.ref is None:  # beta 0 and no threshold: no reference pass, so KL is not measured (not 0)
+        if not self.use_ref:  # beta 0 and no threshold: no reference pass, so KL is not measured (not 0)
             for k in ("kl_mean", "kl_max", "kl_min", "kl_loss"):
                 rec.pop(k, None)
         rec["reward/mean"] = float(batch.rewards.mean())

@@ -1,0 +1,129 @@
+"""LoRA GRPO (lora_r > 0, needs peft) on the tiny GPT-2: the reference is the base with adapters
+disabled, only adapters train, checkpoints are merged plain transformers models."""
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from test_trainer import make, varied_reward  # noqa: E402
+
+from rookworld_rlvr.config import TrainConfig, load_config  # noqa: E402
+from rookworld_rlvr.grpo import checkpoint as ckpt  # noqa: E402
+from rookworld_rlvr.model import generate, load_policy  # noqa: E402
+
+LORA = dict(lora_r=4, lora_alpha=8.0, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, kl_coef=0.04)
+PROMPT = "P: 8/8/8/8/8/8/8/k6K w - - 0 1 "
+
+
+def lora_trainer(tmp_path, tiny_model_dir, small_data, **over):
+    return make(tmp_path, tiny_model_dir, small_data, None, varied_reward, **{**LORA, **over})
+
+
+def adapters(tr):
+    return {n: p.detach().clone() for n, p in tr.policy.named_parameters() if "lora_" in n}
+
+
+def base_weights(tr):
+    return {n: p.detach().clone() for n, p in tr.policy.named_parameters() if "lora_" not in n}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir, small_data):
+    """Two GRPO steps with a high LR; returns the trainer and the weights before training."""
+    tmp = tmp_path_factory.mktemp("lora")
+    tr = lora_trainer(tmp, tiny_model_dir, small_data, lr=0.05)
+    before = base_weights(tr), adapters(tr)
+    tr.train()
+    return tr, tmp / "run", before
+
+
+def test_step_zero_kl_is_zero_and_ratio_one_without_a_second_model(tmp_path, tiny_model_dir, small_data):
+    tr = lora_trainer(tmp_path, tiny_model_dir, small_data)
+    assert tr.ref is None and tr.use_ref
+    assert not any(m.training for m in tr.policy.modules()), "dropout must stay off"
+    assert all(p.requires_grad == ("lora_" in n) for n, p in tr.policy.named_parameters())
+    assert sum(len(g["params"]) for g in tr.opt.param_groups) == len(adapters(tr))
+    batch = tr.assemble(tr.collect(0, {}))
+    m = tr.update(batch, 0, {})
+    assert m["kl_mean"] == 0.0 and m["kl_max"] == 0.0
+    assert abs(m["ratio_mean"] - 1.0) < 1e-6 and abs(m["ratio_max"] - 1.0) < 1e-6
+    assert m["logp_sampler_diff"] < 1e-4
+
+
+def test_only_adapters_train_and_kl_grows(trained):
+    tr, run, (base_before, lora_before) = trained
+    assert all(torch.equal(v, base_weights(tr)[n]) for n, v in base_before.items()), "base weights moved"
+    after = adapters(tr)
+    assert any(not torch.equal(v, after[n]) for n, v in lora_before.items()), "adapters did not move"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[1]["kl_mean"] > 0  # step 2 compares the trained adapters with the base
+
+
+def test_final_and_checkpoints_are_merged_plain_transformers_models(trained):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    tr, run, _ = trained
+    for path in (run / "final", ckpt.latest_checkpoint(run)):
+        assert not any("lora" in k for k in load_file(path / "model.safetensors"))
+        load_policy(str(path), device="cpu", verbose=False)  # strict: no missing or unexpected weights
+    plain = AutoModelForCausalLM.from_pretrained(run / "final").eval()
+    ours = generate(tr.policy, tr.tokenizer, [PROMPT], max_new_tokens=16, greedy=True)
+    theirs = generate(plain, tr.tokenizer, [PROMPT], max_new_tokens=16, greedy=True)
+    assert torch.equal(ours.completion_ids, theirs.completion_ids)
+    assert (ours.logprobs - theirs.logprobs).abs().max() < 1e-4
+
+
+def test_resume_rebuilds_base_plus_adapters_and_continues(trained, tmp_path, tiny_model_dir, small_data):
+    tr, run, _ = trained
+    shutil.copytree(run, tmp_path / "run")
+    resumed = lora_trainer(tmp_path, tiny_model_dir, small_data, lr=0.05, steps=3, resume=True)
+    assert resumed.step == 2
+    want, got = adapters(tr), adapters(resumed)
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+    assert all(torch.equal(v, base_weights(resumed)[n]) for n, v in base_weights(tr).items())
+    for a, b in zip(tr.opt.state.values(), resumed.opt.state.values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+    resumed.train()
+    assert resumed.step == 3
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+
+
+def test_rollback_restores_adapters(tmp_path, tiny_model_dir, small_data):
+    tr = lora_trainer(tmp_path, tiny_model_dir, small_data)
+    tr.save()
+    saved, base = adapters(tr), base_weights(tr)
+    with torch.no_grad():
+        for n, p in tr.policy.named_parameters():
+            if "lora_" in n:
+                p.add_(1.0)
+    tr.rollback("test")
+    assert all(torch.equal(v, adapters(tr)[n]) for n, v in saved.items())
+    assert all(torch.equal(v, base_weights(tr)[n]) for n, v in base.items())
+    assert tr.lr_scale == 0.5
+
+
+def test_config_rejects_lora_dropout_and_conflicts():
+    with pytest.raises(ValueError, match="lora_dropout.*dropout is off"):
+        load_config(None, {"lora_r": 4, "lora_dropout": 0.1})
+    with pytest.raises(ValueError, match="lora_r"):
+        load_config(None, {"lora_r": -1})
+    with pytest.raises(ValueError, match="ref_refresh_every"):
+        load_config(None, {"lora_r": 4, "ref_refresh_every": 5})
+    with pytest.raises(ValueError, match="lora_targets"):
+        TrainConfig(lora_r=4, lora_targets=" , ").validate()
+    cfg = load_config(None, {"lora_r": "8", "lora_alpha": "16", "lora_targets": "c_attn, c_fc"})
+    assert cfg.lora_alpha == 16.0 and cfg.lora_targets == "c_attn, c_fc"
+
+
+def test_missing_peft_is_a_clear_error(tmp_path, tiny_model_dir, small_data, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
+    with pytest.raises(ImportError, match=r"lora_r > 0 needs peft: pip install 'rookworld-rlvr\[lora\]'"):
+        lora_trainer(tmp_path, tiny_model_dir, small_data)
