@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     d.set_defaults(func=_data)
 
-    for name in ("eval", "sft", "train", "check-batch", "overfit", "report"):
+    for name in _OPTIONAL:
         _add_optional(sub, name)
     return p
 

@@ -43,9 +43,9 @@ For several machines use a server database reachable from all of them (install i
     --storage mysql+pymysql://user:pass@host/optuna      (pip install pymysql)
 
 Grid points are handed out by Optuna's GridSampler from the shared study (trial n gets point n
-of the grid shuffled with `--seed`, which therefore must be the same on every worker; it is 0
-by default): two workers never run the same point. TPE workers use the constant liar; give
-each TPE worker a different `--seed` (or none). A worker stopped with Ctrl-C or SIGTERM marks
+of the grid shuffled with `--sampler-seed`, which therefore must be the same on every worker; it
+is 0 by default): two workers never run the same point. TPE workers use the constant liar; give
+each TPE worker a different `--sampler-seed` (or none). A worker stopped with Ctrl-C or SIGTERM marks
 its trial FAILED ("interrupted", excluded from the statistics) and queues the same
 configuration again, so a restarted worker redoes it. A worker killed hard leaves its trial
 RUNNING: when no worker is alive, `--requeue-running` does the same for those trials.
@@ -54,6 +54,7 @@ RUNNING: when no worker is alive, `--requeue-running` does the same for those tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import itertools
@@ -367,7 +368,7 @@ def open_study(storage: str, name: str, sampler, space: SweepSpace | None = None
             what = [k for k in info if stored[k] != info[k]]
             raise ValueError(f"study '{name}' in {storage} was created with a different {' and '.join(what)} "
                              f"(from {study.user_attrs.get('space_file')}); workers of one study must use the same "
-                             "space file, sampler and --seed, or pick another --study")
+                             "space file, sampler and --sampler-seed, or pick another --study")
     return study
 
 
@@ -407,12 +408,13 @@ def _requeue(study, number: int, reason: str) -> None:
     """Mark a trial FAILED as interrupted (left out of the statistics) and queue its configuration again."""
     from optuna.trial import TrialState
 
-    t = study.get_trials(deepcopy=False)[number]
+    t = study.get_trials(deepcopy=True)[number]
     study._storage.set_trial_user_attr(t._trial_id, "requeued", True)
     study._storage.set_trial_user_attr(t._trial_id, "failure", reason)
     study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
     study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-    study.enqueue_trial(dict(t.params), user_attrs={"retry_of": number})
+    study.enqueue_trial(dict(t.params), user_attrs={"retry_of": number,
+                                                    **({"overrides": t.user_attrs["overrides"]} if "overrides" in t.user_attrs else {})})
 
 
 def requeue_running(study, log=print) -> int:
@@ -440,10 +442,8 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
                              "worker": f"{socket.gethostname()}:{os.getpid()}"}
     trainer = None
 
-    def tlog(*parts) -> None:  # the trainer's messages go to the trial's own log
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "train.log", "a") as fh:
-            fh.write(" ".join(str(p) for p in parts) + "\n")
+    def tlog(*parts) -> None:  # inside the run stdout is the trial's train.log
+        print(*parts, flush=True)
 
     def finish(state, value: float | None = None, **more) -> dict:
         if trainer is not None:
@@ -459,18 +459,27 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
         return attrs
 
     log(f"trial {trial.number}: {_fmt(fields)} -> {run_dir}")
+    for k, v in attrs.items():  # visible while the trial runs (summary, --requeue-running)
+        trial.set_user_attr(k, v)
     try:
         cfg = load_config(config, {**base, **fields, "output_dir": str(run_dir), "resume": False})
         missing = {k: getattr(cfg, k) for k, v in fields.items() if getattr(cfg, k) != v}
         if missing:
             raise RuntimeError(f"swept values did not reach the configuration: {missing} != {fields}")
-        trainer, pool = build(cfg, log=tlog)
-        if reward_fn is not None:
-            trainer.reward_fn = reward_fn
-        try:
-            summary = trainer.train(writer=_writer(cfg))
-        finally:
-            pool.close()
+        if run_dir.exists() and any(run_dir.iterdir()):  # left by an earlier study in the same --out
+            aside = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir.rename(aside)
+            log(f"trial {trial.number}: moved an older {run_dir.name} aside to {aside.name}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # the trainer's warnings and progress bar (stdout) go to the trial's log, not the sweep's terminal
+        with open(run_dir / "train.log", "a") as fh, contextlib.redirect_stdout(fh):
+            trainer, pool = build(cfg, log=tlog)
+            if reward_fn is not None:
+                trainer.reward_fn = reward_fn
+            try:
+                summary = trainer.train(writer=_writer(cfg))
+            finally:
+                pool.close()
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         lost = {k: saved.get(k) for k, v in fields.items() if saved.get(k) != v}
         if lost:
@@ -494,9 +503,7 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
         a = finish(TrialState.FAIL, failure=f"stopped at step {trainer.step if trainer else 0}: {e}")
     except KeyboardInterrupt:
         log(f"trial {trial.number}: interrupted; its configuration is queued again")
-        attrs.update(seconds=round(time.time() - t0, 1), overrides=fields)
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
+        trial.set_user_attr("seconds", round(time.time() - t0, 1))
         _requeue(study, trial.number, "interrupted (Ctrl-C / SIGTERM)")
         raise
     except Exception as e:
@@ -556,6 +563,8 @@ def run_sweep(space: SweepSpace | str | Path, *, config: str | None = None, over
     from optuna.trial import TrialState
 
     distributions = space.distributions()
+    if kind == "grid" and (trials or space.trials or 0) > target:
+        log(f"the grid has {target} points: running {target} trials, not {trials or space.trials}")
     log(f"sweep '{name}' ({kind}, {target} trials) in {storage}; trial runs in {out}/trial_<n>")
     done_here = 0
     while True:
@@ -654,13 +663,13 @@ def format_summary(s: dict) -> str:
     if s["duplicates"]:
         lines.append(f"warning: configurations completed more than once: {s['duplicates']}")
     if s["trial_table"]:
-        lines.append(f"{'trial':>5}  {'state':<8} {'base':>7} {'final':>7} {'gain':>8} {'min':>5}  configuration / failure")
+        lines.append(f"{'trial':>5}  {'state':<8} {'base':>7} {'final':>7} {'gain':>8} {'mins':>5}  configuration / failure")
         for r in s["trial_table"]:
             num = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
             tail = _fmt(r["overrides"]) + (f"  [{r['failure']}]" if r["failure"] else "")
             lines.append(f"{r['trial']:>5}  {r['state']:<8} {num(r['base_reward'], '7.4f'):>7} "
                          f"{num(r['final_reward'], '7.4f'):>7} {num(r['gain'], '+8.4f'):>8} "
-                         f"{num((r['seconds'] or 0) / 60, '5.1f'):>5}  {tail}")
+                         f"{num(r['seconds'] / 60 if r['seconds'] is not None else None, '5.1f'):>5}  {tail}")
     return "\n".join(lines)
 
 
@@ -683,7 +692,7 @@ def plot(rows: list[dict], path: Path, title: str, best: int | None) -> str | No
         without = [r for r in sel if r["gain"] is None]
         if without:
             ax.scatter([r["trial"] for r in without], [0.0] * len(without), marker="x", color=colors[state],
-                       label=f"{label} (no final eval)", zorder=3)
+                       label=f"{label} (no final eval)" if state == "FAIL" else label, zorder=3)
     if best is not None:
         b = next(r for r in rows if r["trial"] == best)
         ax.annotate("best", (best, b["gain"] or 0.0), textcoords="offset points", xytext=(0, 6), ha="center")
@@ -691,7 +700,7 @@ def plot(rows: list[dict], path: Path, title: str, best: int | None) -> str | No
     ax.set_xlabel("trial")
     ax.set_ylabel("held-out reward gain (final - base)")
     ax.set_title(f"{title}: gain per trial")
-    if rows:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
@@ -750,7 +759,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--study", help="study name (default: the space file's name)")
     p.add_argument("--out", help="directory for trial runs, summary.json and sweep.png (default: sweeps/<study>)")
     p.add_argument("--sampler", choices=SAMPLERS, help="override the space file's sampler")
-    p.add_argument("--seed", type=int, help="sampler seed (grid: the order of points, the same on every worker)")
+    p.add_argument("--sampler-seed", type=int, help="sampler seed (grid: the order of the points, must be the same "
+                                                    "on every worker, default 0; TPE: one per worker). "
+                                                    "--seed is the training seed field")
     p.add_argument("--summary", action="store_true", help="print and write the summary of a study, run nothing")
     p.add_argument("--dry-run", action="store_true", help="validate the space and list the trials, run nothing")
     p.add_argument("--requeue-running", action="store_true",
@@ -796,7 +807,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     _interrupt_on_sigterm()
     _need_optuna()
     summary = run_sweep(space, config=config, overrides=overrides, trials=args.trials, storage=args.storage,
-                        study_name=study_name, out=out, sampler=kind, seed=args.seed)
+                        study_name=study_name, out=out, sampler=kind, seed=args.sampler_seed)
     if summary["finished"] and not summary["complete"]:
         print("error: no trial completed; see the failures above and <out>/trial_<n>/train.log", file=sys.stderr)
         return 1

@@ -1,0 +1,182 @@
+"""Sweeps: real Optuna studies (SQLite) over real tiny training runs."""
+
+import json
+import multiprocessing as mp
+import time
+
+import optuna
+import pytest
+import yaml
+from test_trainer import varied_reward
+
+from rookworld_rlvr.sweep import load_space, main as sweep_main, run_sweep
+
+QUIET = lambda *_: None  # noqa: E731
+
+
+def tiny_base(tiny_model_dir, small_data, drop=(), **over):
+    base = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
+                eval_limit=2, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, warmup_steps=0,
+                save_every=1, tensorboard=False, progress=False, report=False, engine_cache=None, device="cpu",
+                threads=1, seed=1)
+    base.update(over)
+    return {k: v for k, v in base.items() if k not in drop}
+
+
+def write_space(path, **space):
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def trials_of(out, name):
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{(out / 'study.db').resolve()}")
+    return [t for t in study.get_trials() if not t.user_attrs.get("surplus")]
+
+
+def test_every_swept_parameter_reaches_the_trainer_config(tmp_path, tiny_model_dir, small_data):
+    """Ranges (float, log float, int), choices and tied points all land in <trial>/config.yaml as sampled."""
+    points = [{"top_p": 0.9, "entropy_coef": 0.01}, {"top_p": 1.0, "entropy_coef": 0.0}]
+    space = write_space(tmp_path / "space.yaml", sampler="tpe", base=tiny_base(tiny_model_dir, small_data, drop=("group_size",)),
+                        params={"lr": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True},
+                                "kl_coef": {"low": 0.0, "high": 0.2},
+                                "clip_range": {"choices": [0.1, 0.3]},
+                                "group_size": {"type": "int", "low": 2, "high": 3},
+                                "temperature": {"low": 0.7, "high": 1.3}},
+                        points=points)
+    out = tmp_path / "out"
+    summary = run_sweep(space, trials=2, out=out, seed=3, reward_fn=varied_reward, log=QUIET)
+    assert summary["complete"] == 2, summary["failures"]
+    trials = trials_of(out, "space")
+    assert len(trials) == 2
+    for t in trials:
+        expected = {k: t.params[k] for k in ("lr", "kl_coef", "clip_range", "group_size", "temperature")}
+        expected.update(points[t.params["points"]])
+        saved = yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())
+        assert {k: saved[k] for k in expected} == expected
+        assert t.user_attrs["overrides"] == expected
+        assert saved["output_dir"] == str((out / f"trial_{t.number}").resolve()) and saved["resume"] is False
+        assert saved["steps"] == 1 and saved["max_new_tokens"] == 8  # the base reaches it too
+        assert isinstance(saved["group_size"], int) and 2 <= saved["group_size"] <= 3
+        assert 1e-5 <= saved["lr"] <= 1e-3 and 0.7 <= saved["temperature"] <= 1.3
+        for key in ("base_reward", "final_reward", "gain", "steps", "seconds", "status"):
+            assert key in t.user_attrs, key
+        assert t.value == t.user_attrs["final_reward"]
+        assert t.user_attrs["gain"] == pytest.approx(t.user_attrs["final_reward"] - t.user_attrs["base_reward"])
+        assert t.user_attrs["steps"] == 1 and t.user_attrs["status"] == "complete"
+    assert trials[0].params != trials[1].params
+    assert (out / "summary.json").exists() and (out / "sweep.png").exists()
+
+
+def test_a_trial_stopped_by_a_guard_is_failed_with_its_reason_and_the_sweep_goes_on(tmp_path, tiny_model_dir, small_data):
+    # a high LR with a tiny KL threshold and no recoveries: the real KL guard stops the run
+    base = tiny_base(tiny_model_dir, small_data, steps=3, group_size=4, max_new_tokens=16, lr=0.05, kl_coef=0.01,
+                     kl_max_recoveries=0, save_every=100)
+    space = write_space(tmp_path / "guard.yaml", base=base,
+                        params={"kl_divergence_threshold": {"choices": [1e-9, 1000.0]}})
+    out = tmp_path / "out"
+    summary = run_sweep(space, out=out, seed=1, reward_fn=varied_reward, log=QUIET)
+    trials = trials_of(out, "guard")
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE], \
+        "sampler seed 1 puts the failing point first, so the sweep must continue after it"
+    failed, ok = trials
+    assert failed.params["kl_divergence_threshold"] == 1e-9
+    assert "KL" in failed.user_attrs["failure"] and "threshold" in failed.user_attrs["failure"]
+    assert failed.user_attrs["status"] == "failed" and failed.user_attrs["base_reward"] is not None
+    assert ok.user_attrs["steps"] == 3
+    assert summary["failed"] == 1 and summary["complete"] == 1 and summary["success_rate"] == 0.5
+    assert summary["best"]["trial"] == ok.number
+    assert "KL" in summary["failures"][0]["reason"]
+
+
+def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(tmp_path, tiny_model_dir, small_data):
+    space = write_space(tmp_path / "grid4.yaml", base=tiny_base(tiny_model_dir, small_data),
+                        params={"lr": {"choices": [1e-4, 3e-4]}, "temperature": {"choices": [0.8, 1.2]}})
+    out = tmp_path / "out"
+    argv = ["--space", str(space), "--out", str(out)]  # default storage: sqlite:///<out>/study.db, real chess reward
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=sweep_main, args=(argv,)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    deadline = time.time() + 150
+    for w in workers:
+        w.join(max(1.0, deadline - time.time()))
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+    assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
+    trials = trials_of(out, "grid4")
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), [(t.state, t.user_attrs) for t in trials]
+    points = [(t.params["lr"], t.params["temperature"]) for t in trials]
+    assert len(points) == 4 and len(set(points)) == 4, points
+    assert sorted(points) == [(1e-4, 0.8), (1e-4, 1.2), (3e-4, 0.8), (3e-4, 1.2)]
+    for t in trials:  # every trial ran in its own directory with its own values
+        saved = yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())
+        assert (saved["lr"], saved["temperature"]) == (t.params["lr"], t.params["temperature"])
+    # the summary can be read back later from the storage alone
+    (out / "summary.json").unlink()
+    assert sweep_main(["--summary", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] == 4 and summary["success_rate"] == 1.0 and not summary["duplicates"]
+    assert summary["gain"]["n"] == 4 and summary["gain"]["min"] <= summary["gain"]["median"] <= summary["gain"]["max"]
+
+
+def test_an_interrupted_trial_is_queued_again_and_rerun(tmp_path, tiny_model_dir, small_data):
+    space = write_space(tmp_path / "resume.yaml", base=tiny_base(tiny_model_dir, small_data),
+                        params={"temperature": {"choices": [0.8, 1.2]}})
+    out = tmp_path / "out"
+    calls = {"n": 0}
+
+    def interrupted_once(*a):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) in the middle of the first trial
+        return varied_reward(*a)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(space, out=out, reward_fn=interrupted_once, log=QUIET)
+    summary = run_sweep(space, out=out, reward_fn=varied_reward, log=QUIET)  # the restarted worker
+    trials = trials_of(out, "resume")
+    first, retry = trials[0], next(t for t in trials if t.user_attrs.get("retry_of") == 0)
+    assert first.state == optuna.trial.TrialState.FAIL and first.user_attrs["requeued"]
+    assert retry.state == optuna.trial.TrialState.COMPLETE and retry.params == first.params
+    assert summary["complete"] == 2 and summary["failed"] == 0 and summary["interrupted_and_requeued"] == 1
+    assert sorted(r["overrides"]["temperature"] for r in summary["trial_table"]) == [0.8, 1.2]
+
+
+def test_unknown_or_invalid_params_are_clear_errors_naming_the_file(tmp_path, capsys):
+    bad = write_space(tmp_path / "typo.yaml", params={"kl_coeff": {"choices": [0.0, 0.1]}})
+    with pytest.raises(ValueError, match=r"typo\.yaml: params: 'kl_coeff' is not a config field; did you mean kl_coef"):
+        load_space(bad)
+    assert sweep_main(["--space", str(bad), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "kl_coeff" in err
+    assert not (tmp_path / "o").exists(), "nothing may run (or be created) for a bad space"
+    with pytest.raises(ValueError, match=r"b\.yaml: base: 'lrate'"):
+        load_space(write_space(tmp_path / "b.yaml", base={"lrate": 1}, params={"lr": {"choices": [1e-5]}}))
+    with pytest.raises(ValueError, match=r"p\.yaml: points\[1\]: 'gruop_size'"):
+        load_space(write_space(tmp_path / "p.yaml", points=[{"group_size": 4}, {"gruop_size": 8}]))
+    with pytest.raises(ValueError, match=r"r\.yaml: params: 'lr' is a range; the grid sampler needs 'choices'"):
+        load_space(write_space(tmp_path / "r.yaml", sampler="grid", params={"lr": {"low": 1e-6, "high": 1e-4}})).grid()
+    with pytest.raises(ValueError, match=r"v\.yaml: params\.group_size value 1: .*must be >= 2"):
+        run_sweep(write_space(tmp_path / "v.yaml", params={"group_size": {"choices": [1, 4]}}), out=tmp_path / "v",
+                  log=QUIET)
+    assert not (tmp_path / "v").exists()
+
+
+def test_the_stability_preset_covers_every_value_in_at_least_24_valid_configurations(monkeypatch):
+    from conftest import REPO
+
+    from rookworld_rlvr.config import load_config
+
+    monkeypatch.chdir(REPO)
+    space = load_space("configs/sweeps/stability.yaml")
+    configs = space.grid_overrides()
+    assert len(configs) >= 24 and len({json.dumps(c, sort_keys=True) for c in configs}) == len(configs)
+    assert {c["lr"] for c in configs} == {1e-6, 1e-5, 1e-4}
+    assert {c["kl_coef"] for c in configs} == {0.0, 0.005, 0.05, 0.2}
+    assert {c["clip_range"] for c in configs} == {0.1, 0.2, 0.3}
+    assert {c["group_size"] for c in configs} == {4, 8}
+    for c in configs:
+        cfg = load_config(space.config, {**space.base, **c})
+        assert cfg.steps == 30 and cfg.eval_limit == 100 and not (cfg.report or cfg.tensorboard or cfg.progress)
+        assert cfg.updates_per_batch > 1, "with one update per batch clip_range has no effect"
