@@ -87,16 +87,12 @@ _OPTIONAL = {
 
 
 def _add_optional(sub, name: str) -> None:
-    """Subcommands whose module registers its own arguments (`add_arguments(parser, name)`)."""
+    """Subcommands whose module registers its own arguments (`add_arguments(parser, name)`);
+    the modules keep torch imports inside functions, so `--help` stays fast."""
     import importlib
 
     module_name, help_text = _OPTIONAL[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("rookworld_rlvr"):
-            return  # not built yet
-        raise
+    module = importlib.import_module(module_name)
     sp = sub.add_parser(name, help=help_text)
     module.add_arguments(sp, name)
     sp.set_defaults(func=lambda a, m=module, n=name: m.run(a, n))
