@@ -62,7 +62,8 @@ def _examples() -> dict:
                "evals": [-3.06, -2.82, -3.21, -3.16, -2.3], "best": ["h7f8"], "label": "h7f6"}
     a_truth = {"fen": A_FEN, "move": "e2e4", "history": "e2e4", "new_fen": A_NEW_FEN, "reward": 0.001,
                "terminated": False, "truncated": False}
-    policy = [{"prompt": P_PROMPT, "completion": f"M: a4a3 c8f5 h7f6 h7g5 h7f8 E: -3.1 -2.8 -3.2 -3.2 -2.3 B: c8f5 {MARKUP}",
+    completion = f"M: a4a3 c8f5 h7f6 h7g5 h7f8 E: -3.1 -2.8 -3.2 -3.2 -2.3 B: c8f5 {MARKUP}"
+    policy = [{"prompt": P_PROMPT, "completion": completion,
                "truth": p_truth, "reward": 0.42, "correct": False, "notes": ["B: not best"],
                "components": {"format": 1.0, "best_legal": 1.0, "best_rank": 0.5, "best_cp": 0.3,
                               "candidates": 1.0, "evals": 0.8}}]

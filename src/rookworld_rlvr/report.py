@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 # -- loading ---------------------------------------------------------------------------------------
 
@@ -192,7 +192,8 @@ STATIC_PLOTS = (
         Panel("valid completions", (("valid/P", "P:"), ("valid/A", "A:")), "share"),
     )),
     PlotSpec("kl", "KL to the reference and β", (
-        Panel("KL per token", (("kl_mean", "mean"), ("kl_max", "max")), "KL"),
+        Panel("mean KL per token", (("kl_mean", "mean"),), "KL"),
+        Panel("max KL per token (own panel: it dwarfs the mean)", (("kl_max", "max"),), "KL"),
         Panel("β (KL coefficient)", (("beta", "β"),), "β"),
     )),
     PlotSpec("entropy", "Policy entropy", (Panel("entropy", (("entropy", "entropy"),), "nats/token"),)),
@@ -429,7 +430,8 @@ def config_table(runs: Sequence[Run]) -> str:
         rows.append(f"<tr{cls}><td><code>{_e(k)}</code></td>" + "".join(f"<td><code>{_e(v)}</code></td>"
                                                                           for v in vals) + "</tr>")
     note = '<p class="muted">Highlighted rows differ between runs.</p>' if len(runs) > 1 else ""
-    return f'{note}<table class="config"><thead><tr><th>key</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    return (f'{note}<table class="config"><thead><tr><th>key</th>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
 
 
 def _flat_numbers(result: dict | None) -> dict[str, Any]:
@@ -482,8 +484,8 @@ def runs_table(runs: Sequence[Run]) -> str:
 def plots_section(plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
     if not plots:
         return '<p class="muted">No plottable metrics.</p>'
-    figs = "".join(f'<figure><img src="{_e(p.relative_to(out_dir).as_posix())}" alt="{_e(t)}" loading="lazy">'
-                   f"<figcaption>{_e(t)}</figcaption></figure>" for t, p in plots)
+    figs = "".join(f'<figure><img src="{_e(p.relative_to(out_dir).as_posix())}" alt="{_e(t)}" title="{_e(t)}">'
+                   "</figure>" for t, p in plots)  # the title is drawn in the PNG
     return ('<p class="muted">Faint lines are per-step values; solid lines over them are trailing moving '
             f'averages (drawn only where a series is noisy).</p><div class="plots">{figs}</div>')
 
@@ -493,8 +495,8 @@ def plots_section(plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
 BEST_COLOR, MODEL_COLOR, ILLEGAL_COLOR = "#2e7d32cc", "#1565c0cc", "#c62828cc"
 
 
-def _arrow(board, uci: Any, color: str):
-    """A chess.svg arrow for a UCI string (legal or not); None when it is not a move on the board."""
+def _arrow(uci: Any, color: str):
+    """A chess.svg arrow for a UCI string (legal or not, so illegal A: moves show); None for non-moves."""
     import chess
     import chess.svg
 
@@ -531,15 +533,15 @@ def _board_arrows(task: str, board, example: dict) -> tuple[list, str]:
     if task == "environment":
         move = truth.get("move")
         legal = _is_legal(board, move)
-        arrow = _arrow(board, move, BEST_COLOR if legal else ILLEGAL_COLOR)
+        arrow = _arrow(move, BEST_COLOR if legal else ILLEGAL_COLOR)
         note = "" if legal else " (illegal)"
         return [a for a in (arrow,) if a], f"{side} to move · arrow: {move}{note}"
     best = (truth.get("best") or [None])[0]
     mine = _model_best(str(example.get("completion", "")))
-    arrows = [_arrow(board, best, BEST_COLOR)] if best else []
+    arrows = [_arrow(best, BEST_COLOR)] if best else []
     caption = f"{side} to move · green: best {best}"
     if mine and mine != best and _is_legal(board, mine):
-        arrows.append(_arrow(board, mine, MODEL_COLOR))
+        arrows.append(_arrow(mine, MODEL_COLOR))
         caption += f" · blue: model {mine}"
     elif mine == best:
         caption += " (model agrees)"
@@ -643,10 +645,10 @@ table.config td:last-child { max-width: 640px; }
 tr.differs td { background: #fff8c5; }
 .good { color: #1a7f37; font-weight: 600; } .bad { color: #cf222e; font-weight: 600; }
 .muted { color: #656d76; } .small { font-size: 12px; }
-.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px;
+          align-items: start; }
 figure { margin: 0; border: 1px solid #d0d7de; border-radius: 6px; padding: 6px; background: #fff; }
 figure img { width: 100%; height: auto; display: block; }
-figcaption { font-size: 12px; color: #656d76; text-align: center; }
 .sample { display: flex; gap: 18px; border: 1px solid #d0d7de; border-radius: 6px; padding: 12px;
           margin: 10px 0; align-items: flex-start; }
 .sample .board { flex: 0 0 240px; } .sample .board svg { display: block; }
