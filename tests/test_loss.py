@@ -259,7 +259,10 @@ def test_grpo_loss_by_hand(loss_type):
     assert out.kl_mean == pytest.approx(0.3, abs=1e-6)
     assert out.kl_max == pytest.approx(0.5, abs=1e-6)
     assert out.kl_min == pytest.approx(0.1, abs=1e-6)
-    share = abs(0.1 * h["kl"]) / (abs(h["pg"]) + abs(0.1 * h["kl"]))
+    # the policy term's scale is the aggregate of |per-token surrogate| (its value is ~0 by construction)
+    per_token, _ = clipped_surrogate(logp, old, adv, 0.2, 0.2, MASK)
+    scale = aggregate(per_token.abs(), MASK, loss_type, **h["kw"]).item()
+    share = abs(0.1 * h["kl"]) / (scale + abs(0.1 * h["kl"]))
     assert out.kl_share == pytest.approx(share, abs=1e-6)
     assert out.clip_frac == pytest.approx(0.4)
     assert out.loss.requires_grad

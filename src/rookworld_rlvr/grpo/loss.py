@@ -328,7 +328,10 @@ def grpo_loss(
             loss = loss - entropy_coef * entropy_term
 
     policy_value = policy_term.detach().item()
-    denom = abs(policy_value) + abs(kl_term_value)
+    # The policy term's value is ~0 by construction (advantages are centred per group) while its
+    # gradient is not, so its scale for the KL share is the aggregate of |per-token surrogate|.
+    policy_scale = aggregate(per_token_pg.detach().abs(), m, loss_type, max_completion_length, num_items_in_batch).item()
+    denom = policy_scale + abs(kl_term_value)
     return LossOutput(
         loss=loss,
         policy_loss=policy_value,
@@ -336,7 +339,7 @@ def grpo_loss(
         kl_mean=kl_mean,
         kl_max=kl_max,
         kl_min=kl_min,
-        kl_share=abs(kl_term_value) / denom if denom > 0 else 0.0,
+        kl_share=abs(kl_term_value) / denom if denom > 0 else 0.0,  # |β·KL| / (|β·KL| + policy scale)
         entropy=entropy_mean,
         **stats,
     )
