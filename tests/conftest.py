@@ -4,6 +4,7 @@ from pathlib import Path
 
 import chess
 import pytest
+import torch
 
 from rookworld_rlvr.tasks import environment as env_task
 
@@ -11,6 +12,15 @@ REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "rook_val_500.txt"
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on shared cores: thread hand-offs cost more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from rookworld_rlvr.model import (
     tiny_config,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "rook_val_500.txt"
+from conftest import REFERENCE  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
     "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
@@ -38,18 +38,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on shared cores: thread hand-offs cost more than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def read_reference() -> list[str]:
     if not REFERENCE.exists():
-        pytest.skip(f"reference file {REFERENCE} not present")
+        pytest.fail(f"reference file {REFERENCE} not present")
     return REFERENCE.read_text().split("\n")
 
 
