@@ -176,6 +176,34 @@ def test_policy_equals_reference_before_update(rig):
     assert (ent[gen.completion_mask.bool()] > 0).all() and (ent[~gen.completion_mask.bool()] == 0).all()
 
 
+def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig):
+    """One prompt pass per group (expanded KV cache) gives the plain pass's log-probs and gradients."""
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=30, num_return_sequences=4,
+                   generator=torch.Generator().manual_seed(5))
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    results = []
+    for group_size in (1, 4):
+        model.zero_grad()
+        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=group_size)
+        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((out["logprobs"].detach(), out["entropy"].detach(), grads))
+    (lp1, ent1, g1), (lp4, ent4, g4) = results
+    torch.testing.assert_close(lp4, lp1, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent4, ent1, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g4, g1, atol=1e-5, rtol=1e-4)
+    assert (lp4[~gen.completion_mask.bool()] == 0).all()
+    # rows of a "group" that do not share their prompt fall back to the plain pass
+    shuffled = [x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1))] for x in batch]
+    with torch.no_grad():
+        plain = token_logprobs(model, *shuffled, n_completion=n)["logprobs"]
+        grouped = token_logprobs(model, *shuffled, n_completion=n, group_size=4)["logprobs"]
+    assert torch.equal(plain, grouped)
+
+
 # 7. stop early, finish reasons, limits -----------------------------------------------------------
 
 
@@ -249,7 +277,7 @@ def test_bad_arguments_raise(kwargs, match):
 # Sharing, modes, reproducibility ----------------------------------------------------------------
 
 
-def test_each_distinct_prompt_is_prefilled_once(rig):
+def test_each_prompt_is_prefilled_once_and_decoded_on_the_shared_cache(rig):
     kind, model, tok = rig
     calls: list[tuple[int, int]] = []
     hook = model.register_forward_pre_hook(
@@ -261,10 +289,25 @@ def test_each_distinct_prompt_is_prefilled_once(rig):
                        generator=torch.Generator().manual_seed(0))
     finally:
         hook.remove()
-    assert calls[0][0] == 2  # one prefill row per distinct prompt
-    assert all(shape == (9, 1) for shape in calls[1:])  # decode steps: one token per row
-    assert len(calls) <= 6
+    assert len(calls) == 1 and calls[0][0] == 3  # one prefill row per prompt; decode steps run in gpt2_decode
+    assert gen.completion_ids.shape[0] == 9
     assert torch.equal(gen.prompt_ids[0:3], gen.prompt_ids[6:9])
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_cascade_decoding_equals_the_stock_forward(rig, monkeypatch, greedy):
+    """The shared-prompt decoder gives the stock HF decode loop's tokens and log-probs."""
+    from rookworld_rlvr.model import gpt2_decode
+
+    kind, model, tok = rig
+    kwargs = dict(max_new_tokens=40, greedy=greedy, temperature=0.9, top_k=20, num_return_sequences=3)
+    fast = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(4), **kwargs)
+    monkeypatch.setattr(gpt2_decode, "supports", lambda m: False)  # force the stock path
+    stock = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(4), **kwargs)
+    assert fast.texts == stock.texts and fast.finish_reasons == stock.finish_reasons
+    assert torch.equal(fast.completion_mask, stock.completion_mask)
+    torch.testing.assert_close(fast.logprobs, stock.logprobs, atol=1e-5, rtol=0)
+    assert len(set(fast.finish_reasons)) == 2 or greedy  # sampled rows both stop at EOS and run to the limit
 
 
 def test_dropout_off_and_mode_restored(rig):

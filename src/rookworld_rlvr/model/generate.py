@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from . import gpt2_decode
+
 try:  # transformers >= 5 cache layers; older versions use the model's default cache
     from transformers.cache_utils import DynamicCache, DynamicLayer
 except ImportError:  # pragma: no cover
@@ -245,12 +247,7 @@ def generate(
     for i, ids in enumerate(encoded):
         if not ids:
             raise ValueError(f"prompt {i} is empty after tokenization")
-    unique: dict[tuple[int, ...], int] = {}
-    row_to_prompt: list[int] = []
-    for ids in encoded:
-        u = unique.setdefault(tuple(ids), len(unique))
-        row_to_prompt.extend([u] * num_return_sequences)
-    u_ids, u_mask = _left_pad([list(k) for k in unique], pad_id, device)
+    u_ids, u_mask = _left_pad(encoded, pad_id, device)  # each prompt is prefilled once for its rows
 
     prompt_len = u_ids.shape[1]
     limit = max_positions(model)
@@ -260,7 +257,7 @@ def generate(
             f"exceeds the model's n_positions {limit}"
         )
 
-    index = torch.tensor(row_to_prompt, dtype=torch.long, device=device)
+    index = torch.arange(len(encoded), device=device).repeat_interleave(num_return_sequences)
     prompt_ids, prompt_mask = u_ids[index], u_mask[index]
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
@@ -279,15 +276,20 @@ def generate(
         cache = out.past_key_values
         return out.logits[:, -1, :].float()
 
-    cache = _make_cache(model, prompt_len + max_new_tokens)
     was_training = model.training
     model.eval()
+    cascade = gpt2_decode.supports(model) and DynamicCache is not None
+    cache = DynamicCache(config=model.config) if cascade else _make_cache(model, prompt_len + max_new_tokens)
     try:
         logits = forward(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
         )
-        cache = _select_rows(cache, index)
+        if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
+            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, num_return_sequences, max_new_tokens)
+        else:
+            cache = _select_rows(cache, index)
         logits = logits.index_select(0, index)
+        next_position = u_mask.sum(-1).index_select(0, index)
         attention_mask = prompt_mask
         steps = 0
         for step in range(max_new_tokens):
@@ -302,6 +304,10 @@ def generate(
             if steps == max_new_tokens or bool(finished.all()):
                 break
             # Rows that already finished feed a masked pad token; their outputs are discarded.
+            if cascade:
+                with autocast_context(device, autocast_dtype):
+                    logits = decoder.step(tokens, next_position + step)
+                continue
             attention_mask = torch.cat([attention_mask, alive.long().unsqueeze(-1)], dim=-1)
             logits = forward(
                 input_ids=tokens.unsqueeze(-1),

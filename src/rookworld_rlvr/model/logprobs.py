@@ -34,6 +34,7 @@ def token_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     return_logits: bool = False,
+    group_size: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
 
@@ -42,22 +43,32 @@ def token_logprobs(
     (temperature-scaled float32, for exact KL). Only C + 1 positions go through the
     LM head. Gradients flow unless the caller wraps this in torch.no_grad(); the
     model's train/eval mode is the caller's choice (dropout should be off for GRPO).
+
+    With `group_size` G > 1 and groups of G adjacent rows sharing the prompt columns
+    (as GRPO batches do), each prompt runs once and its KV cache is expanded to its
+    G rows; gradients from all G completions flow back into the one prompt pass.
+    The result equals the plain pass; the prompt's share of the compute drops G-fold.
     """
     length = input_ids.shape[1]
     if not 0 < n_completion < length:
         raise ValueError(f"n_completion must be in [1, {length - 1}] for sequences of length {length}, got {n_completion}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **keep,
-    )
-    # Logits at position t predict token t + 1: take the C positions before each completion token.
-    logits = out.logits[:, -(n_completion + 1) : -1, :].float()
+    logits = None
+    if _shares_prompts(input_ids, attention_mask, n_completion, group_size):
+        logits = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size)
+    if logits is None:
+        keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **keep,
+        )
+        # Logits at position t predict token t + 1: take the C positions before each completion token.
+        logits = out.logits[:, -(n_completion + 1) : -1, :]
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     # gather - logsumexp instead of a full log_softmax: no second [N, C, V] tensor (50k vocab at 124M).
@@ -72,3 +83,33 @@ def token_logprobs(
     if return_logits:
         result["logits"] = logits
     return result
+
+
+def _shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int, group_size: int) -> bool:
+    """True when every block of `group_size` adjacent rows has identical prompt columns."""
+    n, length = input_ids.shape
+    if group_size <= 1 or n % group_size or length - n_completion < 1:
+        return False
+    prompt = torch.stack([input_ids[:, :-n_completion], attention_mask[:, :-n_completion]], 1)
+    blocks = prompt.view(n // group_size, group_size, *prompt.shape[1:])
+    return bool((blocks == blocks[:, :1]).all())
+
+
+def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int):
+    """[N, C, V] logits predicting the completion tokens, with one prompt pass per group;
+    None when the model's cache cannot be expanded (the caller then runs the plain pass)."""
+    p = input_ids.shape[1] - n_completion
+    head = slice(None, None, group_size)  # the first row of each group
+    keep = accepts_logits_to_keep(model)
+    first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
+                  position_ids=position_ids[head, :p], use_cache=True, **({"logits_to_keep": 1} if keep else {}))
+    last_prompt = first.logits[:, -1:].repeat_interleave(group_size, dim=0)
+    if n_completion == 1:
+        return last_prompt
+    cache = first.past_key_values
+    if not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    cache.batch_repeat_interleave(group_size)  # differentiable: the G rows' gradients sum into the prompt
+    rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, p:-1],
+                 past_key_values=cache, use_cache=True, **({"logits_to_keep": n_completion - 1} if keep else {}))
+    return torch.cat([last_prompt, rest.logits[:, -(n_completion - 1):]], 1)
