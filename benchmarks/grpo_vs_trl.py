@@ -145,8 +145,8 @@ def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: in
     body = parameters outside the embeddings (2 FLOPs each per token forward); the LM head (2·V·d)
     only where a next-token distribution is needed (every generated token; completion positions in
     the scoring passes, as our `token_logprobs` does); causal attention 4·n_layer·d·context per token
-    forward. Generation prefills each distinct prompt once (as our sampler does). Forward+backward = 3x
-    forward.
+    forward. Each prompt runs once per group, in generation and in the scoring passes (as ours do), so
+    this is the work our step needs, not the work a naive step does. Forward+backward = 3x forward.
     """
     cfg = model.config
     L, d = cfg.n_layer, cfg.n_embd
@@ -161,10 +161,11 @@ def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: in
     gen = fwd = 0.0
     for i, row in enumerate(batch.rows):
         p, g = len(row.prompt_ids), len(row.completion_ids)
-        if i % group_size == 0:  # one prefill per distinct prompt
+        if i % group_size == 0:  # one prompt pass per group, when sampling and when scoring
             gen += 2 * body * p + attn(0, p) + head
+            fwd += 2 * body * p + attn(0, p)
         gen += (2 * body + head) * max(g - 1, 0) + attn(p, p + max(g - 1, 0))
-        fwd += 2 * body * (p + g) + attn(0, p + g) + head * g
+        fwd += 2 * body * g + attn(p, p + g) + head * g
     out = {"generate": gen, "reference": fwd if beta > 0 else 0.0,
            "old": fwd if updates_per_batch > 1 else 0.0, "policy": 3 * fwd * updates_per_batch}
     out["total"] = sum(out.values())
