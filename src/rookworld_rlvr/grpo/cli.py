@@ -121,18 +121,35 @@ def _sanity(cfg: TrainConfig, name: str, args: argparse.Namespace) -> int:
 
 
 def _train(cfg: TrainConfig) -> int:
+    """One process, or one rank of `torchrun --nproc_per_node N -m rookworld_rlvr train ...`
+    (torch.distributed: gloo on CPU, NCCL on GPUs); under torchrun rank 0 alone prints and writes."""
+    from rookworld_rlvr.grpo import distributed as dist
+
+    dist.init_from_env(cfg.device)
+    try:
+        return _train_here(cfg)
+    finally:
+        dist.destroy()
+
+
+def _train_here(cfg: TrainConfig) -> int:
     from rookworld_rlvr.evaluate import compare_table
+    from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.trainer import TrainingStopped
 
     t0 = time.time()
-    trainer, pool = build(cfg)
+    main = dist.is_main()
+    trainer, pool = build(cfg, log=print if main else (lambda *_: None))
     try:
-        summary = trainer.train(writer=_writer(cfg))
-    except TrainingStopped as e:
-        print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
+        summary = trainer.train(writer=_writer(cfg) if main else None)
+    except TrainingStopped as e:  # every rank took the same decision
+        if main:
+            print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
         return 3
     finally:
         pool.close()
+    if not main:
+        return 0
     if summary["base"] and summary["final"]:
         print("\nbase -> final (held-out, greedy)")
         print(compare_table(summary["base"], summary["final"]))

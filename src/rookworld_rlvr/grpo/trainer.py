@@ -26,6 +26,7 @@ import torch
 from rookworld_rlvr import __version__
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
                                          RewardNormalizer, SymptomMonitor, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
@@ -155,20 +156,23 @@ class Trainer:
         self.cfg = cfg
         self.reward_fn = reward_fn
         self.eval_fn = eval_fn
-        self.log = log
+        self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
+        self.log = log if self.main else (lambda *_: None)
         self.run_dir = Path(cfg.output_dir)
-        if not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()):
+        self._check_shardable()
+        if self.main and not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()):
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((self.run_dir / "config.yaml").stat().st_mtime
                                                                   if (self.run_dir / "config.yaml").exists() else time.time()))
             aside = self.run_dir.with_name(f"{self.run_dir.name}-{stamp}")
             self.run_dir.rename(aside)  # a fresh run never mixes with an old one, and nothing is deleted
             log(f"moved the previous run in {self.run_dir} to {aside} (use resume: true to continue it)")
+        dist.barrier()  # the other ranks look into the run directory only once rank 0 has set it up
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
-        self.device = resolve_device(cfg.device)
-        self.ref_device = resolve_device(cfg.ref_device) if cfg.ref_device else self.device
+        torch.manual_seed(cfg.seed)  # the same on every rank: LoRA adapters start identical everywhere
+        self.device = dist.local_device(resolve_device(cfg.device))
+        self.ref_device = dist.local_device(resolve_device(cfg.ref_device)) if cfg.ref_device else self.device
         self.amp = autocast_dtype(cfg.autocast, self.device)
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
         if cfg.resume and resume_from is None:
@@ -207,16 +211,36 @@ class Trainer:
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
         self.prompts = PromptSampler(by_task, cfg.seed)
-        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
         self.lr_scale = 1.0
         self.base_eval: dict | None = None
         self.best: tuple[float, int] | None = None
         self.history_eval: list[dict] = []
-        if resume_from is not None:
+        if resume_from is not None:  # every rank loads the same checkpoint
             self._load_state(ckpt.load_state(resume_from))
             self._truncate_logs()
             self.log(f"resumed from {resume_from} at step {self.step}")
+
+    def _task_counts(self, step: int) -> dict[str, int]:
+        """Global prompts per task at `step`. Each rank takes 1/world of every task, so ranks hold
+        equal rows per task (equal-size collectives, exact means of per-rank means)."""
+        n_env = round(self.cfg.batch_positions * self.cfg.sampling_for("A", step)["mix_env_ratio"])
+        counts = {"P": self.cfg.batch_positions - n_env, "A": n_env}
+        w = dist.world()
+        if any(n % w for n in counts.values()):
+            raise ValueError(f"batch_positions {self.cfg.batch_positions} at step {step} gives {counts['P']} P: and "
+                             f"{counts['A']} A: prompts; with {w} processes both must divide by {w} (prompts are "
+                             "sharded per task): change batch_positions or mix_env_ratio")
+        return counts
+
+    def _check_shardable(self) -> None:
+        """Fail at start, not at a later phase, when the batch cannot be split over the processes."""
+        if self.cfg.batch_positions % dist.world():
+            raise ValueError(f"config field 'batch_positions' ({self.cfg.batch_positions}) is the global number of "
+                             f"prompts per step and must divide by the number of processes ({dist.world()})")
+        for step in [0] + [ph["start"] for ph in self.cfg.phases]:
+            self._task_counts(step)
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -255,7 +279,8 @@ class Trainer:
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
         self.prompts.state = copy.deepcopy(st["prompts"])
-        self.gen.set_state(st["generator"])
+        gens = st.get("generators")  # one sampling stream per rank (the same world size continues each)
+        self.gen.set_state(gens[dist.rank()] if gens and len(gens) == dist.world() else st["generator"])
         torch.set_rng_state(st["torch_rng"])
         random.setstate(st["python_rng"])
         self.base_eval, self.best, self.history_eval = st["base_eval"], st["best"], st["history_eval"]
@@ -265,6 +290,9 @@ class Trainer:
     def _truncate_logs(self) -> None:
         """Drop log records of steps after the restored checkpoint: they will be redone."""
         from rookworld_rlvr.data.io import atomic_write_text
+
+        if not self.main:  # rank 0 owns the logs
+            return
 
         for name in ("metrics.jsonl", "eval.jsonl"):
             path = self.run_dir / name
@@ -277,13 +305,21 @@ class Trainer:
         return copy.deepcopy(self.policy).merge_and_unload() if self.cfg.lora_r else self.policy
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.plain_model(), self.tokenizer, self._state())
-        keep = {self.best[1]} if self.best else set()
-        ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
+        """Checkpoint; collective under torchrun: rank 0 writes (with every rank's sampling stream),
+        the others wait until it is complete, so a rollback or resume finds it."""
+        gens = dist.all_gather_object(self.gen.get_state())
+        path = ckpt.checkpoint_dir(self.run_dir, self.step)
+        if self.main:
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.plain_model(), self.tokenizer,
+                                        {**self._state(), "generators": gens})
+            keep = {self.best[1]} if self.best else set()
+            ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
+        dist.barrier()
         return path
 
     def rollback(self, reason: str) -> None:
         """Restore the last good checkpoint (weights, optimizer, controllers) with a lower LR."""
+        dist.barrier()  # every rank decided the same; no checkpoint is half-written while they read it
         path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             raise TrainingStopped(f"{reason}; no checkpoint to roll back to")
@@ -298,22 +334,27 @@ class Trainer:
 
     # -- rollout ---------------------------------------------------------------------------------
     def collect(self, step: int, timings: dict) -> list[list[Row]]:
-        """B prompts (mixed by the phase's ratio) x G completions, scored. Returns groups."""
+        """B prompts (mixed by the phase's ratio) x G completions, scored. Returns groups.
+
+        Under torchrun every rank draws the same global prompts (so the sampler, and its resume
+        state, is the same everywhere) and rolls out only its contiguous share of each task."""
         cfg = self.cfg
-        mix = cfg.sampling_for("A", step)["mix_env_ratio"]
-        n_env = round(cfg.batch_positions * mix)
-        counts = {"P": cfg.batch_positions - n_env, "A": n_env}
+        counts = self._task_counts(step)
         groups: list[list[Row]] = []
         for task in ("P", "A"):
-            groups += self._rollout(task, self.prompts.take(task, counts[task]), step, timings)
+            groups += self._rollout(task, dist.shard(self.prompts.take(task, counts[task])), step, timings)
+        n, lo = len(groups), dist.rank() * len(groups)  # this rank's groups in the global, rank-major order
         for _ in range(cfg.resample_zero_variance):
-            flat = [i for i, g in enumerate(groups) if _flat(g)]
+            # all ranks see the global list of flat groups and draw the same fresh prompts for it
+            is_flat = torch.tensor([_flat(g) for g in groups], dtype=torch.float32)
+            flat = dist.all_gather_tensor(is_flat).nonzero().flatten().tolist()
             if not flat:
                 break
             for task in ("P", "A"):
-                idx = [i for i in flat if groups[i][0].task == task]
-                fresh = self._rollout(task, self.prompts.take(task, len(idx)), step, timings)
-                for i, g in zip(idx, fresh):
+                idx = [i for i in flat if groups[i % n][0].task == task]  # every rank has the same task layout
+                mine = [(i - lo, s) for i, s in zip(idx, self.prompts.take(task, len(idx))) if lo <= i < lo + n]
+                fresh = self._rollout(task, [s for _, s in mine], step, timings)
+                for (i, _), g in zip(mine, fresh):
                     if not _flat(g):
                         groups[i] = g
         return groups
@@ -366,9 +407,12 @@ class Trainer:
                 mask[i, P: P + c] = 1
                 slogp[i, :c] = torch.tensor(r.sampler_logp)
         rewards = torch.tensor([r.reward for r in rows], dtype=torch.float32)
-        shaped = self.normalizer.normalize(rewards) if self.cfg.reward_norm else rewards
-        adv = group_advantages(shaped, self.cfg.group_size, self.cfg.scale_rewards, self.cfg.std_floor,
-                               self.cfg.adv_clip).float()
+        # on the global reward vector (ranks hold equal rows, rank-major): group statistics, batch
+        # scaling and the normaliser are those of one process; then this rank's slice
+        everyone = dist.all_gather_tensor(rewards)
+        shaped = self.normalizer.normalize(everyone) if self.cfg.reward_norm else everyone
+        adv = dist.shard(group_advantages(shaped, self.cfg.group_size, self.cfg.scale_rewards, self.cfg.std_floor,
+                                          self.cfg.adv_clip).float())
         d = self.device
         return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), mask[:, P:].to(d).float(),
                      slogp.to(d), rewards, adv.to(d), C)
@@ -379,10 +423,12 @@ class Trainer:
 
     def _logprobs(self, model, batch: Batch, rows: slice, device: torch.device, want_logits: bool, entropy: bool):
         ids, am, pos = (x[rows].to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        first = int(am.any(0).long().argmax())  # left-pad columns no row of this minibatch uses (shorter prompts)
+        ids, am, pos = ids[:, first:], am[:, first:], pos[:, first:]
         temp = self.cfg.sampling_for(batch.rows[rows.start].task, self.step)["temperature"]
-        with self._amp(device):
+        with self._amp(device):  # one prompt pass per group (the G rows share it): same numbers, less compute
             return token_logprobs(model, ids, am, pos, batch.n_completion, temperature=temp,
-                                  return_entropy=entropy, return_logits=want_logits)
+                                  return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size)
 
     def _task_slices(self, batch: Batch) -> list[slice]:
         """Minibatches never mix tasks (the temperature may differ per task) and never split a group."""
@@ -425,8 +471,11 @@ class Trainer:
                 for k, sl in enumerate(slices):
                     old[k] = self._logprobs(self.forward_model, batch, sl, self.device, False, False)["logprobs"]
         timings["old"] = time.time() - t0
-        total_rows = len(batch.rows)
-        total_tokens = batch.completion_mask.sum()
+        # Normalisers of the GLOBAL batch (all ranks): each rank's loss is then its exact share of the
+        # one-process loss, and summing the gradients over ranks gives the one-process gradient.
+        total_rows = len(batch.rows) * dist.world()  # ranks hold equal numbers of rows
+        total_tokens = dist.all_gather_tensor(batch.completion_mask.sum().reshape(1)).sum()  # dapo
+        width = int(dist.all_gather_tensor(torch.tensor([batch.n_completion])).max())  # dr_grpo's padded length
         metrics: dict[str, float] = {}
         timings["policy"] = timings["optimizer"] = 0.0
         status = "ok"
@@ -445,28 +494,37 @@ class Trainer:
                 out = grpo_loss(o["logprobs"], old.get(k), ref_out.get(k, {}).get("logprobs"), batch.advantages[sl], mask,
                                 beta=beta, kl_kind=cfg.kl_estimator if not exact else "k3", kl_clamp=cfg.kl_clamp,
                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_type=cfg.loss_type,
-                                max_completion_length=batch.n_completion, entropy=o.get("entropy"),
+                                max_completion_length=width, entropy=o.get("entropy"),
                                 entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl)
                 share = (sl.stop - sl.start) / total_rows
                 loss = out.loss if cfg.loss_type == "dapo" else out.loss * share
                 if not torch.isfinite(loss):
                     finite = False
-                    break
+                    break  # this rank still joins the gradient all-reduce below
                 loss.backward()
-                for key, v in out.metrics().items():
+                local_share = (sl.stop - sl.start) / len(batch.rows)  # metrics: means over this rank's rows,
+                for key, v in out.metrics().items():                  # then over ranks (reduce_metrics)
                     if key in ("kl_max", "ratio_max"):
                         agg[key] = max(agg.get(key, -math.inf), v)
                     elif key == "kl_min":
                         agg[key] = min(agg.get(key, math.inf), v)
+                    elif cfg.loss_type == "dapo" and key in ("loss", "policy_loss", "kl_loss"):
+                        # already divided by the global token count: the parts add up (x world: the
+                        # reduction over ranks is a mean)
+                        agg[key] = agg.get(key, 0.0) + v * dist.world()
                     else:
-                        agg[key] = agg.get(key, 0.0) + v * share
+                        agg[key] = agg.get(key, 0.0) + v * local_share
                 if epoch == 0:  # the sampler and the trainer must agree on log-probs
                     diff = (o["logprobs"].detach() - batch.sampler_logp[sl]).abs() * mask
                     agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), float(diff.max()))
+            dist.all_reduce_grads(list(self.policy.parameters()))  # sum over ranks; every rank, finite or not
+            if not finite:
+                agg["loss"] = float("nan")
+            agg = dist.reduce_metrics(agg)  # a NaN on any rank is a NaN on all: the guards agree
             timings["policy"] += time.time() - t0
             t0 = time.time()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            status = self.nan_guard.check(agg.get("loss", float("nan")) if finite else float("nan"), grad_norm)
+            status = self.nan_guard.check(agg.get("loss", float("nan")), grad_norm)
             if status != "ok":
                 self.opt.zero_grad(set_to_none=True)
                 agg["grad_norm"] = float("nan")
@@ -486,13 +544,17 @@ class Trainer:
 
     # -- loop --------------------------------------------------------------------------------------
     def evaluate(self) -> dict | None:
+        """Greedy held-out evaluation. Under torchrun rank 0 evaluates (the weights are the same on
+        every rank) while the others wait; every rank gets the result, so their states agree."""
         if self.eval_fn is None:
             return None
-        t0 = time.time()
-        res = self.eval_fn(self.policy, self.tokenizer)
-        res["seconds"] = round(time.time() - t0, 1)
-        res["step"] = self.step
-        return res
+        res = None
+        if self.main:
+            t0 = time.time()
+            res = self.eval_fn(self.policy, self.tokenizer)
+            res["seconds"] = round(time.time() - t0, 1)
+            res["step"] = self.step
+        return dist.broadcast_object(res)
 
     def banner(self) -> str:
         lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""
@@ -535,29 +597,34 @@ class Trainer:
     def train(self, writer=None) -> dict:
         cfg = self.cfg
         self.log(self.banner())
-        cfg.save(self.run_dir / "config.yaml")
+        if self.main:  # under torchrun rank 0 writes every file of the run directory
+            cfg.save(self.run_dir / "config.yaml")
         if self.base_eval is None:
             self.base_eval = self.evaluate()
             if self.base_eval:
                 self.history_eval.append(self.base_eval)
-                _append(self.run_dir / "eval.jsonl", self.base_eval)
+                if self.main:
+                    _append(self.run_dir / "eval.jsonl", self.base_eval)
                 self.best = (_eval_score(self.base_eval), 0)
-        if ckpt.latest_checkpoint(self.run_dir) is None:
+        if dist.broadcast_object(ckpt.latest_checkpoint(self.run_dir) is None):  # rank 0's view: it writes them
             self.save()  # the first good state: rollbacks need one
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc="grpo", dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
+                   dynamic_ncols=True)
         while self.step < cfg.steps:
             record = self.train_step()
             if record is None:  # rolled back: the steps since the checkpoint are redone
                 bar.n = self.step
                 bar.refresh()
                 continue
-            for w in self.monitor.observe(record["step"] - 1, record):
-                bar.write(f"warning: {w}")
-            _append(self.run_dir / "metrics.jsonl", record)
-            if writer is not None:
-                writer(record)
+            for w in self.monitor.observe(record["step"] - 1, record):  # the same record on every rank
+                if self.main:
+                    bar.write(f"warning: {w}")
+            if self.main:
+                _append(self.run_dir / "metrics.jsonl", record)
+                if writer is not None:
+                    writer(record)
             bar.update()
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
                             s=f"{record['time/step']:.1f}")
@@ -566,22 +633,23 @@ class Trainer:
                 res = self.evaluate()
                 if res:
                     self.history_eval.append(res)
-                    _append(self.run_dir / "eval.jsonl", res)
+                    if self.main:
+                        _append(self.run_dir / "eval.jsonl", res)
                     score = _eval_score(res)
                     if self.best is None or score > self.best[0]:
                         self.best = (score, self.step)
             if self.step % cfg.save_every == 0 or last:
                 self.save()
         bar.close()
-        final_dir = self.run_dir / "final"
-        from rookworld_rlvr.model import save_pretrained_atomic
-
-        save_pretrained_atomic(self.plain_model(), self.tokenizer, final_dir)
         summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
                    "best_step": self.best[1] if self.best else None, "steps": self.step}
-        from rookworld_rlvr.data.io import atomic_write_text
+        if self.main:
+            from rookworld_rlvr.data.io import atomic_write_text
+            from rookworld_rlvr.model import save_pretrained_atomic
 
-        atomic_write_text(self.run_dir / "summary.json", [json.dumps(summary, indent=2)])
+            save_pretrained_atomic(self.plain_model(), self.tokenizer, self.run_dir / "final")
+            atomic_write_text(self.run_dir / "summary.json", [json.dumps(summary, indent=2)])
+        dist.barrier()  # nobody reports "done" before the final model is written
         return summary
 
     def _refresh_reference(self) -> None:
@@ -622,7 +690,7 @@ class Trainer:
             rec[f"time/{k}"] = round(v, 4)
         rec["time/step"] = round(seconds, 3)
         rec["time/other"] = round(seconds - sum(timings.values()), 4)
-        return rec
+        return dist.reduce_metrics(rec)  # one record for the whole global batch, the same on every rank
 
 
 def _flat(group: list[Row]) -> bool:

@@ -1,0 +1,189 @@
+"""Multi-process training with torch.distributed: the few collectives the GRPO trainer needs.
+
+`torchrun --nproc_per_node N -m rookworld_rlvr train ...` starts N copies of the same trainer.
+Every rank draws the same global prompt list and keeps its own contiguous share of the groups,
+so a prompt's group never spans ranks. Rewards are all-gathered, so group statistics are those
+of one process; gradients are summed (each rank's loss is already scaled by its share of the
+global batch), so an update equals the one-process update on the same global batch. Metrics are
+reduced, so every rank's guards and controllers take the same decision.
+
+Every function is a no-op with one process (no `WORLD_SIZE`, or 1): single-process code paths
+do not change. No CUDA is assumed: gloo on CPU, NCCL only when training on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+# Rank 0 alone evaluates and writes checkpoints while the others wait at a collective; the
+# defaults (10 min for NCCL) can be shorter than a held-out evaluation on a slow machine.
+TIMEOUT = timedelta(minutes=60)
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_main() -> bool:
+    """Rank 0 writes logs, checkpoints and the final model; the other ranks only train."""
+    return rank() == 0
+
+
+def init_from_env(device: str = "auto") -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    Does nothing without WORLD_SIZE > 1. NCCL when `device` resolves to CUDA, gloo otherwise
+    (CPU). On CUDA each process takes the GPU `cuda:LOCAL_RANK` (set as the current device, which
+    NCCL's object collectives need too; `local_device` maps a bare "cuda" to it).
+    Returns True when a process group is active."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or active():
+        return active()
+    from rookworld_rlvr.model import resolve_device
+
+    cuda = torch.cuda.is_available() and resolve_device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=TIMEOUT)
+    return True
+
+
+def local_device(device: torch.device) -> torch.device:
+    """A bare `cuda` means this rank's GPU (cuda:LOCAL_RANK) under torchrun, so that N ranks on
+    one machine do not all train on GPU 0. Explicit indices and other devices are kept."""
+    if device.type == "cuda" and device.index is None and world() > 1:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def destroy() -> None:
+    if active():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait until every rank is here (e.g. rank 0 has finished writing a checkpoint)."""
+    if world() > 1:
+        dist.barrier()
+
+
+def _comm_device() -> torch.device:
+    """NCCL moves CUDA tensors only; gloo is used with CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shard(items: Sequence | torch.Tensor):
+    """This rank's contiguous share of a list or tensor (whose length the world size divides)."""
+    n, w = len(items), world()
+    if n % w:
+        raise ValueError(f"{n} items cannot be split evenly over {w} processes")
+    k = n // w
+    return items[rank() * k: (rank() + 1) * k]
+
+
+def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's 1-D tensor in rank order (all must have the same size), so all
+    ranks see the same global vector. Returned on `t`'s device."""
+    if world() == 1:
+        return t
+    x = t.detach().reshape(-1).to(_comm_device())
+    out = [torch.empty_like(x) for _ in range(world())]
+    dist.all_gather(out, x)
+    return torch.cat(out).to(t.device)
+
+
+def all_gather_object(obj: Any) -> list:
+    """Every rank's picklable `obj`, in rank order."""
+    if world() == 1:
+        return [obj]
+    out: list = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank (what the others pass is ignored); it doubles as a barrier,
+    e.g. while rank 0 evaluates."""
+    if world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Sum the gradients of `params` over ranks, in one collective.
+
+    Each rank's loss is already scaled by its share of the global batch, so the sum is the
+    one-process gradient (DDP would average instead). A missing gradient counts as zeros, so every
+    rank always takes part with the same buffer; a parameter ends with a gradient when any rank
+    had one (and stays None, skipped by the optimizer, when none had). A non-finite value on one
+    rank becomes non-finite on all, so every rank's guard sees it."""
+    if world() == 1:
+        return
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    dev = _comm_device()
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float().to(dev)
+             for p in params]
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=dev)
+    flat = torch.cat(grads + [present])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p, had in zip(params, flat[-len(params):].tolist()):
+        n = p.numel()
+        if had:
+            g = flat[offset: offset + n].view_as(p).to(device=p.device, dtype=p.dtype)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+        offset += n
+
+
+# Diagnostics whose worst value matters more than their mean.
+MAX_KEYS = ("logp_sampler_diff",)
+
+
+def reduce_values(key: str, values: list) -> Any:
+    """Combine one metric's per-rank values: unchanged when all agree (exact, keeps ints),
+    max for `*max` keys (and MAX_KEYS), min for `*min` keys, else the mean. Any NaN gives NaN,
+    whatever the rank order, so all ranks' non-finite guards agree."""
+    if all(v == values[0] for v in values[1:]):
+        return values[0]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return values[0]  # text (e.g. a guard status): rank 0's
+    if any(math.isnan(v) for v in values):
+        return float("nan")
+    if key.endswith("max") or key in MAX_KEYS:
+        return max(values)
+    if key.endswith("min"):
+        return min(values)
+    return sum(values) / len(values)
+
+
+def reduce_metrics(metrics: dict) -> dict:
+    """The same metrics record on every rank: per key, `reduce_values` over the ranks that have it.
+
+    Ranks hold equal numbers of rows per task, so the mean of per-rank means is the global mean."""
+    if world() == 1:
+        return metrics
+    every = all_gather_object(metrics)
+    keys = list(dict.fromkeys(k for m in every for k in m))
+    return {k: reduce_values(k, [m[k] for m in every if k in m]) for k in keys}

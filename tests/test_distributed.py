@@ -1,0 +1,230 @@
+"""Multi-process GRPO (torch.distributed, gloo on CPU): two real processes, the real trainer.
+
+Each scenario spawns 2 ranks once (torch.multiprocessing, 127.0.0.1, one thread each); the
+ranks save what the tests check into the scenario directory, and the tests compare it with
+one process on the same global batch.
+"""
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from test_trainer import _Result, make, varied_reward
+
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo import distributed as dist
+
+WORLD = 2
+# small but complete: 2 P: and 2 A: prompts x 4 completions per step, so each rank gets one group per task
+SMALL = dict(batch_positions=4, mix_env_ratio=0.5, group_size=4, max_new_tokens=16, steps=2)
+# the one-update equality is checked for these settings (the default loss, and the ones whose
+# normalisers span the whole batch: dapo's token count, dr_grpo's width, batch scaling, EMA norm)
+VARIANTS = [dict(), dict(loss_type="dapo", updates_per_batch=2),
+            dict(loss_type="dr_grpo", scale_rewards="batch", reward_norm=True)]
+
+
+def _make(run: Path, model_dir: Path, data_dir: Path, **over):
+    return make(run, model_dir, data_dir, None, varied_reward, **{**SMALL, **over})
+
+
+def _plain_sgd(tr):
+    """For comparing one update across summation orders: AdamW's first step is lr * g / (|g| + eps),
+    about ±lr for any gradient well above eps, so the rounding dust of gradients that cancel to ~0
+    (advantages are centred) becomes ±lr steps that differ between any two summation orders. With
+    SGD the weights move by lr * (clipped) gradient, so equal weights mean equal gradients."""
+    tr.opt = torch.optim.SGD([p for p in tr.policy.parameters() if p.requires_grad], lr=tr.cfg.lr)
+    return tr
+
+
+def _flat_on_p(prompts, completions, truths, weights):
+    """Every P: group is flat (so zero-variance resampling always has work), A: groups vary."""
+    scores = varied_reward(prompts, completions, truths, weights)
+    return [r if p.startswith("A") else _Result(0.0) for p, r in zip(prompts, scores)]
+
+
+def _weights(tr) -> dict:
+    return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- what each rank runs ---------------------------------------------------------------------------
+def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    errors = []
+    for bad in (dict(batch_positions=3), dict(batch_positions=2)):  # 3 prompts; 1 P: + 1 A: over 2 ranks
+        try:
+            _make(out / "bad", model_dir, data_dir, **bad)
+        except ValueError as e:
+            errors.append(str(e))
+    evals = []
+    straight = _make(out / "straight", model_dir, data_dir)
+    straight.eval_fn = lambda model, tok: evals.append(dist.rank()) or {"policy": {"n": 1, "mean_reward": 0.5}}
+    before = _weights(straight)
+    straight.train()
+    part = _make(out / "resumed", model_dir, data_dir)
+    part.cfg.steps = 1  # stop after 1 of 2; the first step's LR does not depend on the total
+    part.train()
+    resumed = _make(out / "resumed", model_dir, data_dir, resume=True)
+    start = resumed.step
+    resumed.train()
+    resampler = make(out / "resample", model_dir, data_dir, None, _flat_on_p, **{**SMALL, "resample_zero_variance": 2})
+    resampler.collect(0, {})
+    return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
+            "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
+            **_nan_on_rank_1(model_dir, data_dir, out)}
+
+
+def _nan_on_rank_1(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """Only rank 1's policy log-probs turn NaN: both ranks must skip the step, in lockstep."""
+    import rookworld_rlvr.grpo.trainer as trainer_mod
+
+    tr = _make(out / "nan", model_dir, data_dir)
+    batch = tr.assemble(tr.collect(0, {}))
+    before = _weights(tr)
+    real = trainer_mod.token_logprobs
+
+    def faulty(model, *a, **k):
+        o = real(model, *a, **k)
+        if dist.rank() == 1 and torch.is_grad_enabled():
+            o["logprobs"] = o["logprobs"] * float("nan")
+        return o
+
+    trainer_mod.token_logprobs = faulty
+    try:
+        m = tr.update(batch, 0, {})
+    finally:
+        trainer_mod.token_logprobs = real
+    moved = any(not torch.equal(before[k], v) for k, v in _weights(tr).items())
+    return {"nan_guard": m["guard"], "nan_loss": m["loss"], "nan_moved": moved}
+
+
+def _one_update(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """Every rank takes its share of the fixed global batch, as `collect` would, and updates once."""
+    groups = torch.load(out / "groups.pt", weights_only=False)
+    mine = [g for task in ("P", "A") for g in dist.shard([g for g in groups if g[0].task == task])]
+    res = {}
+    for i, over in enumerate(VARIANTS):
+        tr = _plain_sgd(_make(out / f"v{i}", model_dir, data_dir, **over))
+        m = tr.update(tr.assemble(mine), 0, {})
+        res[i] = {"weights": _weights(tr), "loss": m["loss"], "grad_norm": m["grad_norm"]}
+    return res
+
+
+SCENARIOS = {"train_and_resume": _train_and_resume, "one_update": _one_update}
+
+
+def _rank_main(rank: int, port: int, scenario: str, model_dir: str, data_dir: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    torch.set_num_threads(1)
+    assert dist.init_from_env("cpu") and dist.world() == WORLD
+    try:
+        res = SCENARIOS[scenario](Path(model_dir), Path(data_dir), Path(out))
+        torch.save(res, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy()
+
+
+def _spawn(scenario: str, model_dir: Path, data_dir: Path, out: Path) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_rank_main, args=(_free_port(), scenario, str(model_dir), str(data_dir), str(out)), nprocs=WORLD)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tiny_model_dir, small_data):
+    out = tmp_path_factory.mktemp("ddp")
+    return out, _spawn("train_and_resume", tiny_model_dir, small_data, out)
+
+
+def _assert_close(a: dict, b: dict, rtol: float = 1e-6, atol: float = 1e-7) -> None:
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# -- tests -------------------------------------------------------------------------------------------
+def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
+    out, (r0, r1) = two_ranks
+    assert any(not torch.equal(r0["before"][k], r0["straight"][k]) for k in r0["before"]), "training moved nothing"
+    for k in r0["straight"]:
+        assert torch.equal(r0["straight"][k], r1["straight"][k]), f"ranks disagree on {k}"
+    run = out / "straight" / "run"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]  # one record per step: rank 1 wrote none
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["reward/mean"]) for r in records)
+    assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()] == [0, 2]
+    assert r0["evals"] == [0, 0] and r1["evals"] == [], "rank 0 alone evaluates (before and after)"
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [0, 1, 2]  # keep_last 2 + the best (step 0)
+    final = ckpt.load_state(ckpt.latest_checkpoint(run))
+    assert len(final["generators"]) == WORLD  # each rank's sampling stream, for resume
+    assert (run / "final" / "model.safetensors").exists() and (run / "config.yaml").exists()
+    assert not list(out.glob("straight/run-*")), "nothing was moved aside"
+
+
+def test_zero_variance_resampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
+    _, (r0, r1) = two_ranks
+    # 2 P: prompts, then 2 rounds x the 2 flat P: groups of the global batch (1 per rank): 6 drawn everywhere
+    assert r0["sampler"] == r1["sampler"] and r0["sampler"]["P"]["cursor"] == 6
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(two_ranks):
+    _, ranks = two_ranks
+    for r in ranks:
+        assert r["nan_guard"] == "skip" and math.isnan(r["nan_loss"]) and not r["nan_moved"]
+
+
+def test_batch_that_cannot_be_split_over_ranks_is_a_clear_error(two_ranks):
+    _, (r0, _) = two_ranks
+    assert "must divide by the number of processes (2)" in r0["errors"][0]
+    assert "1 P: and 1 A: prompts" in r0["errors"][1]
+
+
+def test_resume_under_two_ranks_equals_the_straight_run(two_ranks):
+    out, (r0, r1) = two_ranks
+    assert (r0["start"], r0["end"]) == (1, 2) and (r1["start"], r1["end"]) == (1, 2)
+    for k in r0["straight"]:
+        assert torch.equal(r0["resumed"][k], r0["straight"][k]), k
+        assert torch.equal(r1["resumed"][k], r0["straight"][k]), k
+
+    def metrics(run):
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")}
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert metrics(out / "resumed" / "run") == metrics(out / "straight" / "run")
+
+
+def test_one_update_on_two_ranks_equals_one_process_on_the_global_batch(tmp_path, tiny_model_dir, small_data, one_thread):
+    collector = _make(tmp_path / "collect", tiny_model_dir, small_data)
+    groups = collector.collect(0, {})
+    assert sum(max(r.reward for r in g) > min(r.reward for r in g) for g in groups) >= 2, "need a learning signal"
+    torch.save(groups, tmp_path / "groups.pt")
+    ranks = _spawn("one_update", tiny_model_dir, small_data, tmp_path)
+    for i, over in enumerate(VARIANTS):
+        single = _plain_sgd(_make(tmp_path / f"single{i}", tiny_model_dir, small_data, **over))
+        m = single.update(single.assemble(groups), 0, {})
+        for r in ranks:
+            assert r[i]["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-5), over
+            assert r[i]["loss"] == pytest.approx(m["loss"], rel=1e-5, abs=1e-7), over
+            _assert_close(r[i]["weights"], _weights(single))
+
+
+def test_metric_reduction_rules():
+    assert dist.reduce_values("step", [3, 3]) == 3 and isinstance(dist.reduce_values("step", [3, 3]), int)
+    assert dist.reduce_values("loss", [1.0, 2.0]) == 1.5
+    assert dist.reduce_values("kl_max", [1.0, 2.0]) == 2.0 and dist.reduce_values("adv/max", [1.0, 2.0]) == 2.0
+    assert dist.reduce_values("kl_min", [1.0, 2.0]) == 1.0
+    assert dist.reduce_values("logp_sampler_diff", [1e-6, 1e-5]) == 1e-5
+    for key in ("loss", "kl_max", "kl_min"):  # a NaN anywhere is a NaN everywhere, whatever the order
+        assert math.isnan(dist.reduce_values(key, [1.0, float("nan")]))
+        assert math.isnan(dist.reduce_values(key, [float("nan"), 1.0]))
+    assert dist.world() == 1 and dist.reduce_metrics({"a": 1.0}) == {"a": 1.0}  # no-ops in one process
+    assert dist.shard([1, 2, 3]) == [1, 2, 3]
