@@ -29,7 +29,7 @@ class SFTConfig:
     n_positions: int = 320
     layout: str = "compact"
     loss_on: str = "full"  # full | completion
-    env_share: float = 0.5  # share of batches that are A: (each batch holds one task, to save padding)
+    env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
     max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
     batch_size: int = 64
@@ -169,9 +169,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         lr = cfg.lr * warm * cosine_lr(int(progress_frac() * cfg.steps), cfg.steps, 0, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        # One task per batch: A: samples are ~45% longer than P:, so mixed batches pad P: rows to A: width.
-        task = "A" if (rng.random() < cfg.env_share and by_task["A"]) or not by_task["P"] else "P"
-        rows = rng.choices(by_task[task], k=cfg.batch_size)
+        n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))
+        rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
+        rows += rng.choices(by_task["P"], k=cfg.batch_size - len(rows)) if by_task["P"] else []
         input_ids, mask, labels = (x.to(device) for x in make_batch(rows, tokenizer.pad_token_id, cfg.loss_on))
         with autocast:
             loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
