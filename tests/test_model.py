@@ -236,6 +236,20 @@ def test_load_policy_local(checkpoint, capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_load_policy_fuses_gelu_without_changing_outputs_or_config(checkpoint):
+    from transformers import AutoModelForCausalLM
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    plain = AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
+    model, _ = load_policy(str(checkpoint), device="cpu", verbose=False)
+    assert any(isinstance(m, NewGELUActivation) for m in plain.modules())
+    assert not any(isinstance(m, NewGELUActivation) for m in model.modules())
+    assert sum(isinstance(m, GELUTanh) for m in model.modules()) == model.config.n_layer
+    x = torch.randint(1, model.config.vocab_size, (3, 40))
+    torch.testing.assert_close(model(x).logits, plain(x).logits, atol=1e-5, rtol=0)
+    assert model.config.activation_function == "gelu_new"  # saved models stay the same
+
+
 def test_load_policy_sets_missing_pad_token(checkpoint):
     config_path = checkpoint / "tokenizer_config.json"
     config = json.loads(config_path.read_text())

@@ -90,7 +90,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.grpo.control import cosine_lr
-    from rookworld_rlvr.model import build_chess_tokenizer, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.model import build_chess_tokenizer, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
 
     cfg.validate()
     if cfg.threads:
@@ -111,6 +111,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
         tokenizer = build_chess_tokenizer()
         model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
+        fuse_activations(model)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 

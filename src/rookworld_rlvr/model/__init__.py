@@ -6,6 +6,7 @@ Knows torch and transformers, not chess: prompts and completions are plain text.
 from .generate import Generation, filter_logits, generate, positions_from_mask
 from .load import (
     ModelLoadError,
+    fuse_activations,
     load_policy,
     resolve_device,
     resolve_dtype,
@@ -22,6 +23,7 @@ __all__ = [
     "build_bpe_tokenizer",
     "build_chess_tokenizer",
     "filter_logits",
+    "fuse_activations",
     "generate",
     "load_policy",
     "positions_from_mask",
