@@ -310,6 +310,33 @@ def test_cascade_decoding_equals_the_stock_forward(rig, monkeypatch, greedy):
     assert len(set(fast.finish_reasons)) == 2 or greedy  # sampled rows both stop at EOS and run to the limit
 
 
+def test_per_prompt_token_limits_and_temperatures(rig):
+    """Prompts of different tasks share one decode loop with their own limit and temperature."""
+    kind, model, tok = rig
+    prompts, limits, temps = PROMPTS[:3], [5, 30, 12], [1.0, 0.5, 1.5]
+    gen = generate(model, tok, prompts, max_new_tokens=limits, temperature=temps, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(2))
+    lengths = gen.completion_mask.sum(-1).tolist()
+    for row, (length, reason) in enumerate(zip(lengths, gen.finish_reasons)):
+        limit = limits[row // 2]
+        assert length <= limit
+        assert reason == "eos" or length == limit
+    assert max(lengths) > 5  # the long prompt ran past the short one's limit
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    for p, temp in enumerate(temps):  # each row's log-probs are those of its own temperature
+        rows = slice(2 * p, 2 * p + 2)
+        with torch.no_grad():
+            out = token_logprobs(model, *(x[rows] for x in batch), n_completion=n, temperature=temp)
+        torch.testing.assert_close(out["logprobs"], gen.logprobs[rows], atol=1e-5, rtol=0)
+    greedy = generate(model, tok, prompts, max_new_tokens=limits, greedy=True)
+    for p, limit in enumerate(limits):  # greedy with a shared loop == greedy alone
+        alone = generate(model, tok, [prompts[p]], max_new_tokens=limit, greedy=True)
+        assert greedy.texts[p] == alone.texts[0] and greedy.finish_reasons[p] == alone.finish_reasons[0]
+    with pytest.raises(ValueError, match="2 values for 3 prompts"):
+        generate(model, tok, prompts, max_new_tokens=[5, 6])
+
+
 def test_dropout_off_and_mode_restored(rig):
     kind, model, tok = rig
     expected = generate(model, tok, PROMPTS[:3], max_new_tokens=20, greedy=True)

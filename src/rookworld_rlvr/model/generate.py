@@ -74,13 +74,17 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> context
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _validate(
-    prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, num_return_sequences: int
-) -> None:
+def _check_prompts(prompts) -> None:
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
     if not all(isinstance(p, str) for p in prompts):
         raise ValueError("every prompt must be a string")
+
+
+def _validate(
+    prompts: list[str], max_new_tokens: int, temperature: float, top_k: int, top_p: float, num_return_sequences: int
+) -> None:
+    _check_prompts(prompts)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if not temperature > 0:
@@ -220,8 +224,8 @@ def generate(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     *,
-    max_new_tokens: int = 100,
-    temperature: float = 1.0,
+    max_new_tokens: int | list[int] = 100,
+    temperature: float | list[float] = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
     greedy: bool = False,
@@ -235,8 +239,21 @@ def generate(
     once and its cache shared by its rows. A row stops at EOS; the loop stops when
     every row has stopped or after max_new_tokens. The model runs in eval mode and
     its previous train/eval mode is restored afterwards.
+
+    `max_new_tokens` and `temperature` may be lists, one value per prompt: prompts of
+    different tasks then share one decode loop (each decode step costs about the same
+    for 32 rows as for 64 on CPU) and each row stops at its own limit.
     """
-    _validate(prompts, max_new_tokens, temperature, top_k, top_p, num_return_sequences)
+    _check_prompts(prompts)
+    per_prompt = {}
+    for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature)):
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * len(prompts)
+        if len(values) != len(prompts):
+            raise ValueError(f"{name} has {len(values)} values for {len(prompts)} prompts")
+        per_prompt[name] = values
+    for limit, temp in zip(per_prompt["max_new_tokens"], per_prompt["temperature"]):
+        _validate(prompts, limit, temp, top_k, top_p, num_return_sequences)
+    max_new_tokens = max(per_prompt["max_new_tokens"])
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise ValueError("tokenizer has no eos_token_id; generation cannot stop")
@@ -258,6 +275,12 @@ def generate(
         )
 
     index = torch.arange(len(encoded), device=device).repeat_interleave(num_return_sequences)
+    row_limit = torch.tensor(per_prompt["max_new_tokens"], device=device).index_select(0, index)
+    temps = per_prompt["temperature"]
+    if len(set(temps)) > 1:  # [N, 1] so that logits / temperature scales each row
+        temperature = torch.tensor(temps, dtype=torch.float32, device=device).index_select(0, index).unsqueeze(-1)
+    else:
+        temperature = temps[0]
     prompt_ids, prompt_mask = u_ids[index], u_mask[index]
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
@@ -267,6 +290,7 @@ def generate(
     completion_mask = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)
     logprobs = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    hit_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)
 
     def forward(**inputs) -> torch.Tensor:
         """One model call under optional autocast; returns float32 last-position logits."""
@@ -299,7 +323,8 @@ def generate(
             completion[:, step] = tokens
             completion_mask[:, step] = alive.long()
             logprobs[:, step] = torch.where(alive, token_logp, torch.zeros_like(token_logp))
-            finished = finished | (alive & (tokens == eos_id))
+            hit_eos = hit_eos | (alive & (tokens == eos_id))
+            finished = hit_eos | (step + 1 >= row_limit)
             steps = step + 1
             if steps == max_new_tokens or bool(finished.all()):
                 break
@@ -321,7 +346,7 @@ def generate(
     completion = completion[:, :steps]
     completion_mask = completion_mask[:, :steps]
     logprobs = logprobs[:, :steps]
-    texts, reasons = _decode(tokenizer, completion, completion_mask, finished, eos_id)
+    texts, reasons = _decode(tokenizer, completion, completion_mask, hit_eos, eos_id)
     return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, reasons)
 
 
