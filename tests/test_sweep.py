@@ -180,3 +180,22 @@ def test_the_stability_preset_covers_every_value_in_at_least_24_valid_configurat
         cfg = load_config(space.config, {**space.base, **c})
         assert cfg.steps == 30 and cfg.eval_limit == 100 and not (cfg.report or cfg.tensorboard or cfg.progress)
         assert cfg.updates_per_batch > 1, "with one update per batch clip_range has no effect"
+
+
+def test_editing_the_config_file_mid_sweep_does_not_change_later_trials(tmp_path, tiny_model_dir, small_data):
+    """The configuration file is read once when the sweep starts."""
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump({"temperature": 0.9}))
+    space = write_space(tmp_path / "edit.yaml", config=str(config), base=tiny_base(tiny_model_dir, small_data),
+                        params={"clip_range": {"choices": [0.1, 0.3]}})
+
+    def editing_reward(prompts, completions, truths, weights):  # a user edits the file during trial 0
+        config.write_text(yaml.safe_dump({"temperature": 0.5}))
+        return varied_reward(prompts, completions, truths, weights)
+
+    out = tmp_path / "out"
+    summary = run_sweep(space, out=out, seed=1, reward_fn=editing_reward, log=QUIET)
+    assert summary["complete"] == 2
+    assert yaml.safe_load(config.read_text())["temperature"] == 0.5
+    for t in trials_of(out, "edit"):
+        assert yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())["temperature"] == 0.9

@@ -556,6 +556,8 @@ def run_sweep(space: SweepSpace | str | Path, *, config: str | None = None, over
     Several calls (processes, machines) with the same storage and study name share the work.
     `reward_fn` replaces the chess reward of the training runs (tests); evaluation stays real."""
     space, config, base, kind, target = _resolve(space, config, overrides, trials, sampler)
+    # read the configuration file once: editing it while the sweep runs must not change later trials
+    base, config = load_config(config, base).to_dict(), None
     name = study_name or Path(space.path).stem
     out = Path(out) if out else Path("sweeps") / name
     storage = storage or default_storage(out)
