@@ -130,17 +130,16 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     step, elapsed_before = 0, 0.0
+    log_path = out.parent / f"{out.name}.sft_log.jsonl"
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         step, elapsed_before = state["step"], state["elapsed"]
         rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         print(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
-        log_file = out.parent / f"{out.name}.sft_log.jsonl"
-        if log_file.exists():  # steps after the checkpoint are redone: drop their old records
-            kept = [x for x in log_file.read_text().splitlines() if json.loads(x)["step"] <= step]
-            log_file.write_text("".join(x + "\n" for x in kept))
-    log_path = out.parent / f"{out.name}.sft_log.jsonl"
+        if log_path.exists():  # steps after the checkpoint are redone: drop their old records
+            kept = [x for x in log_path.read_text().splitlines() if json.loads(x)["step"] <= step]
+            log_path.write_text("".join(x + "\n" for x in kept))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
     t0 = time.time()

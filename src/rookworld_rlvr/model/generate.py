@@ -251,7 +251,7 @@ def generate(
         if len(values) != len(prompts):
             raise ValueError(f"{name} has {len(values)} values for {len(prompts)} prompts")
         per_prompt[name] = values
-    for limit, temp in zip(per_prompt["max_new_tokens"], per_prompt["temperature"]):
+    for limit, temp in set(zip(per_prompt["max_new_tokens"], per_prompt["temperature"])):  # each distinct pair once
         _validate(prompts, limit, temp, top_k, top_p, num_return_sequences)
     max_new_tokens = max(per_prompt["max_new_tokens"])
     eos_id = tokenizer.eos_token_id
