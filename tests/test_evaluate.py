@@ -187,6 +187,20 @@ def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):
     assert texts == single and len(reasons) == len(prompts)
 
 
+def test_temperature_samples_task_completions_reproducibly(tiny, mixed):
+    model, tokenizer = tiny
+
+    def completions(**kw):
+        return ev._generate_tasks(ev._Generator(model, tokenizer, ev.EvalConfig(max_new_tokens=12, **kw)), mixed[:8],
+                                  False)[0]
+
+    greedy, sampled = completions(), completions(temperature=1.0)
+    assert sampled == completions(temperature=1.0)  # same seed, same samples
+    assert sampled != greedy and sampled != completions(temperature=1.0, seed=1)
+    with pytest.raises(ValueError, match="temperature"):
+        ev.EvalConfig(temperature=-1).validate()
+
+
 def test_evaluate_limit_and_context_cap(tiny, mixed):
     model, tokenizer = tiny
     res = ev.evaluate(model, tokenizer, mixed, config=ev.EvalConfig(limit=2, max_new_tokens=200))

@@ -4,13 +4,54 @@ import json
 
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.model import load_policy
-from rookworld_rlvr.sft import SFTConfig, make_batch, train
+from rookworld_rlvr.sft import SFTConfig, _accumulate, _encode, make_batch, set_dropout, train
 
 
 def test_completion_only_loss_masks_prompt_and_padding():
     ids, mask, labels = make_batch([([5, 6, 7, 8, 0], 2), ([5, 6, 0], 1)], pad_id=0, loss_on="completion")
     assert labels.tolist() == [[-100, -100, 7, 8, 0], [-100, 6, 0, -100, -100]]
     assert mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+
+
+def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_dir, small_data):
+    """The step is split into a short and a long micro-batch; loss and gradient must not change."""
+    import contextlib
+
+    import torch
+
+    from rookworld_rlvr.data.io import read_samples
+
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    model.train()
+    set_dropout(model, 0.0)
+    rows = _encode(tok, read_samples(small_data / "eval.jsonl"), "compact")[::3]
+    assert len({len(ids) for ids, _ in rows}) > 5  # P: and A: lengths mixed
+    for loss_on in ("full", "completion"):
+        model.zero_grad()
+        ids, mask, labels = make_batch(rows, tok.pad_token_id, loss_on)
+        whole = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        whole.backward()
+        expected = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        split = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
+        assert abs(split - whole.item()) < 1e-5
+        for p, g in zip(model.parameters(), expected):
+            torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_data, tiny_model_dir):
+    import torch
+
+    out = tmp_path / "m"
+    cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
+                    init=str(tiny_model_dir), steps=1, batch_size=4, eval_samples=0, lr=1e-3, dropout=0.2,
+                    device="cpu", threads=1)
+    train(cfg, progress=False)
+    model, _ = load_policy(str(out), device="cpu", verbose=False)
+    assert model.config.attn_pdrop == model.config.resid_pdrop == model.config.embd_pdrop == 0.2
+    assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.2}
+    set_dropout(model, 0.0)
+    assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
 
 
 def test_sft_trains_saves_and_resumes(tmp_path, small_data):

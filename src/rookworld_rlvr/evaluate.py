@@ -1,4 +1,4 @@
-"""Greedy evaluation of a chess LM on both tasks, mate-in-one and self-play.
+"""Greedy evaluation of a chess LM on both tasks, mate-in-one and self-play (sampling on request).
 
 Generation and scoring are separate on purpose: `score_completions` is a pure function of
 (samples, completions, scorer), so the metric code can be checked with ground-truth and
@@ -55,11 +55,12 @@ class EvalConfig:
     batch_size: int = 64
     max_new_tokens: int = 120  # P: and A: completions; capped to the model context per batch
     limit: int | None = None  # per task
+    temperature: float = 0.0  # task completions: 0 = greedy; > 0 samples (how often are samples well-formed?)
     selfplay_games: int = 0
     selfplay_max_plies: int = 200
     selfplay_temperature: float = 0.0  # 0 = greedy
     selfplay_top_k: int = 0  # 0 = off; only used when sampling
-    seed: int = 0  # self-play sampling
+    seed: int = 0  # sampling seed (temperature > 0, self-play)
     engine_depth: int = 8  # for the Stockfish pool evaluate builds when it needs one
 
     def validate(self) -> None:
@@ -69,6 +70,7 @@ class EvalConfig:
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
             ("limit", self.limit is None or self.limit >= 0, ">= 0 or None"),
+            ("temperature", self.temperature >= 0, ">= 0 (0 = greedy)"),
             ("selfplay_games", self.selfplay_games >= 0, ">= 0"),
             ("selfplay_max_plies", self.selfplay_max_plies >= 1, ">= 1"),
             ("selfplay_temperature", self.selfplay_temperature >= 0, ">= 0 (0 = greedy)"),
@@ -268,15 +270,21 @@ def _limit_per_task(samples: Sequence[Sample], limit: int | None) -> list[Sample
 
 
 def _generate_tasks(gen: _Generator, samples: Sequence[Sample], progress: bool) -> tuple[list[str], list[str]]:
-    """Greedy completions for every sample; each task is generated in its own batches."""
+    """Greedy (or sampled, with config.temperature) completions for every sample; each task in its own batches."""
+    import torch
+
     completions = [""] * len(samples)
     reasons = [""] * len(samples)
+    sampling: dict[str, Any] = {}
+    if gen.config.temperature > 0:
+        sampling = {"greedy": False, "temperature": gen.config.temperature,
+                    "generator": torch.Generator().manual_seed(gen.config.seed)}
     for task in TASK_NAMES:
         idx = [i for i, s in enumerate(samples) if s.task == task]
         if not idx:
             continue
         with _progress_bar(progress, len(idx), f"eval {task}") as bar:
-            texts, why = gen.run([samples[i].render(gen.config.layout)[0] for i in idx], bar=bar)
+            texts, why = gen.run([samples[i].render(gen.config.layout)[0] for i in idx], bar=bar, **sampling)
         for i, t, r in zip(idx, texts, why):
             completions[i], reasons[i] = t, r
     return completions, reasons
@@ -537,6 +545,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
     p.add_argument("--selfplay-max-plies", type=int, default=d.selfplay_max_plies)
     p.add_argument("--selfplay-temperature", type=float, default=d.selfplay_temperature, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="sample the task completions at this temperature (0 = greedy); 'invalid' then "
+                        "measures how often sampled answers are malformed")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (--temperature, self-play)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default=d.layout, help="P: prompt layout")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -579,7 +591,8 @@ def _guarded(args: argparse.Namespace, what: str, func: Callable[[], Any]) -> tu
 def run(args: argparse.Namespace, name: str) -> int:
     config = EvalConfig(layout=args.layout, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                         limit=args.limit, selfplay_games=args.selfplay, selfplay_max_plies=args.selfplay_max_plies,
-                        selfplay_temperature=args.selfplay_temperature, engine_depth=args.depth)
+                        selfplay_temperature=args.selfplay_temperature, engine_depth=args.depth,
+                        temperature=args.temperature, seed=args.seed)
     config.validate()
     ok, samples = _guarded(args, f"read data {args.data}", lambda: _read_data(args.data, args.limit))
     if not ok:
