@@ -269,16 +269,21 @@ def _limit_per_task(samples: Sequence[Sample], limit: int | None) -> list[Sample
     return kept
 
 
-def _generate_tasks(gen: _Generator, samples: Sequence[Sample], progress: bool) -> tuple[list[str], list[str]]:
-    """Greedy (or sampled, with config.temperature) completions for every sample; each task in its own batches."""
+def _sampling(temperature: float, seed: int, top_k: int = 0) -> dict[str, Any]:
+    """`generate` keyword arguments: greedy at temperature 0, else seeded sampling."""
     import torch
 
+    if temperature <= 0:
+        return {"greedy": True}
+    return {"greedy": False, "temperature": temperature, "top_k": top_k,
+            "generator": torch.Generator().manual_seed(seed)}
+
+
+def _generate_tasks(gen: _Generator, samples: Sequence[Sample], progress: bool) -> tuple[list[str], list[str]]:
+    """Greedy (or sampled, with config.temperature) completions for every sample; each task in its own batches."""
     completions = [""] * len(samples)
     reasons = [""] * len(samples)
-    sampling: dict[str, Any] = {}
-    if gen.config.temperature > 0:
-        sampling = {"greedy": False, "temperature": gen.config.temperature,
-                    "generator": torch.Generator().manual_seed(gen.config.seed)}
+    sampling = _sampling(gen.config.temperature, gen.config.seed)
     for task in TASK_NAMES:
         idx = [i for i, s in enumerate(samples) if s.task == task]
         if not idx:
@@ -318,15 +323,10 @@ def selfplay_metrics(gen: _Generator, games: int, progress: bool) -> dict:
     fivefold repetition, 75-move rule) or after `selfplay_max_plies`. All games advance
     together, one batched generation per ply.
     """
-    import torch
-
     cfg = gen.config
     boards = [chess.Board() for _ in range(games)]
     ended = {"illegal": 0, "game_over": 0, "max_plies": 0}
-    sampling: dict[str, Any] = {"greedy": True}
-    if cfg.selfplay_temperature > 0:
-        sampling = {"greedy": False, "temperature": cfg.selfplay_temperature, "top_k": cfg.selfplay_top_k,
-                    "generator": torch.Generator().manual_seed(cfg.seed)}
+    sampling = _sampling(cfg.selfplay_temperature, cfg.seed, cfg.selfplay_top_k)
     alive = list(range(games))
     with _progress_bar(progress, cfg.selfplay_max_plies, "self-play", "ply") as bar:
         for _ in range(cfg.selfplay_max_plies):
