@@ -265,3 +265,30 @@ def test_a_fresh_run_moves_an_old_run_aside(tmp_path, tiny_model_dir, small_data
     make(tmp_path, tiny_model_dir, small_data, scorer, steps=1)
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run-")]
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").exists()
+
+
+def test_env_terminal_share_fixes_the_share_of_game_ending_a_prompts(tmp_path, tiny_model_dir, small_data, scorer):
+    from rookworld_rlvr.grpo.trainer import PromptSampler, ends_game
+
+    train = read_samples(small_data / "train.jsonl")
+    env = [s for s in train if s.task == "A"]
+    assert 0 < sum(map(ends_game, env)) < len(env) / 4  # game-ending transitions are rare in the data
+    sampler = PromptSampler({"A": env}, seed=3, terminal_share=0.25)
+    drawn = sampler.take("A", 6)
+    saved = json.loads(json.dumps(sampler.state))
+    drawn += sampler.take("A", 10)
+    assert [ends_game(s) for s in drawn] == [False, False, False, True] * 4
+    resumed = PromptSampler({"A": env}, seed=3, terminal_share=0.25)
+    resumed.load_state(saved)
+    assert resumed.take("A", 10) == drawn[6:]
+    natural = PromptSampler({"A": env}, seed=3).take("A", len(env))  # null: the data's own mix, each once
+    assert sorted(map(id, natural)) == sorted(map(id, env))
+
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, varied_reward, batch_positions=4, mix_env_ratio=1.0,
+              env_terminal_share=0.5, max_new_tokens=4)
+    groups = tr.collect(0, {})
+    assert [ends_game(g[0]) for g in groups].count(True) == 2
+    with pytest.raises(ValueError, match="no game-ending"):
+        PromptSampler({"A": [s for s in env if not ends_game(s)]}, seed=0, terminal_share=0.1)
+    with pytest.raises(ValueError, match="env_terminal_share"):
+        TrainConfig(env_terminal_share=1.5).validate()

@@ -45,6 +45,8 @@ class TrainConfig:
     skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")
     layout: str = _f("compact", "P: prompt layout: compact | padded (upstream columns; use for RookWorld-LM)")
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")
+    env_terminal_share: float | None = _f(None, "share of A: prompts drawn from game-ending transitions (terminated or "
+                                                "truncated; 8.6% of the shipped training set); null = as they occur in the data")
     # -- batch and sampling --------------------------------------------------------------------
     steps: int = _f(60, "optimizer steps (one batch of prompts per step)")
     batch_positions: int = _f(8, "prompts per step (B)")
@@ -158,6 +160,8 @@ class TrainConfig:
         need(self.top_k >= 0, "top_k", "must be >= 0")
         need(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         need(0 <= self.mix_env_ratio <= 1, "mix_env_ratio", "must be in [0, 1]")
+        need(self.env_terminal_share is None or 0 <= self.env_terminal_share <= 1, "env_terminal_share",
+             "must be in [0, 1] or null")
         need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
         need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")

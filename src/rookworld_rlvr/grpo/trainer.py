@@ -115,33 +115,69 @@ def wrap_lora(model, cfg: TrainConfig):
     return peft.get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
 
 
+def ends_game(sample) -> bool:
+    """An A: sample whose transition ends the game (terminated or truncated)."""
+    return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)
+
+
 class PromptSampler:
-    """Per-task shuffled cursor over the training samples; resumable from (epoch, cursor)."""
+    """Per-pool shuffled cursors over the training samples; resumable from (epoch, cursor).
 
-    def __init__(self, samples_by_task: dict[str, list], seed: int) -> None:
-        self.samples = samples_by_task
+    With `terminal_share` s set, A: prompts come from two pools, ordinary and game-ending
+    transitions (rare in game data, so GRPO would otherwise mostly learn "the game goes on"):
+    the k-th A: prompt of the run is game-ending when floor(k * s) steps up, so exactly that
+    share of A: prompts ends a game, deterministically on every rank and across resumes.
+    """
+
+    def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None) -> None:
+        self.pools = dict(samples_by_task)
         self.seed = seed
-        self.state = {t: {"epoch": 0, "cursor": 0} for t in samples_by_task}
-        self._perm: dict[str, list[int]] = {}
+        self.terminal_share = terminal_share
+        if terminal_share is not None:
+            env = self.pools.get("A", [])
+            self.pools["A"] = [x for x in env if not ends_game(x)]
+            self.pools["A_end"] = [x for x in env if ends_game(x)]
+            if env and terminal_share > 0 and not self.pools["A_end"]:
+                raise ValueError(f"env_terminal_share is {terminal_share} but the training data has no game-ending "
+                                 "A: transitions (terminated or truncated): set it to null")
+            if env and terminal_share < 1 and not self.pools["A"]:
+                raise ValueError(f"env_terminal_share is {terminal_share} but every A: transition of the training "
+                                 "data ends the game: set it to 1 or null")
+        self.state = {name: {"epoch": 0, "cursor": 0} for name in self.pools}
+        self.state.setdefault("A", {"epoch": 0, "cursor": 0})["drawn"] = 0  # A: prompts drawn so far
+        self._perm: dict[str, tuple[int, list[int]]] = {}
 
-    def _order(self, task: str) -> list[int]:
-        st = self.state[task]
-        key = f"{task}:{st['epoch']}"
-        if key not in self._perm:
-            idx = list(range(len(self.samples[task])))
-            random.Random(f"{self.seed}:{key}").shuffle(idx)
-            self._perm = {key: idx}  | {k: v for k, v in self._perm.items() if k.startswith(("P:", "A:")) and k != key and k.split(":")[0] != task}
-        return self._perm[key]
+    def load_state(self, state: dict) -> None:
+        for name, st in state.items():
+            if name in self.state:
+                self.state[name].update(copy.deepcopy(st))
+
+    def _order(self, name: str) -> list[int]:
+        epoch = self.state[name]["epoch"]
+        if self._perm.get(name, (None,))[0] != epoch:
+            idx = list(range(len(self.pools[name])))
+            random.Random(f"{self.seed}:{name}:{epoch}").shuffle(idx)
+            self._perm[name] = (epoch, idx)
+        return self._perm[name][1]
+
+    def _pool(self, task: str) -> str:
+        if task != "A" or self.terminal_share is None:
+            return task
+        st = self.state["A"]
+        k, st["drawn"] = st["drawn"], st["drawn"] + 1
+        s = self.terminal_share
+        return "A_end" if math.floor((k + 1) * s + 1e-9) > math.floor(k * s + 1e-9) else "A"
 
     def take(self, task: str, n: int) -> list:
-        if n and not self.samples.get(task):
+        if n and not any(self.pools.get(name) for name in (task, f"{task}_end")):
             raise ValueError(f"the training data has no {task}: samples but the configuration asks for them")
         out = []
         for _ in range(n):
-            st = self.state[task]
-            if st["cursor"] >= len(self.samples[task]):
+            name = self._pool(task)
+            st = self.state[name]
+            if st["cursor"] >= len(self.pools[name]):
                 st["epoch"], st["cursor"] = st["epoch"] + 1, 0
-            out.append(self.samples[task][self._order(task)[st["cursor"]]])
+            out.append(self.pools[name][self._order(name)[st["cursor"]]])
             st["cursor"] += 1
         return out
 
@@ -210,7 +246,7 @@ class Trainer:
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
-        self.prompts = PromptSampler(by_task, cfg.seed)
+        self.prompts = PromptSampler(by_task, cfg.seed, cfg.env_terminal_share)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
         self.lr_scale = 1.0
@@ -278,7 +314,7 @@ class Trainer:
         self.nan_guard.load_state_dict(st["nan_guard"])
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
-        self.prompts.state = copy.deepcopy(st["prompts"])
+        self.prompts.load_state(st["prompts"])
         gens = st.get("generators")  # one sampling stream per rank (the same world size continues each)
         self.gen.set_state(gens[dist.rank()] if gens and len(gens) == dist.world() else st["generator"])
         torch.set_rng_state(st["torch_rng"])
