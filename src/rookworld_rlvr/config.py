@@ -310,6 +310,18 @@ def _check_types(cfg: TrainConfig) -> None:
             setattr(cfg, name, float(v))
 
 
+def add_field_arguments(group: Any, show_defaults: bool = True) -> None:
+    """One `--field-name V` (and `--field_name V`) option per field, stored as `cfg__<field>`."""
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        flags = ["--" + f.name.replace("_", "-")] + (["--" + f.name] if "_" in f.name else [])
+        default = getattr(defaults, f.name)
+        text = f.metadata["help"] + (f" (default: {json.dumps(default)})" if show_defaults else "")
+        kw = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
+        group.add_argument(*flags, dest=f"cfg__{f.name}", default=None, metavar="V",
+                           help=text.replace("%", "%%"), **kw)  # argparse %-formats help texts
+
+
 def help_table() -> str:
     """Markdown table of every field (for the README)."""
     rows = ["| field | default | meaning |", "|---|---|---|"]

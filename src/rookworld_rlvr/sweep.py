@@ -73,13 +73,12 @@ from typing import Any, Callable
 
 import yaml
 
-from rookworld_rlvr.config import FIELDS, TrainConfig, coerce, load_config
+from rookworld_rlvr.config import FIELDS, add_field_arguments, coerce, load_config
 
 SAMPLERS = ("grid", "tpe")
 MANAGED = ("output_dir", "resume")  # set by the sweep for every trial
 POINT = "points"  # the Optuna parameter holding the index into `points` (not a TrainConfig field)
 SPACE_KEYS = ("config", "base", "params", "points", "sampler", "trials")
-_DEFAULTS = TrainConfig()
 
 
 # -- the search space ------------------------------------------------------------------------------
@@ -770,10 +769,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="mark RUNNING trials of dead workers interrupted and queue them again (no worker may be alive)")
     p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
     group = p.add_argument_group("config fields for every trial (any TrainConfig field; YAML syntax for values)")
-    for f in dataclasses.fields(TrainConfig):
-        flags = ["--" + f.name.replace("_", "-")] + (["--" + f.name] if "_" in f.name else [])
-        kw = {"nargs": "?", "const": "true"} if isinstance(getattr(_DEFAULTS, f.name), bool) else {}
-        group.add_argument(*flags, dest=f"cfg__{f.name}", default=None, metavar="V", help=f.metadata["help"], **kw)
+    add_field_arguments(group, show_defaults=False)
 
 
 def _interrupt_on_sigterm() -> None:

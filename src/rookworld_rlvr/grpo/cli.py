@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
-from rookworld_rlvr.config import FIELDS, TrainConfig, load_config
+from rookworld_rlvr.config import FIELDS, TrainConfig, add_field_arguments, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -22,14 +20,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--overfit-steps", type=int, default=40, help="training steps on the fixed batch")
         p.add_argument("--max-kl-share", type=float, default=0.7, help="fail when KL is a larger share of the loss")
     group = p.add_argument_group("config fields (any field of TrainConfig; YAML syntax for values)")
-    for f in dataclasses.fields(TrainConfig):
-        flags = ["--" + f.name.replace("_", "-")]
-        if "_" in f.name:
-            flags.append("--" + f.name)
-        default = getattr(TrainConfig(), f.name)
-        kw = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
-        group.add_argument(*flags, dest=f"cfg__{f.name}", default=None, metavar="V",
-                           help=f"{f.metadata['help']} (default: {json.dumps(default)})", **kw)
+    add_field_arguments(group)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
