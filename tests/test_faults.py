@@ -390,6 +390,6 @@ def test_malformed_lines_fail_dry_run_and_build_with_file_line(tmp_path, tiny_mo
         skipped = [x for x in logs if "skipped" in x]
         assert len(skipped) == 1 and f"skipped {len(bad_lines)} invalid lines" in skipped[0], logs
         assert f"{bad}:{bad_lines[0]}:" in skipped[0]
-        assert sum(len(v) for v in trainer.prompts.samples.values()) == n_good
+        assert sum(len(v) for v in trainer.prompts.pools.values()) == n_good
     finally:
         pool.close()
