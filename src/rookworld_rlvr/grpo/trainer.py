@@ -124,9 +124,9 @@ class PromptSampler:
     """Per-pool shuffled cursors over the training samples; resumable from (epoch, cursor).
 
     With `terminal_share` s set, A: prompts come from two pools, ordinary and game-ending
-    transitions (rare in game data, so GRPO would otherwise mostly learn "the game goes on"):
-    the k-th A: prompt of the run is game-ending when floor(k * s) steps up, so exactly that
-    share of A: prompts ends a game, deterministically on every rank and across resumes.
+    transitions (8.6% of the shipped A: data): the k-th A: prompt of the run is game-ending
+    when floor(k * s) steps up, so exactly that share of A: prompts ends a game,
+    deterministically on every rank and across resumes.
     """
 
     def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None) -> None:
@@ -144,7 +144,8 @@ class PromptSampler:
                 raise ValueError(f"env_terminal_share is {terminal_share} but every A: transition of the training "
                                  "data ends the game: set it to 1 or null")
         self.state = {name: {"epoch": 0, "cursor": 0} for name in self.pools}
-        self.state.setdefault("A", {"epoch": 0, "cursor": 0})["drawn"] = 0  # A: prompts drawn so far
+        if terminal_share is not None:
+            self.state["A"]["drawn"] = 0  # A: prompts drawn so far
         self._perm: dict[str, tuple[int, list[int]]] = {}
 
     def load_state(self, state: dict) -> None:
