@@ -105,6 +105,7 @@ class TrainConfig:
     # -- rewards ---------------------------------------------------------------------------------
     reward_shaping: str = _f("linear", "linear | graduated (5 levels) | binary")
     malformed_penalty: float = _f(-0.3, "reward of unreadable output")
+    next_state_partial: float = _f(0.8, "A: most next-state credit for a readable wrong FEN, in [0, 1) (0 = exact or nothing)")
     policy_weights: dict = _f(dict(RewardConfig().policy_weights), f"P: component weights {POLICY_COMPONENTS}")
     env_weights: dict = _f(dict(RewardConfig().env_weights), f"A: component weights {ENV_COMPONENTS}")
     curriculum: dict = _f({}, "weights over steps: {P: [[0, {format: 1.0}], [20, {...}]], A: [...]}")
@@ -134,7 +135,8 @@ class TrainConfig:
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(policy_weights=dict(self.policy_weights), env_weights=dict(self.env_weights),
-                            shaping=self.reward_shaping, malformed_penalty=self.malformed_penalty)
+                            shaping=self.reward_shaping, malformed_penalty=self.malformed_penalty,
+                            next_state_partial=self.next_state_partial)
 
     def sampling_for(self, task: str, step: int) -> dict:
         """Sampling settings and mix ratio in force for a task at a step (phases, then task overrides)."""
@@ -216,6 +218,7 @@ class TrainConfig:
         need(self.engine_depth >= 1, "engine_depth", "must be >= 1")
         need(self.engine_workers >= 1, "engine_workers", "must be >= 1")
         need(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
+        need(0 <= self.next_state_partial < 1, "next_state_partial", "must be in [0, 1)")
         self.reward_config().validate()
         known = set(self.sampling_for("P", 0))
         for task, over in self.task_sampling.items():

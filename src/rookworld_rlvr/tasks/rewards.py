@@ -41,6 +41,9 @@ class RewardConfig:
     malformed_penalty: float = -0.3
     cp_scale: float = 3.0  # pawns of loss against the best move at which best_cp reaches 0
     eval_scale: float = 3.0  # pawns of eval error at which an eval scores 0
+    # most next-state credit a readable but wrong FEN can earn (0 = exact or nothing): a high
+    # ceiling rewards well-formed near misses, which a strong base trades exactness for
+    next_state_partial: float = 0.8
 
     def validate(self) -> None:
         for name, weights, known in (("policy_weights", self.policy_weights, POLICY_COMPONENTS),
@@ -58,6 +61,9 @@ class RewardConfig:
             raise ValueError("reward.malformed_penalty must be in [-1, 0]")
         if self.cp_scale <= 0 or self.eval_scale <= 0:
             raise ValueError("reward.cp_scale and reward.eval_scale must be > 0")
+        if not 0.0 <= self.next_state_partial < 1.0:
+            raise ValueError(f"reward.next_state_partial must be in [0, 1), got {self.next_state_partial}"
+                             " (1 would pay a wrong FEN like the exact one)")
 
 
 @dataclass
@@ -243,7 +249,7 @@ class RewardScorer:
         else:
             partial = 0.5 * env_task.fen_field_match(parsed.new_fen, truth.new_fen) + \
                 0.5 * env_task.fen_similarity(parsed.new_fen, truth.new_fen)
-            c["next_state"] = 0.8 * partial
+            c["next_state"] = cfg.next_state_partial * partial
             notes.append("next state differs")
         c["reward"] = 1.0 if parsed.reward is not None and abs(parsed.reward - truth.reward) < 1e-9 else 0.0
         c["terminated"] = 1.0 if parsed.terminated == truth.terminated else 0.0
