@@ -20,6 +20,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 _DTYPES = {
     "float32": torch.float32,
@@ -213,7 +214,13 @@ def save_pretrained_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenize
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     old: Path | None = None
     try:
-        model.save_pretrained(tmp)  # safetensors is the default serialization
+        bars_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a "Writing model shards" bar per checkpoint buries the run's own
+        try:
+            model.save_pretrained(tmp)  # safetensors is the default serialization
+        finally:
+            if bars_on:
+                hf_logging.enable_progress_bar()
         tokenizer.save_pretrained(tmp)
         _portable_tokenizer_class(tmp)
         if not list(tmp.glob("*.safetensors")):
