@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_transitions
+from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.tasks import environment as E
 from rookworld_rlvr.tasks import policy as P
 from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer, TRLRewardFunction, score
@@ -99,25 +100,23 @@ def test_weights_change_the_total(policy_truths):
 
 
 def test_next_state_partial_sets_the_credit_of_a_near_miss_fen(env_truths):
-    """A readable FEN one square off earns at most `next_state_partial` of the next-state credit."""
-    from rookworld_rlvr.config import TrainConfig as Config
-
+    """A readable FEN with one field wrong earns at most `next_state_partial` of the next-state credit."""
     t = next(t for t in env_truths if not t.terminated)
     fields = t.new_fen.split(" ")
     fields[1] = "b" if fields[1] == "w" else "w"  # side to move wrong, board right: a near miss
     near = E.completion(t).replace(t.new_fen, " ".join(fields), 1)
     prompt = E.prompt(t.fen, t.move, t.history)
-    default = RewardScorer(Config().reward_config()).score(prompt, near, t)
-    strict = RewardScorer(Config(next_state_partial=0.0).reward_config()).score(prompt, near, t)
+    default = RewardScorer(TrainConfig().reward_config()).score(prompt, near, t)
+    strict = RewardScorer(TrainConfig(next_state_partial=0.0).reward_config()).score(prompt, near, t)
     assert 0.6 < default.components["next_state"] <= 0.8  # near misses earn most of the credit
     assert strict.components["next_state"] == 0.0 and strict.total < default.total
     assert {k: v for k, v in strict.components.items() if k != "next_state"} == \
         {k: v for k, v in default.components.items() if k != "next_state"}
-    exact = RewardScorer(Config(next_state_partial=0.0).reward_config()).score(prompt, E.completion(t), t)
+    exact = RewardScorer(TrainConfig(next_state_partial=0.0).reward_config()).score(prompt, E.completion(t), t)
     assert exact.total == 1.0
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match="next_state_partial"):
-            Config(next_state_partial=bad).validate()
+            TrainConfig(next_state_partial=bad).validate()
 
 
 def _corrupt(text: str, rng: random.Random) -> str:

@@ -218,7 +218,6 @@ class TrainConfig:
         need(self.engine_depth >= 1, "engine_depth", "must be >= 1")
         need(self.engine_workers >= 1, "engine_workers", "must be >= 1")
         need(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
-        need(0 <= self.next_state_partial < 1, "next_state_partial", "must be in [0, 1)")
         self.reward_config().validate()
         known = set(self.sampling_for("P", 0))
         for task, over in self.task_sampling.items():
