@@ -188,6 +188,19 @@ def test_save_replaces_existing_checkpoint(tmp_path):
     assert config["padding_side"] == "left"
 
 
+def test_saves_print_no_progress_bar(tmp_path, capfd):
+    """A bar per checkpoint buried the training run's own progress output."""
+    from rookworld_rlvr.grpo.checkpoint import save_checkpoint
+
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), seed=0)
+    save_pretrained_atomic(model, tok, tmp_path / "final")
+    save_checkpoint(tmp_path, 1, model, tok, {"step": 1})
+    err = capfd.readouterr().err
+    assert "Writing model shards" not in err and "%|" not in err
+    assert (tmp_path / "checkpoints" / "step_000001" / "model.safetensors").exists()
+
+
 def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     tok = build_chess_tokenizer()
     out = tmp_path / "ckpt"

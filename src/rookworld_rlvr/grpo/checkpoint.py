@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from rookworld_rlvr.model.load import write_pretrained
+
 STATE_FILE = "trainer_state.pt"
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
@@ -50,8 +52,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write_pretrained(model, tokenizer, tmp)
         torch.save(state, tmp / STATE_FILE)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:

@@ -203,6 +203,22 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fh.fileno())
 
 
+def write_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Model (safetensors) and tokenizer into an existing directory, quietly: a "Writing model
+    shards" bar per checkpoint would bury the run's own progress output."""
+    bars_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(directory)  # safetensors is the default serialization
+    finally:
+        if bars_on:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(directory)
+    _portable_tokenizer_class(directory)
+    if not list(directory.glob("*.safetensors")):
+        raise RuntimeError(f"save_pretrained wrote no safetensors file into {directory}")
+
+
 def save_pretrained_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike) -> Path:
     """Save model (safetensors) and tokenizer so `out_dir` is either complete or untouched.
 
@@ -214,17 +230,7 @@ def save_pretrained_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenize
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     old: Path | None = None
     try:
-        bars_on = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # a "Writing model shards" bar per checkpoint buries the run's own
-        try:
-            model.save_pretrained(tmp)  # safetensors is the default serialization
-        finally:
-            if bars_on:
-                hf_logging.enable_progress_bar()
-        tokenizer.save_pretrained(tmp)
-        _portable_tokenizer_class(tmp)
-        if not list(tmp.glob("*.safetensors")):
-            raise RuntimeError(f"save_pretrained wrote no safetensors file into {tmp}")
+        write_pretrained(model, tokenizer, tmp)
         _fsync_tree(tmp)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
