@@ -63,6 +63,25 @@ def test_only_adapters_train_and_kl_grows(trained):
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert records[1]["kl_mean"] > 0  # step 2 compares the trained adapters with the base
+    # step 2 sampled from the merged copy with adapters that had moved: the trainer's recompute agrees
+    assert records[1]["logp_sampler_diff"] < 1e-4
+
+
+def test_sampler_is_a_plain_gpt2_holding_base_plus_adapters(trained):
+    from rookworld_rlvr.model import gpt2_decode
+
+    tr, _, _ = trained
+    sampler = tr.sampler()
+    assert gpt2_decode.supports(sampler), "the sampler must take the cascade decoding path"
+    assert not any(p.requires_grad for p in sampler.parameters())
+    ids = tr.tokenizer([PROMPT + "M: e2e4"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = tr.policy(input_ids=ids).logits
+        got = sampler(input_ids=ids).logits
+    assert (want - got).abs().max() < 1e-4
+    with torch.no_grad(), tr.policy.disable_adapter():
+        base = tr.policy(input_ids=ids).logits
+    assert (want - base).abs().max() > 1e-3, "the adapters moved, so the merged model differs from the base"
 
 
 def test_final_and_checkpoints_are_merged_plain_transformers_models(trained):
@@ -74,7 +93,7 @@ def test_final_and_checkpoints_are_merged_plain_transformers_models(trained):
         assert not any("lora" in k for k in load_file(path / "model.safetensors"))
         load_policy(str(path), device="cpu", verbose=False)  # strict: no missing or unexpected weights
     plain = AutoModelForCausalLM.from_pretrained(run / "final").eval()
-    ours = generate(tr.policy, tr.tokenizer, [PROMPT], max_new_tokens=16, greedy=True)
+    ours = generate(tr.policy, tr.tokenizer, [PROMPT], max_new_tokens=16, greedy=True)  # peft: the stock path
     theirs = generate(plain, tr.tokenizer, [PROMPT], max_new_tokens=16, greedy=True)
     assert torch.equal(ours.completion_ids, theirs.completion_ids)
     assert (ours.logprobs - theirs.logprobs).abs().max() < 1e-4

@@ -101,7 +101,7 @@ def _greedy_reward(trainer, samples) -> float:
     total = 0.0
     for task, idx in by_task.items():
         mx = trainer.cfg.sampling_for(task, 0)["max_new_tokens"]
-        g = generate(trainer.policy, trainer.tokenizer, [prompts[i] for i in idx], max_new_tokens=mx, greedy=True,
+        g = generate(trainer.sampler(), trainer.tokenizer, [prompts[i] for i in idx], max_new_tokens=mx, greedy=True,
                      autocast_dtype=trainer.amp)
         res = trainer.reward_fn([prompts[i] for i in idx], g.texts, [samples[i].truth for i in idx], {})
         total += sum(r.total for r in res)

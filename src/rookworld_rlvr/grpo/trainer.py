@@ -221,7 +221,10 @@ class Trainer:
         self.policy.requires_grad_(True)
         self.use_ref = cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None
         self.ref = None
+        self._sampler = None
         if cfg.lora_r:  # the reference is this model with its adapters disabled: no second copy
+            # sampling and eval run a plain copy holding base + adapters merged (see `sampler`)
+            self._sampler = copy.deepcopy(self.policy).requires_grad_(False)
             self.policy = wrap_lora(self.policy, cfg)
         elif self.use_ref:
             if resume_from is not None:  # the reference is the base model, not the resumed policy
@@ -337,9 +340,20 @@ class Trainer:
                 keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= self.step]
                 atomic_write_text(path, [line + "\n" for line in keep])
 
-    def plain_model(self):
-        """The policy as a plain transformers model: itself, or (LoRA) a merged copy of base + adapters."""
-        return copy.deepcopy(self.policy).merge_and_unload() if self.cfg.lora_r else self.policy
+    def sampler(self):
+        """The policy as a plain transformers model: itself, or (LoRA) a separate copy whose weights
+        are set to base + adapter delta now. Generation then takes the fast cascade decoding path
+        (peft's wrapper does not), and the base inside `policy` is never touched: merging in place
+        and unmerging would drift it by float rounding, and it is also the frozen reference."""
+        if self._sampler is None:
+            return self.policy
+        merged = self._sampler.state_dict()
+        with torch.no_grad():
+            for name, module in self.policy.get_base_model().named_modules():
+                if isinstance(module, _peft().tuners.lora.LoraLayer):
+                    base = module.get_base_layer()
+                    merged[f"{name}.weight"].copy_(base.weight + module.get_delta_weight("default"))
+        return self._sampler
 
     def save(self) -> Path:
         """Checkpoint; collective under torchrun: rank 0 writes (with every rank's sampling stream),
@@ -347,7 +361,7 @@ class Trainer:
         gens = dist.all_gather_object(self.gen.get_state())
         path = ckpt.checkpoint_dir(self.run_dir, self.step)
         if self.main:
-            path = ckpt.save_checkpoint(self.run_dir, self.step, self.plain_model(), self.tokenizer,
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.sampler(), self.tokenizer,
                                         {**self._state(), "generators": gens})
             keep = {self.best[1]} if self.best else set()
             ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
@@ -420,7 +434,7 @@ class Trainer:
         prompts = [x.render(cfg.layout)[0] for _, x in items]
         first = settings[items[0][0]]
         t0 = time.time()
-        g = generate(self.policy, self.tokenizer, prompts,
+        g = generate(self.sampler(), self.tokenizer, prompts,
                      max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
                      temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
                      top_p=first["top_p"], num_return_sequences=G, generator=self.gen, autocast_dtype=self.amp)
@@ -605,7 +619,7 @@ class Trainer:
         res = None
         if self.main:
             t0 = time.time()
-            res = self.eval_fn(self.policy, self.tokenizer)
+            res = self.eval_fn(self.sampler(), self.tokenizer)
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step
         return dist.broadcast_object(res)
@@ -701,7 +715,7 @@ class Trainer:
             from rookworld_rlvr.data.io import atomic_write_text
             from rookworld_rlvr.model import save_pretrained_atomic
 
-            save_pretrained_atomic(self.plain_model(), self.tokenizer, self.run_dir / "final")
+            save_pretrained_atomic(self.sampler(), self.tokenizer, self.run_dir / "final")
             atomic_write_text(self.run_dir / "summary.json", [json.dumps(summary, indent=2)])
         dist.barrier()  # nobody reports "done" before the final model is written
         return summary
