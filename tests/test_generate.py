@@ -17,6 +17,7 @@ from rookworld_rlvr.model import (
     build_batch,
     build_bpe_tokenizer,
     build_chess_tokenizer,
+    build_square_tokenizer,
     filter_logits,
     generate,
     token_logprobs,
@@ -48,6 +49,8 @@ def corpus() -> list[str]:
 
 
 def make_tokenizer(kind: str):
+    if kind == "square":
+        return build_square_tokenizer()
     return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
 
 
@@ -66,16 +69,16 @@ def tiny_gpt2(vocab_size: int, *, eos_boost: float, n_positions: int = 512, seed
 
 
 # Chosen so greedy decoding of PROMPTS ends some rows at EOS and others at the length limit.
-EOS_BOOST = 1.5
+EOS_BOOST = {"char": 1.5, "square": 2.0, "bpe": 1.5}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module", params=["char", "bpe"])
+@pytest.fixture(scope="module", params=["char", "square", "bpe"])
 def rig(request):
     tok = make_tokenizer(request.param)
-    model = tiny_gpt2(len(tok), eos_boost=EOS_BOOST)
+    model = tiny_gpt2(len(tok), eos_boost=EOS_BOOST[request.param])
     return request.param, model, tok
 
 

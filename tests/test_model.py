@@ -14,6 +14,7 @@ from rookworld_rlvr.model import (
     ModelLoadError,
     build_bpe_tokenizer,
     build_chess_tokenizer,
+    build_square_tokenizer,
     generate,
     load_policy,
     resolve_device,
@@ -52,6 +53,8 @@ def corpus() -> list[str]:
 
 
 def make_tokenizer(kind: str):
+    if kind == "square":
+        return build_square_tokenizer()
     return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
 
 
@@ -83,7 +86,24 @@ def test_chess_tokenizer_vocabulary():
     assert tok.encode("ab<|endoftext|>") == tok.convert_tokens_to_ids(["a", "b"]) + [0]
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_square_tokenizer_splits_squares_only_inside_moves():
+    tok = build_square_tokenizer()
+    assert len(tok) == 98 + 64 and tok.eos_token_id == tok.pad_token_id == 0
+    chars = build_chess_tokenizer()
+    assert all(tok.convert_ids_to_tokens(i) == chars.convert_ids_to_tokens(i) for i in range(len(chars)))
+    text = "P: 1b1b4/8/8/8/8/8/8/b1b1K2k w - e3 0 1 M: e2e4  d7d8q B: b1c3"
+    pieces = tok.convert_ids_to_tokens(tok.encode(text))
+    # the FEN's bishop-and-count pairs (b1, b4) and the en-passant field stay characters
+    assert pieces[:11] == list("P: 1b1b4/8/") and "e" in pieces and "3" in pieces
+    assert pieces[-13:] == ["e2", "e4", " ", " ", "d7", "d8", "q", " ", "B", ":", " ", "b1", "c3"]
+    assert [p for p in pieces if len(p) == 2] == ["e2", "e4", "d7", "d8", "b1", "c3"]
+    a_line = "A: b1b4k2/8/8/8/8/8/8/4K3 w - - 0 1+b1c3+e2e4 b1c3+b1b4k2/8/8/8/8/8/8/4K3 b - - 1 1+0.001+0+0"
+    pieces = tok.convert_ids_to_tokens(tok.encode(a_line))
+    assert [p for p in pieces if len(p) == 2] == ["b1", "c3", "e2", "e4", "b1", "c3"]
+    assert len(pieces) == len(a_line) - 6
+
+
+@pytest.mark.parametrize("kind", ["char", "square", "bpe"])
 def test_round_trip_reference_file(kind):
     lines = read_reference()
     assert len(lines) == 500
@@ -91,12 +111,14 @@ def test_round_trip_reference_file(kind):
     for number, line in enumerate(lines, 1):
         ids = tok.encode(line)
         assert tok.unk_token_id not in ids or kind == "bpe", f"line {number}: unknown char"
+        if kind == "square" and line.startswith("P: "):
+            assert len(ids) < len(line), f"line {number}: moves should be square tokens"
         assert tok.decode(ids) == line, f"line {number}"
     for text in SAMPLES + PROMPTS + ["  two  spaces \n newline  ", ""]:
         assert tok.decode(tok.encode(text)) == text
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "square", "bpe"])
 def test_tokenizer_saves_and_loads_with_autotokenizer(kind, tmp_path):
     tok = make_tokenizer(kind)
     tok.save_pretrained(tmp_path)

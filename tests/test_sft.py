@@ -74,6 +74,24 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
+def test_sft_square_tokenizer_trains_a_fresh_model_and_ships_it(tmp_path, small_data, tiny_model_dir):
+    out = tmp_path / "sq"
+    cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
+                    tokenizer="square", steps=2, batch_size=4, eval_every=2, eval_samples=0, lr=1e-3,
+                    device="cpu", threads=1)
+    train(cfg, progress=False)
+    model, tok = load_policy(str(out), device="cpu", verbose=False)
+    assert len(tok) == 162 and model.config.vocab_size == 162
+    assert tok.convert_ids_to_tokens(tok.encode("M: e2e4")) == ["M", ":", " ", "e2", "e4"]
+    rec = json.loads((tmp_path / "sq.sft_log.jsonl").read_text().splitlines()[-1])
+    # per character, so runs with different tokenizers compare: fewer tokens, more nats each
+    assert rec["eval_nats_per_char_P"] < rec["eval_loss_P"]
+    with pytest.raises(ValueError, match="sft.tokenizer must be one of char, square"):
+        SFTConfig(data=str(small_data / "train.jsonl"), tokenizer="bpe").validate()
+    with pytest.raises(ValueError, match="fresh models only"):
+        SFTConfig(data=str(small_data / "train.jsonl"), tokenizer="char", init=str(tiny_model_dir)).validate()
+
+
 def test_cli_help_lists_every_subcommand(capsys):
     try:
         main(["--help"])

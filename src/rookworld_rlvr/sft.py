@@ -26,6 +26,9 @@ class SFTConfig:
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
     preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
+    # char | square, fresh models only (default square: at equal CPU time it learned both tasks faster);
+    # --init and --resume keep the model's own
+    tokenizer: str | None = None
     n_positions: int = 320
     layout: str = "compact"
     loss_on: str = "full"  # full | completion
@@ -60,6 +63,12 @@ class SFTConfig:
             raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
         if not Path(self.data).exists():
             raise ValueError(f"sft.data: {self.data}: no such file")
+        from rookworld_rlvr.model import TOKENIZERS
+
+        if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"sft.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        if self.tokenizer is not None and self.init:
+            raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
 def _encode(tokenizer, samples, layout: str) -> list[tuple[list[int], int]]:
@@ -127,7 +136,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.grpo.control import cosine_lr
-    from rookworld_rlvr.model import build_chess_tokenizer, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.model import TOKENIZERS, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
 
     cfg.validate()
     if cfg.threads:
@@ -146,7 +155,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     else:
         from transformers import GPT2LMHeadModel
 
-        tokenizer = build_chess_tokenizer()
+        tokenizer = TOKENIZERS[cfg.tokenizer or "square"]()
         model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
         fuse_activations(model)
     set_dropout(model, cfg.dropout)
@@ -248,7 +257,12 @@ def _evaluate(model, tokenizer, eval_rows, eval_samples, cfg: SFTConfig, device)
         for t, rows in eval_rows.items():
             if rows:
                 ids, mask, labels = (x.to(device) for x in make_batch(rows[:128], tokenizer.pad_token_id, "completion"))
-                out[f"eval_loss_{t}"] = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+                out[f"eval_loss_{t}"] = loss
+                # per character (EOS counts as one), comparable across tokenizers
+                n_tokens = int((labels[:, 1:] != -100).sum())
+                n_chars = sum(len(tokenizer.decode(x[n:], skip_special_tokens=True)) + 1 for x, n in rows[:128])
+                out[f"eval_nats_per_char_{t}"] = loss * n_tokens / n_chars
     if cfg.eval_samples and eval_samples:
         from rookworld_rlvr.evaluate import EvalConfig, evaluate
 
@@ -277,12 +291,19 @@ def _scorer():
     return _SCORER
 
 
+_HELP = {
+    "tokenizer": "char (one token per character) or square (plus one token per square inside UCI moves); "
+                 "fresh models only, default square",
+    "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     defaults = SFTConfig()
     for field, value in asdict(defaults).items():
         flag = "--" + field.replace("_", "-")
-        kind = type(value) if value is not None else (float if field == "max_minutes" else int if field == "threads" else str)
-        p.add_argument(flag, type=kind, default=value, help=f"(default: {value})")
+        kind = type(value) if value is not None else {"max_minutes": float, "threads": int}.get(field, str)
+        p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
     p.add_argument("--quiet", action="store_true")
 

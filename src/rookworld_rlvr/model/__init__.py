@@ -14,7 +14,7 @@ from .load import (
     tiny_config,
 )
 from .logprobs import build_batch, token_logprobs
-from .tokenizer import build_bpe_tokenizer, build_chess_tokenizer
+from .tokenizer import TOKENIZERS, build_bpe_tokenizer, build_chess_tokenizer, build_square_tokenizer
 
 __all__ = [
     "Generation",
@@ -22,6 +22,8 @@ __all__ = [
     "build_batch",
     "build_bpe_tokenizer",
     "build_chess_tokenizer",
+    "build_square_tokenizer",
+    "TOKENIZERS",
     "filter_logits",
     "fuse_activations",
     "generate",
