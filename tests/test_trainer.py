@@ -64,6 +64,7 @@ def test_step_zero_policy_equals_reference_on_mixed_left_padded_batch(tmp_path, 
     assert m["kl_mean"] == 0.0 and m["kl_max"] == 0.0
     assert abs(m["ratio_mean"] - 1.0) < 1e-6 and abs(m["ratio_max"] - 1.0) < 1e-6
     assert m["logp_sampler_diff"] < 1e-4
+    assert 0 < m["logp_sampler_diff_mean"] <= m["logp_sampler_diff"]
 
 
 def test_dropout_is_off_in_every_forward(tmp_path, tiny_model_dir, small_data, scorer):
