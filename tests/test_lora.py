@@ -146,3 +146,9 @@ def test_missing_peft_is_a_clear_error(tmp_path, tiny_model_dir, small_data, mon
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
     with pytest.raises(ImportError, match=r"lora_r > 0 needs peft: pip install 'rookworld-rlvr\[lora\]'"):
         lora_trainer(tmp_path, tiny_model_dir, small_data)
+
+
+def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_data):
+    """GPT-2's lm_head shares its weight with wte: merging an adapter there changes both ends."""
+    with pytest.raises(ValueError, match="lora_targets.*lm_head shares its weight with transformer.wte"):
+        lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets="c_attn,lm_head")

@@ -70,7 +70,7 @@ class TrainConfig:
                         "The reference is the base with adapters disabled; checkpoints are saved merged")
     lora_alpha: float = _f(16.0, "LoRA scale numerator: adapter output x lora_alpha / lora_r")
     lora_dropout: float = _f(0.0, "LoRA dropout; must be 0 (every GRPO forward pass runs without dropout)")
-    lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names that get adapters (GPT-2: c_attn,c_proj,c_fc)")
+    lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names that get adapters (GPT-2: c_attn,c_proj,c_fc; a weight tied to another module, like lm_head, is refused)")
     # -- GRPO loss ------------------------------------------------------------------------------
     loss_type: str = _f("grpo", "grpo | bnpo | dr_grpo | dapo (how token losses are averaged)")
     clip_range: float = _f(0.2, "ε: clip the ratio to [1-ε_low, 1+ε_high]; sets both unless given")

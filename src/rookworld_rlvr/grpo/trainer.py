@@ -116,6 +116,21 @@ def wrap_lora(model, cfg: TrainConfig):
     return peft.get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
 
 
+def check_untied_lora(policy) -> None:
+    """Adapters on a weight that two modules share (GPT-2 ties lm_head to wte) cannot be merged:
+    the merged checkpoint (and the merged sampler) would change both ends. Refuse them."""
+    names: dict[int, list[str]] = {}
+    for name, p in policy.get_base_model().named_parameters(remove_duplicate=False):
+        names.setdefault(p.data_ptr(), []).append(name.removesuffix(".base_layer.weight").removesuffix(".weight"))
+    for name, m in policy.get_base_model().named_modules():
+        if isinstance(m, _peft().tuners.lora.LoraLayer):
+            shared = names[m.get_base_layer().weight.data_ptr()]
+            if len(shared) > 1:
+                raise ValueError(f"config field 'lora_targets': {name} shares its weight with "
+                                 f"{', '.join(n for n in shared if n != name)}; adapters there cannot be merged "
+                                 "into a plain checkpoint (use c_attn,c_proj,c_fc)")
+
+
 def ends_game(sample) -> bool:
     """An A: sample whose transition ends the game (terminated or truncated)."""
     return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)
@@ -227,6 +242,7 @@ class Trainer:
             # sampling and eval run a plain copy holding base + adapters merged (see `sampler`)
             self._sampler = copy.deepcopy(self.policy).requires_grad_(False)
             self.policy = wrap_lora(self.policy, cfg)
+            check_untied_lora(self.policy)
         elif self.use_ref:
             if resume_from is not None:  # the reference is the base model, not the resumed policy
                 self.ref, _ = load_policy(cfg.model, device=str(self.ref_device), verbose=False)
