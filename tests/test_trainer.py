@@ -136,6 +136,9 @@ def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer
     assert all(r["zero_var_share"] < 1 and r["kl_mean"] > 0 for r in a[1:])  # the steps compared did learn
     assert len(b) == 4 and [r.keys() for r in a] == [r.keys() for r in b]
     for x, y in zip(a[2:], b[-2:]):  # equal up to float rounding (a resumed process sums in another order)
+        noise = {k for k in x if k.startswith("logp_sampler_diff")}  # these measure rounding itself (~1e-7)
+        assert all(x[k] < 1e-4 and y[k] < 1e-4 for k in noise)
+        x, y = ({k: v for k, v in r.items() if k not in noise} for r in (x, y))
         assert x == pytest.approx(y, rel=1e-6, abs=1e-9), {k: (x[k], y[k]) for k in x if x[k] != y[k]}
     wa = torch.load(ckpt.latest_checkpoint(tmp_path / "a" / "run") / "trainer_state.pt", weights_only=False)["step"]
     assert wa == 4
