@@ -243,6 +243,9 @@ class Trainer:
             self._sampler = copy.deepcopy(self.policy).requires_grad_(False)
             self.policy = wrap_lora(self.policy, cfg)
             check_untied_lora(self.policy)
+            weights = self._sampler.state_dict()  # (adapted layer, its weight in the plain copy), found once
+            self._merge_into = [(m, weights[f"{name}.weight"]) for name, m in self.policy.get_base_model().named_modules()
+                                if isinstance(m, _peft().tuners.lora.LoraLayer)]
         elif self.use_ref:
             if resume_from is not None:  # the reference is the base model, not the resumed policy
                 self.ref, _ = load_policy(cfg.model, device=str(self.ref_device), verbose=False)
@@ -364,12 +367,9 @@ class Trainer:
         and unmerging would drift it by float rounding, and it is also the frozen reference."""
         if self._sampler is None:
             return self.policy
-        merged = self._sampler.state_dict()
         with torch.no_grad():
-            for name, module in self.policy.get_base_model().named_modules():
-                if isinstance(module, _peft().tuners.lora.LoraLayer):
-                    base = module.get_base_layer()
-                    merged[f"{name}.weight"].copy_(base.weight + module.get_delta_weight("default"))
+            for layer, weight in self._merge_into:
+                weight.copy_(layer.get_base_layer().weight + layer.get_delta_weight("default"))
         return self._sampler
 
     def save(self) -> Path:
