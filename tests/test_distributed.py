@@ -23,9 +23,10 @@ WORLD = 2
 # small but complete: 2 P: and 2 A: prompts x 4 completions per step, so each rank gets one group per task
 SMALL = dict(batch_positions=4, mix_env_ratio=0.5, group_size=4, max_new_tokens=16, steps=2)
 # the one-update equality is checked for these settings (the default loss, and the ones whose
-# normalisers span the whole batch: dapo's token count, dr_grpo's width, batch scaling, EMA norm)
+# normalisers span the whole batch: dapo's token count, dr_grpo's width, batch scaling, EMA norm;
+# and the anchor loss, whose token mean spans every rank's ground-truth answers)
 VARIANTS = [dict(), dict(loss_type="dapo", updates_per_batch=2),
-            dict(loss_type="dr_grpo", scale_rewards="batch", reward_norm=True)]
+            dict(loss_type="dr_grpo", scale_rewards="batch", reward_norm=True), dict(anchor_coef=1.0, anchor_batch=4)]
 
 
 def _make(run: Path, model_dir: Path, data_dir: Path, **over):

@@ -113,22 +113,24 @@ def _metrics(path):
     return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in path.read_text().splitlines()]
 
 
-def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer):
+@pytest.mark.parametrize("anchor_coef", [0.0, 0.5], ids=["plain", "anchor"])
+def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef):
     def varied(prompts, completions, truths, weights):  # the chess reward plus a length term: every
         results = scorer.score_batch(prompts, completions, truths, weights)  # group has variance, so
         for r, c in zip(results, completions):  # every step moves the weights and the lr schedule matters
             r.total += 0.01 * (len(c) % 7)
         return results
 
-    straight = make(tmp_path / "a", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4)
+    anchor = dict(anchor_coef=anchor_coef, anchor_batch=4)  # the anchor's sample order resumes too
+    straight = make(tmp_path / "a", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
     straight.train()
-    part = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4)
+    part = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
     part.save()  # as train() does before its first step
     while part.step < 2:  # stop after 2 of 4 steps (cfg.steps stays 4: the lr schedule spans 4)
         _append(tmp_path / "b" / "run" / "metrics.jsonl", part.train_step())
     part.save()
     del part
-    resumed = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, resume=True)
+    resumed = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, resume=True, **anchor)
     assert resumed.step == 2
     resumed.train()
     a = _metrics(tmp_path / "a" / "run" / "metrics.jsonl")
@@ -302,3 +304,43 @@ def test_env_terminal_share_fixes_the_share_of_game_ending_a_prompts(tmp_path, t
         PromptSampler({"A": [s for s in env if not ends_game(s)]}, seed=0, terminal_share=0.1)
     with pytest.raises(ValueError, match="env_terminal_share"):
         TrainConfig(env_terminal_share=1.5).validate()
+
+
+def _answers_nll(tr, samples) -> float:
+    """Per-token NLL of the samples' ground-truth answers (EOS included) under the policy."""
+    from rookworld_rlvr.grpo.trainer import pad_pairs
+    from rookworld_rlvr.model.generate import positions_from_mask
+
+    tok = tr.tokenizer
+    pairs = [s.render("compact") for s in samples]
+    answers = [ids + [tok.eos_token_id] for ids in tok([c for _, c in pairs], add_special_tokens=False)["input_ids"]]
+    ids, mask, P = pad_pairs(tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"], answers, tok.pad_token_id)
+    with torch.no_grad():
+        logp = token_logprobs(tr.policy, ids, mask, positions_from_mask(mask), ids.shape[1] - P)["logprobs"]
+    return float(-logp.sum() / mask[:, P:].sum())
+
+
+def test_anchor_trains_on_ground_truth_answers_and_plain_grpo_does_not(tmp_path, tiny_model_dir, small_data, scorer):
+    env = [s for s in read_samples(small_data / "train.jsonl") if s.task == "A"][:12]
+    over = dict(steps=3, reward_fn=varied_reward, mix_env_ratio=0.5, kl_coef=0.0)
+    plain = make(tmp_path / "plain", tiny_model_dir, small_data, scorer, **over)
+    before = _answers_nll(plain, env)
+    plain.train()
+    anchored = make(tmp_path / "anchor", tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=8, **over)
+    assert _answers_nll(anchored, env) == pytest.approx(before)
+    anchored.train()
+    records = [json.loads(x) for x in (tmp_path / "anchor" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["anchor_nll"]) for r in records)
+    after_plain, after_anchor = _answers_nll(plain, env), _answers_nll(anchored, env)
+    assert after_anchor < before - 0.1  # the training data's A: answers became more likely ...
+    assert after_anchor < after_plain - 0.1  # ... because of the anchor, not the rewards
+    # the anchor draws its samples in its own order: GRPO saw the same prompts in both runs
+    plain_log = [json.loads(x) for x in (tmp_path / "plain" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["reward/mean"] == plain_log[0]["reward/mean"]
+
+
+def test_anchor_config_is_validated():
+    for over, field in (({"anchor_coef": -1.0}, "anchor_coef"), ({"anchor_tasks": "X"}, "anchor_tasks"),
+                        ({"anchor_tasks": "PA", "anchor_batch": 3}, "anchor_batch")):
+        with pytest.raises(ValueError, match=field):
+            load_config(None, over)

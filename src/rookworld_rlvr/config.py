@@ -82,6 +82,10 @@ class TrainConfig:
     reward_norm: bool = _f(False, "EMA reward normalisation before advantages")
     reward_norm_momentum: float = _f(0.9, "EMA momentum of the reward normaliser")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
+    anchor_coef: float = _f(0.0, "weight of a supervised loss on ground-truth training answers next to the GRPO loss "
+                                 "(InstructGPT's PPO-ptx): holds tasks the rewards would erode; 0 = off")
+    anchor_tasks: str = _f("A", "tasks whose ground-truth answers the anchor trains on: A, P or PA")
+    anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks)")
     # -- KL control ------------------------------------------------------------------------------
     kl_coef: float = _f(0.04, "β: weight of KL(policy || reference); 0 skips the reference pass")
     kl_estimator: str = _f("k3", "k1 | k2 | k3 on sampled tokens, or exact (full vocabulary)")
@@ -191,6 +195,10 @@ class TrainConfig:
         need(self.adv_clip is None or self.adv_clip > 0, "adv_clip", "must be > 0 or null")
         need(0 <= self.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
         need(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
+        need(self.anchor_coef >= 0 and math.isfinite(self.anchor_coef), "anchor_coef", "must be finite and >= 0")
+        need(self.anchor_tasks in ("A", "P", "PA"), "anchor_tasks", "must be A, P or PA")
+        need(self.anchor_batch >= len(self.anchor_tasks) and self.anchor_batch % len(self.anchor_tasks) == 0,
+             "anchor_batch", f"must be a positive multiple of the number of anchor_tasks ({len(self.anchor_tasks)})")
         need(self.kl_coef >= 0, "kl_coef", "must be >= 0")
         need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
         need(self.kl_clamp > 0, "kl_clamp", "must be > 0")

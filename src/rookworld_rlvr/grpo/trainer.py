@@ -131,6 +131,19 @@ def check_untied_lora(policy) -> None:
                                  "into a plain checkpoint (use c_attn,c_proj,c_fc)")
 
 
+def pad_pairs(prompts: list[list[int]], completions: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """[N, P + C] ids and attention mask: prompts left-padded to P, completions right-padded to C
+    (at least 1 column). Returns (ids, mask, P)."""
+    P = max(len(p) for p in prompts)
+    C = max(max(len(c) for c in completions), 1)
+    ids = torch.full((len(prompts), P + C), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P + C), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        mask[i, P - len(p): P + len(c)] = 1
+    return ids, mask, P
+
+
 def ends_game(sample) -> bool:
     """An A: sample whose transition ends the game (terminated or truncated)."""
     return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)
@@ -271,6 +284,8 @@ class Trainer:
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
         self.prompts = PromptSampler(by_task, cfg.seed, cfg.env_terminal_share)
+        # the anchor's ground-truth answers come in their own order, so GRPO sees the same prompts with or without it
+        self.anchor = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
         self.lr_scale = 1.0
@@ -301,6 +316,10 @@ class Trainer:
                              f"prompts per step and must divide by the number of processes ({dist.world()})")
         for step in [0] + [ph["start"] for ph in self.cfg.phases]:
             self._task_counts(step)
+        per_task = self.cfg.anchor_batch // len(self.cfg.anchor_tasks)
+        if self.cfg.anchor_coef and per_task % dist.world():
+            raise ValueError(f"config field 'anchor_batch' ({self.cfg.anchor_batch}) gives {per_task} samples per anchor "
+                             f"task, which must divide by the number of processes ({dist.world()})")
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -309,6 +328,7 @@ class Trainer:
             "kl_ctl": self.kl_ctl.state_dict(), "kl_guard": self.kl_guard.state_dict(),
             "nan_guard": self.nan_guard.state_dict(), "normalizer": self.normalizer.state_dict(),
             "monitor": self.monitor.state_dict(), "prompts": copy.deepcopy(self.prompts.state),
+            "anchor": copy.deepcopy(self.anchor.state) if self.anchor else None,
             "generator": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
             "base_eval": self.base_eval, "best": self.best, "history_eval": self.history_eval,
             "config": self.cfg.to_dict(), "version": __version__,
@@ -339,6 +359,8 @@ class Trainer:
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
         self.prompts.load_state(st["prompts"])
+        if self.anchor and st.get("anchor"):
+            self.anchor.load_state(st["anchor"])
         gens = st.get("generators")  # one sampling stream per rank (the same world size continues each)
         self.gen.set_state(gens[dist.rank()] if gens and len(gens) == dist.world() else st["generator"])
         torch.set_rng_state(st["torch_rng"])
@@ -476,21 +498,12 @@ class Trainer:
     def assemble(self, groups: list[list[Row]]) -> Batch:
         """Left-pad prompts, right-pad completions, compute advantages."""
         rows = [r for g in groups for r in g]
-        pad = self.tokenizer.pad_token_id
-        P = max(len(r.prompt_ids) for r in rows)
-        C = max(max(len(r.completion_ids) for r in rows), 1)
-        N = len(rows)
-        ids = torch.full((N, P + C), pad, dtype=torch.long)
-        mask = torch.zeros((N, P + C), dtype=torch.long)
-        slogp = torch.zeros((N, C))
+        ids, mask, P = pad_pairs([r.prompt_ids for r in rows], [r.completion_ids for r in rows],
+                                 self.tokenizer.pad_token_id)
+        C = ids.shape[1] - P
+        slogp = torch.zeros((len(rows), C))
         for i, r in enumerate(rows):
-            p, c = len(r.prompt_ids), len(r.completion_ids)
-            ids[i, P - p: P] = torch.tensor(r.prompt_ids)
-            mask[i, P - p: P] = 1
-            if c:
-                ids[i, P: P + c] = torch.tensor(r.completion_ids)
-                mask[i, P: P + c] = 1
-                slogp[i, :c] = torch.tensor(r.sampler_logp)
+            slogp[i, :len(r.completion_ids)] = torch.tensor(r.sampler_logp)
         rewards = torch.tensor([r.reward for r in rows], dtype=torch.float32)
         # on the global reward vector (ranks hold equal rows, rank-major): group statistics, batch
         # scaling and the normaliser are those of one process; then this rank's slice
@@ -501,6 +514,28 @@ class Trainer:
         d = self.device
         return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), mask[:, P:].to(d).float(),
                      slogp.to(d), rewards, adv.to(d), C)
+
+    def anchor_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """This step's ground-truth answers for the anchor loss (this rank's share): ids, attention
+        mask, positions, completion width. Each answer ends with EOS, as the model must stop there."""
+        per_task = self.cfg.anchor_batch // len(self.cfg.anchor_tasks)
+        pairs = [s.render(self.cfg.layout) for t in self.cfg.anchor_tasks for s in dist.shard(self.anchor.take(t, per_task))]
+        encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
+        answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]
+        ids, mask, P = pad_pairs(encode([p for p, _ in pairs]), answers, self.tokenizer.pad_token_id)
+        d = self.device
+        return ids.to(d), mask.to(d), positions_from_mask(mask).to(d), ids.shape[1] - P
+
+    def anchor_loss(self, anchor: tuple) -> tuple[torch.Tensor, float]:
+        """anchor_coef x the answers' per-token NLL (token mean over every rank's answers: summed
+        gradients equal one process's), and this rank's NLL for the log."""
+        ids, mask, pos, width = anchor
+        with self._amp(self.device):
+            logp = token_logprobs(self.forward_model, ids, mask, pos, width)["logprobs"]
+        answer = mask[:, -width:].float()
+        tokens = dist.all_gather_tensor(answer.sum().reshape(1)).sum()
+        nll = -(logp * answer).sum()
+        return self.cfg.anchor_coef * nll / tokens, float(nll.detach() / answer.sum())
 
     # -- update ----------------------------------------------------------------------------------
     def _amp(self, device: torch.device):
@@ -563,6 +598,7 @@ class Trainer:
         width = int(dist.all_gather_tensor(torch.tensor([batch.n_completion])).max())  # dr_grpo's padded length
         metrics: dict[str, float] = {}
         timings["policy"] = timings["optimizer"] = 0.0
+        anchor = self.anchor_batch() if self.anchor else None
         status = "ok"
         for epoch in range(cfg.updates_per_batch):
             t0 = time.time()
@@ -604,6 +640,11 @@ class Trainer:
                     agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), float(diff.max()))
                     agg["logp_sampler_diff_mean"] = (agg.get("logp_sampler_diff_mean", 0.0)
                                                      + float(diff.sum() / mask.sum().clamp(min=1)) * local_share)
+            if anchor is not None and finite:
+                loss, agg["anchor_nll"] = self.anchor_loss(anchor)
+                finite = bool(torch.isfinite(loss))
+                if finite:
+                    loss.backward()
             dist.all_reduce_grads(list(self.policy.parameters()))  # sum over ranks; every rank, finite or not
             if not finite:
                 agg["loss"] = float("nan")
