@@ -344,3 +344,11 @@ def test_anchor_config_is_validated():
                         ({"anchor_tasks": "PA", "anchor_batch": 3}, "anchor_batch")):
         with pytest.raises(ValueError, match=field):
             load_config(None, over)
+
+
+def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=4)
+    tr.anchor_batch()  # fits the model's 320 positions
+    tr.policy.config.n_positions = 64  # an A: prompt + answer is ~170 characters
+    with pytest.raises(ValueError, match="anchor sample .* more than the model's context of 64"):
+        tr.anchor_batch()

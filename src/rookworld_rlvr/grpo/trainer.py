@@ -31,7 +31,7 @@ from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThr
                                          RewardNormalizer, SymptomMonitor, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import generate, load_policy, resolve_device, token_logprobs
-from rookworld_rlvr.model.generate import positions_from_mask
+from rookworld_rlvr.model.generate import max_positions, positions_from_mask
 
 
 class TrainingStopped(RuntimeError):
@@ -523,6 +523,10 @@ class Trainer:
         encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]
         ids, mask, P = pad_pairs(encode([p for p, _ in pairs]), answers, self.tokenizer.pad_token_id)
+        limit = max_positions(self.policy)
+        if limit is not None and int(mask.sum(1).max()) > limit:
+            raise ValueError(f"an anchor sample (prompt + answer) has {int(mask.sum(1).max())} tokens, more than the "
+                             f"model's context of {limit}: use shorter data or set anchor_coef 0")
         d = self.device
         return ids.to(d), mask.to(d), positions_from_mask(mask).to(d), ids.shape[1] - P
 
