@@ -137,6 +137,11 @@ class TrainConfig:
     def eps_high(self) -> float:
         return self.clip_range if self.clip_high is None else self.clip_high
 
+    @property
+    def anchor_per_task(self) -> int:
+        """Anchor samples of each of `anchor_tasks` per step (global, before sharding over ranks)."""
+        return self.anchor_batch // len(self.anchor_tasks)
+
     def reward_config(self) -> RewardConfig:
         return RewardConfig(policy_weights=dict(self.policy_weights), env_weights=dict(self.env_weights),
                             shaping=self.reward_shaping, malformed_penalty=self.malformed_penalty,

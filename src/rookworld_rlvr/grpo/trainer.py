@@ -316,7 +316,7 @@ class Trainer:
                              f"prompts per step and must divide by the number of processes ({dist.world()})")
         for step in [0] + [ph["start"] for ph in self.cfg.phases]:
             self._task_counts(step)
-        per_task = self.cfg.anchor_batch // len(self.cfg.anchor_tasks)
+        per_task = self.cfg.anchor_per_task
         if self.cfg.anchor_coef and per_task % dist.world():
             raise ValueError(f"config field 'anchor_batch' ({self.cfg.anchor_batch}) gives {per_task} samples per anchor "
                              f"task, which must divide by the number of processes ({dist.world()})")
@@ -518,8 +518,8 @@ class Trainer:
     def anchor_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """This step's ground-truth answers for the anchor loss (this rank's share): ids, attention
         mask, positions, completion width. Each answer ends with EOS, as the model must stop there."""
-        per_task = self.cfg.anchor_batch // len(self.cfg.anchor_tasks)
-        pairs = [s.render(self.cfg.layout) for t in self.cfg.anchor_tasks for s in dist.shard(self.anchor.take(t, per_task))]
+        pairs = [s.render(self.cfg.layout) for t in self.cfg.anchor_tasks
+                 for s in dist.shard(self.anchor.take(t, self.cfg.anchor_per_task))]
         encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]
         ids, mask, P = pad_pairs(encode([p for p, _ in pairs]), answers, self.tokenizer.pad_token_id)
