@@ -23,6 +23,8 @@ from rookworld_rlvr.model import (
     token_logprobs,
 )
 
+from rookworld_rlvr.model.logprobs import length_buckets
+
 from conftest import REFERENCE  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
@@ -182,11 +184,13 @@ def test_policy_equals_reference_before_update(rig):
 def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig):
     """One prompt pass per group (expanded KV cache) gives the plain pass's log-probs and gradients."""
     kind, model, tok = rig
-    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=30, num_return_sequences=4,
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
                    generator=torch.Generator().manual_seed(5))
     batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
     n = gen.completion_ids.shape[1]
     weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    need = [max(int(k) - 1, 1) for k in gen.completion_mask.sum(1)]
+    assert len(length_buckets(need)) > 1, f"{kind}: test lost its teeth, the completion pass ran as one bucket"
     results = []
     for group_size in (1, 4):
         model.zero_grad()
@@ -311,6 +315,57 @@ def test_cascade_decoding_equals_the_stock_forward(rig, monkeypatch, greedy):
     assert torch.equal(fast.completion_mask, stock.completion_mask)
     torch.testing.assert_close(fast.logprobs, stock.logprobs, atol=1e-5, rtol=0)
     assert len(set(fast.finish_reasons)) == 2 or greedy  # sampled rows both stop at EOS and run to the limit
+
+
+def test_length_buckets_cover_every_row_once_and_cut_padding():
+    widths = [70, 12, 71, 13, 69, 12, 70, 14]
+    buckets = length_buckets(widths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(widths)))
+    assert [sorted(b) for b in buckets] == [[1, 3, 5, 7], [0, 2, 4, 6]]  # short rows apart from long ones
+    assert length_buckets([5] * 6) == [list(range(6))]  # equal widths: one pass, never split
+    assert len(length_buckets(list(range(1, 65)), max_buckets=4)) == 4
+    assert length_buckets([3, 9], max_buckets=1) == [[0, 1]]
+    # a split that saves less than the extra pass costs is not made
+    assert len(length_buckets([10, 11], overhead=16)) == 1
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_finished_groups_leave_the_decode_batch_without_changing_results(rig, monkeypatch, stock):
+    """Dropping groups whose rows have all finished (so later steps run on fewer rows) changes no
+    token and no log-prob: greedy output equals a loop that keeps every row, on both decode paths;
+    sampled log-probs still equal the recomputed ones, per-row temperatures included."""
+    import importlib
+
+    from rookworld_rlvr.model import gpt2_decode
+
+    gen_module = importlib.import_module("rookworld_rlvr.model.generate")
+    kind, model, tok = rig
+    if stock:
+        monkeypatch.setattr(gpt2_decode, "supports", lambda m: False)
+    compactions = []
+    real = gen_module._worth_compacting
+    monkeypatch.setattr(gen_module, "_worth_compacting",
+                        lambda live, *a: compactions.append(int(live.numel())) or real(live, *a))
+    prompts, limits, temps = PROMPTS[:4], [4, 40, 9, 40], [1.0, 0.6, 1.4, 0.9]
+    kwargs = dict(max_new_tokens=limits, num_return_sequences=3)
+    compacted = generate(model, tok, prompts, greedy=True, **kwargs)
+    decoded_rows = compactions.copy()
+    assert min(decoded_rows) < max(decoded_rows) == len(prompts), "test lost its teeth: no group was dropped"
+    monkeypatch.setattr(gen_module, "_worth_compacting", lambda *a: False)
+    full = generate(model, tok, prompts, greedy=True, **kwargs)
+    assert compacted.texts == full.texts and compacted.finish_reasons == full.finish_reasons
+    assert torch.equal(compacted.completion_mask, full.completion_mask)
+    torch.testing.assert_close(compacted.logprobs, full.logprobs, atol=1e-5, rtol=0)  # other batch shapes: rounding
+    monkeypatch.setattr(gen_module, "_worth_compacting", real)
+    sampled = generate(model, tok, prompts, temperature=temps, generator=torch.Generator().manual_seed(3), **kwargs)
+    batch = build_batch(sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids, sampled.completion_mask)
+    n = sampled.completion_ids.shape[1]
+    for p, temp in enumerate(temps):
+        rows = slice(3 * p, 3 * p + 3)
+        assert max(sampled.completion_mask[rows].sum(1)) <= limits[p]
+        with torch.no_grad():
+            out = token_logprobs(model, *(x[rows] for x in batch), n_completion=n, temperature=temp)
+        torch.testing.assert_close(out["logprobs"], sampled.logprobs[rows], atol=1e-5, rtol=0)
 
 
 def test_per_prompt_token_limits_and_temperatures(rig):

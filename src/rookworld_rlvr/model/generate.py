@@ -274,17 +274,18 @@ def generate(
             f"exceeds the model's n_positions {limit}"
         )
 
-    index = torch.arange(len(encoded), device=device).repeat_interleave(num_return_sequences)
+    G = num_return_sequences
+    index = torch.arange(len(encoded), device=device).repeat_interleave(G)
     row_limit = torch.tensor(per_prompt["max_new_tokens"], device=device).index_select(0, index)
     temps = per_prompt["temperature"]
-    if len(set(temps)) > 1:  # [N, 1] so that logits / temperature scales each row
+    per_row_temperature = len(set(temps)) > 1
+    if per_row_temperature:  # [N, 1] so that logits / temperature scales each row
         temperature = torch.tensor(temps, dtype=torch.float32, device=device).index_select(0, index).unsqueeze(-1)
     else:
         temperature = temps[0]
     prompt_ids, prompt_mask = u_ids[index], u_mask[index]
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
 
     completion = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     completion_mask = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)
@@ -309,29 +310,44 @@ def generate(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
-            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, num_return_sequences, max_new_tokens)
+            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens)
         else:
             cache = _select_rows(cache, index)
+        # The rows still decoding: all at first; a group whose G rows have all finished is dropped
+        # from the decode batch (see _worth_compacting), so late steps run on fewer rows.
+        rows = torch.arange(n_rows, device=device)
         logits = logits.index_select(0, index)
         next_position = u_mask.sum(-1).index_select(0, index)
         attention_mask = prompt_mask
         steps = 0
         for step in range(max_new_tokens):
+            sample = dict(temperature=temperature[rows] if per_row_temperature else temperature, top_k=top_k,
+                          top_p=top_p, greedy=greedy, generator=generator)
             tokens, token_logp = _next_tokens(logits, **sample)
-            alive = ~finished
+            alive = ~finished[rows]
             tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
-            completion[:, step] = tokens
-            completion_mask[:, step] = alive.long()
-            logprobs[:, step] = torch.where(alive, token_logp, torch.zeros_like(token_logp))
-            hit_eos = hit_eos | (alive & (tokens == eos_id))
+            completion[rows, step] = tokens
+            completion_mask[rows, step] = alive.long()
+            logprobs[rows, step] = torch.where(alive, token_logp, torch.zeros_like(token_logp))
+            hit_eos[rows] = hit_eos[rows] | (alive & (tokens == eos_id))
             finished = hit_eos | (step + 1 >= row_limit)
             steps = step + 1
             if steps == max_new_tokens or bool(finished.all()):
                 break
+            live = ~finished[rows].view(-1, G).all(1)  # per decoding group
+            if _worth_compacting(live, cascade, cache):
+                local = live.nonzero().squeeze(1)  # positions of the live groups among the decoding ones
+                local_rows = (local.unsqueeze(1) * G + torch.arange(G, device=device)).flatten()
+                rows, tokens, alive = rows[local_rows], tokens[local_rows], alive[local_rows]
+                if cascade:
+                    decoder.select_groups(local)
+                else:
+                    cache.batch_select_indices(local_rows)
+                    attention_mask = attention_mask[local_rows]
             # Rows that already finished feed a masked pad token; their outputs are discarded.
             if cascade:
                 with autocast_context(device, autocast_dtype):
-                    logits = decoder.step(tokens, next_position + step)
+                    logits = decoder.step(tokens, next_position[rows] + step)
                 continue
             attention_mask = torch.cat([attention_mask, alive.long().unsqueeze(-1)], dim=-1)
             logits = forward(
@@ -348,6 +364,14 @@ def generate(
     logprobs = logprobs[:, :steps]
     texts, reasons = _decode(tokenizer, completion, completion_mask, hit_eos, eos_id)
     return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, reasons)
+
+
+def _worth_compacting(live: torch.Tensor, cascade: bool, cache) -> bool:
+    """Drop finished groups once a quarter of the decoding groups are done: each later step then
+    costs less (a decode step's time grows with its rows), and the copy of the caches that compaction
+    costs is paid rarely. Caches that cannot select rows (legacy tuples) keep every group."""
+    done = int((~live).sum())
+    return done > 0 and 4 * done >= live.numel() and (cascade or hasattr(cache, "batch_select_indices"))
 
 
 def _decode(

@@ -46,6 +46,19 @@ class CascadeDecoder:
         self.cv = [self.pk[0].new_empty((n, h, capacity, d)) for _ in layers]
         self.length = 0
 
+    def select_groups(self, keep: torch.Tensor) -> None:
+        """Go on with only the groups `keep` (indices among the current ones) and their rows."""
+        g = self.group
+        rows = (keep.unsqueeze(1) * g + torch.arange(g, device=keep.device)).flatten()
+        self.pk = [k.index_select(0, keep) for k in self.pk]
+        self.pv = [v.index_select(0, keep) for v in self.pv]
+        self.prompt_bias = self.prompt_bias.index_select(0, keep)
+        t = self.length
+        for cache in (self.ck, self.cv):
+            for i, old in enumerate(cache):
+                cache[i] = old.new_empty((rows.numel(), *old.shape[1:]))
+                cache[i][:, :, :t] = old[:, :, :t].index_select(0, rows)
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens, positions [N] -> float32 logits [N, V] for the next token."""
         tr = self.model.transformer

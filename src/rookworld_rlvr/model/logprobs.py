@@ -95,10 +95,43 @@ def _shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_com
     return bool((blocks == blocks[:, :1]).all())
 
 
+def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) -> list[list[int]]:
+    """Rows grouped by how many columns they need, so that each group runs only to its own longest
+    row: row indices per group, fewest padded columns first (sum of rows x width per group, plus
+    `overhead` column-rows per extra group for the extra pass). Exact DP over the sorted widths."""
+    order = sorted(range(len(widths)), key=widths.__getitem__)
+    w = [widths[i] for i in order]
+    n = len(w)
+    # best[k][j]: cost of the first j sorted rows in k groups; cut[k][j]: where the last group starts
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(max_buckets + 1)]
+    cut = [[0] * (n + 1) for _ in range(max_buckets + 1)]
+    best[0][0] = 0
+    for k in range(1, max_buckets + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                if i and w[i - 1] == w[i]:
+                    continue  # never split rows of equal width
+                c = best[k - 1][i] + (j - i) * w[j - 1] + overhead
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i
+    k = min(range(1, max_buckets + 1), key=lambda k: best[k][n])
+    groups, j = [], n
+    while k:
+        i = cut[k][j]
+        groups.append(order[i:j])
+        j, k = i, k - 1
+    return groups[::-1]
+
+
 def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int):
     """[N, C, V] logits predicting the completion tokens, with one prompt pass per group;
-    None when the model's cache cannot be expanded (the caller then runs the plain pass)."""
-    p = input_ids.shape[1] - n_completion
+    None when the model's cache cannot be expanded (the caller then runs the plain pass).
+
+    The completion pass runs in a few buckets of rows of similar length, each only as wide as its
+    longest completion: right padding is a fifth of a GRPO batch's completion columns, and the
+    bucket passes skip most of it. Logits at padded positions are 0 (they are masked anyway)."""
+    n, p = input_ids.shape[0], input_ids.shape[1] - n_completion
     head = slice(None, None, group_size)  # the first row of each group
     keep = accepts_logits_to_keep(model)
     first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
@@ -107,9 +140,30 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
     if n_completion == 1:
         return last_prompt
     cache = first.past_key_values
-    if not hasattr(cache, "batch_repeat_interleave"):
-        return None
-    cache.batch_repeat_interleave(group_size)  # differentiable: the G rows' gradients sum into the prompt
-    rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, p:-1],
-                 past_key_values=cache, use_cache=True, **({"logits_to_keep": n_completion - 1} if keep else {}))
-    return torch.cat([last_prompt, rest.logits[:, -(n_completion - 1):]], 1)
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
+        if not hasattr(cache, "batch_repeat_interleave"):
+            return None
+        cache.batch_repeat_interleave(group_size)  # differentiable: the G rows' gradients sum into the prompt
+        rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
+                     position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True,
+                     **({"logits_to_keep": n_completion - 1} if keep else {}))
+        return torch.cat([last_prompt, rest.logits[:, -(n_completion - 1):]], 1)
+    # columns of the completion pass a row needs: up to its last real token but one
+    cols = torch.arange(1, n_completion + 1, device=attention_mask.device)
+    need = ((attention_mask[:, p:] > 0) * cols).amax(1).sub(1).clamp(min=1).tolist()
+    prompt_kv = [(layer.keys, layer.values) for layer in layers]
+    pieces, rows = [], []
+    for bucket in length_buckets(need):
+        idx = torch.tensor(bucket, device=input_ids.device)
+        w = max(need[i] for i in bucket)
+        for layer, (k, v) in zip(layers, prompt_kv):  # differentiable: the rows' gradients sum into the prompt
+            layer.keys, layer.values = k.index_select(0, idx // group_size), v.index_select(0, idx // group_size)
+        out = model(input_ids=input_ids[idx, p:p + w], attention_mask=attention_mask[idx, :p + w],
+                    position_ids=position_ids[idx, p:p + w], past_key_values=cache, use_cache=True,
+                    **({"logits_to_keep": w} if keep else {}))
+        pieces.append(torch.nn.functional.pad(out.logits[:, -w:], (0, 0, 0, n_completion - 1 - w)))
+        rows += bucket
+    inverse = torch.empty(n, dtype=torch.long, device=input_ids.device)
+    inverse[torch.tensor(rows, device=input_ids.device)] = torch.arange(n, device=input_ids.device)
+    return torch.cat([last_prompt, torch.cat(pieces).index_select(0, inverse)], 1)
