@@ -332,8 +332,8 @@ def test_length_buckets_cover_every_row_once_and_cut_padding():
 @pytest.mark.parametrize("stock", [False, True])
 def test_finished_groups_leave_the_decode_batch_without_changing_results(rig, monkeypatch, stock):
     """Dropping groups whose rows have all finished (so later steps run on fewer rows) changes no
-    token and no log-prob: greedy output equals a loop that keeps every row, on both decode paths;
-    sampled log-probs still equal the recomputed ones, per-row temperatures included."""
+    token and no log-prob: greedy and sampled output equal a loop that keeps every row, on both
+    decode paths, and sampled log-probs equal the recomputed ones, per-row temperatures included."""
     import importlib
 
     from rookworld_rlvr.model import gpt2_decode
@@ -358,6 +358,10 @@ def test_finished_groups_leave_the_decode_batch_without_changing_results(rig, mo
     torch.testing.assert_close(compacted.logprobs, full.logprobs, atol=1e-5, rtol=0)  # other batch shapes: rounding
     monkeypatch.setattr(gen_module, "_worth_compacting", real)
     sampled = generate(model, tok, prompts, temperature=temps, generator=torch.Generator().manual_seed(3), **kwargs)
+    monkeypatch.setattr(gen_module, "_worth_compacting", lambda *a: False)  # every row draws either way:
+    kept = generate(model, tok, prompts, temperature=temps, generator=torch.Generator().manual_seed(3), **kwargs)
+    assert sampled.texts == kept.texts  # the same samples
+    torch.testing.assert_close(sampled.logprobs, kept.logprobs, atol=1e-5, rtol=0)
     batch = build_batch(sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids, sampled.completion_mask)
     n = sampled.completion_ids.shape[1]
     for p, temp in enumerate(temps):

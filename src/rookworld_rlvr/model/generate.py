@@ -278,14 +278,14 @@ def generate(
     index = torch.arange(len(encoded), device=device).repeat_interleave(G)
     row_limit = torch.tensor(per_prompt["max_new_tokens"], device=device).index_select(0, index)
     temps = per_prompt["temperature"]
-    per_row_temperature = len(set(temps)) > 1
-    if per_row_temperature:  # [N, 1] so that logits / temperature scales each row
+    if len(set(temps)) > 1:  # [N, 1] so that logits / temperature scales each row
         temperature = torch.tensor(temps, dtype=torch.float32, device=device).index_select(0, index).unsqueeze(-1)
     else:
         temperature = temps[0]
     prompt_ids, prompt_mask = u_ids[index], u_mask[index]
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
 
     completion = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     completion_mask = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)
@@ -321,9 +321,11 @@ def generate(
         attention_mask = prompt_mask
         steps = 0
         for step in range(max_new_tokens):
-            sample = dict(temperature=temperature[rows] if per_row_temperature else temperature, top_k=top_k,
-                          top_p=top_p, greedy=greedy, generator=generator)
+            if rows.numel() < n_rows:  # every row draws, so no row's sample depends on which groups left
+                logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
             tokens, token_logp = _next_tokens(logits, **sample)
+            if rows.numel() < n_rows:
+                tokens, token_logp = tokens[rows], token_logp[rows]
             alive = ~finished[rows]
             tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
             completion[rows, step] = tokens
