@@ -352,3 +352,42 @@ def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model
     tr.policy.config.n_positions = 64  # an A: prompt + answer is ~170 characters
     with pytest.raises(ValueError, match="anchor sample .* more than the model's context of 64"):
         tr.anchor_batch()
+
+
+def test_entropy_bonus_reaches_the_gradient_and_a_logged_entropy_keeps_no_graph(tmp_path, tiny_model_dir, small_data,
+                                                                                   scorer):
+    """entropy_coef > 0 changes the update by the entropy term's gradient; with entropy_coef 0 the
+    entropy is still logged, but computed without autograd (no softmax over the vocabulary kept)."""
+    grads, entropies = {}, {}
+    for coef in (0.0, 0.5):
+        tr = make(tmp_path / str(coef), tiny_model_dir, small_data, scorer, reward_fn=varied_reward, kl_coef=0.0,
+                  entropy_coef=coef)
+        batch = tr.assemble(tr.collect(0, {}))
+        o = tr._logprobs(tr.policy, batch, slice(0, len(batch.rows)), tr.device, False, True)
+        assert (o["entropy"].grad_fn is not None) == (coef != 0)
+        m = tr.update(batch, 0, {})
+        entropies[coef] = m["entropy"]
+        grads[coef] = torch.cat([p.grad.flatten() for p in tr.policy.parameters()])
+    assert entropies[0.0] == pytest.approx(entropies[0.5], rel=1e-6)  # the same samples, the same entropy
+    assert (grads[0.0] - grads[0.5]).norm() > 1e-3 * grads[0.0].norm()  # the bonus moved the gradient
+
+
+def test_exact_kl_equals_the_full_vocabulary_kl_of_plain_passes(tmp_path, tiny_model_dir, small_data, scorer):
+    """kl_estimator exact: the trainer's KL (from the grouped, length-bucketed scoring passes) is
+    KL(policy || reference) over the whole vocabulary, as plain one-row-at-a-time passes compute it."""
+    from rookworld_rlvr.grpo.loss import exact_kl
+
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, kl_estimator="exact",
+              kl_coef=0.1, mix_env_ratio=0.0, steps=4)
+    tr.train_step()  # the policy moves away from the reference
+    batch = tr.assemble(tr.collect(1, {}))
+    mask = batch.completion_mask.bool()
+    assert len(set(mask.sum(1).tolist())) > 1  # completions of several lengths: several buckets
+    temp = tr.cfg.sampling_for("P", 1)["temperature"]
+    with torch.no_grad():
+        pol, ref = (token_logprobs(m, batch.input_ids, batch.attention_mask, batch.position_ids, batch.n_completion,
+                                   temperature=temp, return_logits=True)["logits"] for m in (tr.policy, tr.ref))
+    expected = exact_kl(pol, ref).clamp(max=tr.cfg.kl_clamp)[mask].mean()
+    m = tr.update(batch, 1, {})
+    assert expected > 1e-6
+    assert m["kl_mean"] == pytest.approx(float(expected), rel=1e-4)

@@ -552,7 +552,8 @@ class Trainer:
         temp = self.cfg.sampling_for(batch.rows[rows.start].task, self.step)["temperature"]
         with self._amp(device):  # one prompt pass per group (the G rows share it): same numbers, less compute
             return token_logprobs(model, ids, am, pos, batch.n_completion, temperature=temp,
-                                  return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size)
+                                  return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size,
+                                  entropy_grad=self.cfg.entropy_coef != 0)  # otherwise it is only logged
 
     def _task_slices(self, batch: Batch) -> list[slice]:
         """Minibatches never mix tasks (the temperature may differ per task) and never split a group."""
@@ -610,8 +611,7 @@ class Trainer:
             agg: dict[str, float] = {}
             finite = True
             for k, sl in enumerate(slices):
-                want_entropy = True
-                o = self._logprobs(self.forward_model, batch, sl, self.device, exact, want_entropy)
+                o = self._logprobs(self.forward_model, batch, sl, self.device, exact, True)
                 mask = batch.completion_mask[sl]
                 kl = None
                 if exact and self.use_ref:

@@ -237,12 +237,15 @@ def generate(
 
     Prompts are tokenized as-is (no BOS is added). Each distinct prompt is prefilled
     once and its cache shared by its rows. A row stops at EOS; the loop stops when
-    every row has stopped or after max_new_tokens. The model runs in eval mode and
-    its previous train/eval mode is restored afterwards.
+    every row has stopped or after max_new_tokens. Once a quarter of the prompts have
+    all their rows stopped, those prompts leave the decode batch (a step's time grows
+    with its rows; a single long row otherwise keeps all of them running), which
+    changes no token: every row still draws its random numbers each step. The model
+    runs in eval mode and its previous train/eval mode is restored afterwards.
 
     `max_new_tokens` and `temperature` may be lists, one value per prompt: prompts of
-    different tasks then share one decode loop (each decode step costs about the same
-    for 32 rows as for 64 on CPU) and each row stops at its own limit.
+    different tasks then share one decode loop (on CPU a decode step of 64 rows costs
+    much less than two of 32) and each row stops at its own limit.
     """
     _check_prompts(prompts)
     per_prompt = {}

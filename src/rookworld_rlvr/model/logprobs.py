@@ -35,11 +35,14 @@ def token_logprobs(
     return_entropy: bool = False,
     return_logits: bool = False,
     group_size: int = 1,
+    entropy_grad: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
 
     Returns "logprobs" [N, C] (0 where the attention mask is 0), optionally "entropy"
-    [N, C] of the same distribution (0 where masked) and "logits" [N, C, V]
+    [N, C] of the same distribution (0 where masked; without a gradient when `entropy_grad`
+    is False, as for a logged-only entropy: autograd then keeps no softmax over the
+    vocabulary, 1.3 GB for 64 x 100 tokens of GPT-2's 50k) and "logits" [N, C, V]
     (temperature-scaled float32, for exact KL). Only C + 1 positions go through the
     LM head. Gradients flow unless the caller wraps this in torch.no_grad(); the
     model's train/eval mode is the caller's choice (dropout should be off for GRPO).
@@ -54,10 +57,11 @@ def token_logprobs(
         raise ValueError(f"n_completion must be in [1, {length - 1}] for sequences of length {length}, got {n_completion}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    logits = None
+    targets = input_ids[:, -n_completion:]
+    grouped = None
     if _shares_prompts(input_ids, attention_mask, n_completion, group_size):
-        logits = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size)
-    if logits is None:
+        grouped = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size)
+    if grouped is None:
         keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
         out = model(
             input_ids=input_ids,
@@ -67,22 +71,47 @@ def token_logprobs(
             **keep,
         )
         # Logits at position t predict token t + 1: take the C positions before each completion token.
-        logits = out.logits[:, -(n_completion + 1) : -1, :]
+        result = _score(out.logits[:, -(n_completion + 1) : -1, :], targets, temperature, return_entropy,
+                        return_logits, entropy_grad)
+    else:  # scored piece by piece: no [N, C, V] copy is assembled unless the logits are asked for
+        first, buckets, order = grouped
+        parts = [_score(first, targets[:, :1], temperature, return_entropy, return_logits, entropy_grad)]
+        parts += [_score(logits, targets[rows, 1:1 + logits.shape[1]], temperature, return_entropy, return_logits,
+                         entropy_grad) for rows, logits in buckets]
+        result = {key: _assemble(parts[0][key], [part[key] for part in parts[1:]], order, n_completion)
+                  for key in parts[0]}
+    mask = attention_mask[:, -n_completion:].bool()
+    for key in ("logprobs", "entropy"):
+        if key in result:
+            result[key] = torch.where(mask, result[key], torch.zeros_like(result[key]))
+    return result
+
+
+def _score(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool, keep_logits: bool,
+           entropy_grad: bool) -> dict[str, torch.Tensor]:
+    """Log-probs of `targets` [n, w] (and entropy, scaled logits) from next-token logits [n, w, V]."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    # gather - logsumexp instead of a full log_softmax: no second [N, C, V] tensor (50k vocab at 124M).
+    # gather - logsumexp instead of a full log_softmax: no second [n, w, V] tensor (50k vocab at 124M).
     lse = torch.logsumexp(logits, dim=-1)
-    targets = input_ids[:, -n_completion:]
-    mask = attention_mask[:, -n_completion:].bool()
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    result = {"logprobs": torch.where(mask, logp, torch.zeros_like(logp))}
-    if return_entropy:
-        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
-        result["entropy"] = torch.where(mask, entropy, torch.zeros_like(entropy))
-    if return_logits:
-        result["logits"] = logits
-    return result
+    out = {"logprobs": logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse}
+    if entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # else no [n, w, V] softmax kept
+            out["entropy"] = lse - (logits.softmax(-1) * logits).sum(-1)
+    if keep_logits:
+        out["logits"] = logits
+    return out
+
+
+def _assemble(first: torch.Tensor, pieces: list[torch.Tensor], order: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, width, ...] from column 0 of every row and the later columns of each bucket's rows
+    (bucket rows in `order`; columns a bucket did not compute are 0)."""
+    if not pieces:  # one completion column
+        return first
+    pad = [(0, 0) * (p.dim() - 2) + (0, width - 1 - p.shape[1]) for p in pieces]
+    rest = torch.cat([torch.nn.functional.pad(p, pd) for p, pd in zip(pieces, pad)]).index_select(0, order)
+    return torch.cat([first, rest], 1)
 
 
 def _shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int, group_size: int) -> bool:
@@ -125,20 +154,22 @@ def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) 
 
 
 def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int):
-    """[N, C, V] logits predicting the completion tokens, with one prompt pass per group;
-    None when the model's cache cannot be expanded (the caller then runs the plain pass).
+    """Logits predicting the completion tokens, with one prompt pass per group: (column 0 [N, 1, V],
+    [(rows, logits [n_b, w_b, V] of columns 1..w_b)] per bucket, each row's place in the buckets'
+    rows); None when the model's cache cannot be expanded (the caller then runs the plain pass).
 
     The completion pass runs in a few buckets of rows of similar length, each only as wide as its
     longest completion: right padding is a fifth of a GRPO batch's completion columns, and the
-    bucket passes skip most of it. Logits at padded positions are 0 (they are masked anyway)."""
+    bucket passes skip most of it. Columns past a bucket's width come out 0 (they are masked)."""
     n, p = input_ids.shape[0], input_ids.shape[1] - n_completion
     head = slice(None, None, group_size)  # the first row of each group
     keep = accepts_logits_to_keep(model)
     first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
                   position_ids=position_ids[head, :p], use_cache=True, **({"logits_to_keep": 1} if keep else {}))
     last_prompt = first.logits[:, -1:].repeat_interleave(group_size, dim=0)
+    every_row = torch.arange(n, device=input_ids.device)
     if n_completion == 1:
-        return last_prompt
+        return last_prompt, [], every_row
     cache = first.past_key_values
     layers = getattr(cache, "layers", None)
     if not layers or not all(isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
@@ -148,12 +179,12 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
                      position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True,
                      **({"logits_to_keep": n_completion - 1} if keep else {}))
-        return torch.cat([last_prompt, rest.logits[:, -(n_completion - 1):]], 1)
+        return last_prompt, [(every_row, rest.logits[:, -(n_completion - 1):])], every_row
     # columns of the completion pass a row needs: up to its last real token but one
     cols = torch.arange(1, n_completion + 1, device=attention_mask.device)
     need = ((attention_mask[:, p:] > 0) * cols).amax(1).sub(1).clamp(min=1).tolist()
     prompt_kv = [(layer.keys, layer.values) for layer in layers]
-    pieces, rows = [], []
+    buckets, rows = [], []
     for bucket in length_buckets(need):
         idx = torch.tensor(bucket, device=input_ids.device)
         w = max(need[i] for i in bucket)
@@ -162,8 +193,8 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         out = model(input_ids=input_ids[idx, p:p + w], attention_mask=attention_mask[idx, :p + w],
                     position_ids=position_ids[idx, p:p + w], past_key_values=cache, use_cache=True,
                     **({"logits_to_keep": w} if keep else {}))
-        pieces.append(torch.nn.functional.pad(out.logits[:, -w:], (0, 0, 0, n_completion - 1 - w)))
+        buckets.append((idx, out.logits[:, -w:]))
         rows += bucket
-    inverse = torch.empty(n, dtype=torch.long, device=input_ids.device)
-    inverse[torch.tensor(rows, device=input_ids.device)] = torch.arange(n, device=input_ids.device)
-    return torch.cat([last_prompt, torch.cat(pieces).index_select(0, inverse)], 1)
+    order = torch.empty(n, dtype=torch.long, device=input_ids.device)  # row i's place in the buckets' rows
+    order[torch.tensor(rows, device=input_ids.device)] = every_row
+    return last_prompt, buckets, order
