@@ -452,7 +452,7 @@ class Trainer:
         """G completions for each sample, scored; groups in task order (P: first).
 
         Tasks whose top-k and top-p agree share one decode loop, each prompt with its own task's
-        temperature and token limit: a decode step of 64 rows costs little more than one of 32."""
+        temperature and token limit: one decode step of 64 rows costs much less than two of 32."""
         cfg = self.cfg
         items = [(task, x) for task in ("P", "A") for x in by_task.get(task, [])]
         if not items:
