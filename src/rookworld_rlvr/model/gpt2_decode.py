@@ -37,56 +37,54 @@ class CascadeDecoder:
         self.pk = [layer.keys for layer in layers]
         self.pv = [layer.values for layer in layers]
         u, h, _, d = self.pk[0].shape
-        n = u * group
         # -inf on prompt padding, as the stock attention mask does; shaped for [U, H, G, P] scores
         self.prompt_bias = torch.zeros(prompt_mask.shape, dtype=self.pk[0].dtype, device=prompt_mask.device)
         self.prompt_bias.masked_fill_(prompt_mask == 0, float("-inf"))
         self.prompt_bias = self.prompt_bias[:, None, None, :]
-        self.ck = [self.pk[0].new_empty((n, h, capacity, d)) for _ in layers]
-        self.cv = [self.pk[0].new_empty((n, h, capacity, d)) for _ in layers]
+        # each row's own keys/values, laid out by prompt like the queries: [U, H, G, capacity, D]
+        self.ck = [self.pk[0].new_empty((u, h, group, capacity, d)) for _ in layers]
+        self.cv = [self.pk[0].new_empty((u, h, group, capacity, d)) for _ in layers]
         self.length = 0
 
     def select_groups(self, keep: torch.Tensor) -> None:
         """Go on with only the groups `keep` (indices among the current ones) and their rows."""
-        g = self.group
-        rows = (keep.unsqueeze(1) * g + torch.arange(g, device=keep.device)).flatten()
         self.pk = [k.index_select(0, keep) for k in self.pk]
         self.pv = [v.index_select(0, keep) for v in self.pv]
         self.prompt_bias = self.prompt_bias.index_select(0, keep)
         t = self.length
         for cache in (self.ck, self.cv):
             for i, old in enumerate(cache):
-                cache[i] = old.new_empty((rows.numel(), *old.shape[1:]))
-                cache[i][:, :, :t] = old[:, :, :t].index_select(0, rows)
+                cache[i] = old.new_empty((keep.numel(), *old.shape[1:]))
+                cache[i][:, :, :, :t] = old[:, :, :, :t].index_select(0, keep)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens, positions [N] -> float32 logits [N, V] for the next token."""
         tr = self.model.transformer
         x = tr.wte(tokens) + tr.wpe(positions)  # [N, E]
         t = self.length
+        n, e = x.shape
+        u, g = n // self.group, self.group
         for i, block in enumerate(self.blocks):
             attn = block.attn
             h = attn.num_heads
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.split_size, dim=-1)
-            q, k, v = (z.view(-1, h, attn.head_dim) for z in (q, k, v))  # [N, H, D]
-            self.ck[i][:, :, t] = k
-            self.cv[i][:, :, t] = v
-            x = x + attn.c_proj(self._attend(q, i, t + 1, attn.scaling).reshape(x.shape))
+            # [N, E] = [U, G, H, D] -> [U, H, G, D]: a prompt's G queries side by side
+            q, k, v = (z.view(u, g, h, attn.head_dim).transpose(1, 2) for z in (q, k, v))
+            self.ck[i][:, :, :, t] = k
+            self.cv[i][:, :, :, t] = v
+            a = self._attend(q, i, t + 1, attn.scaling)  # [U, H, G, D]
+            x = x + attn.c_proj(a.transpose(1, 2).reshape(n, e))
             x = x + block.mlp(block.ln_2(x))
         self.length = t + 1
         return self.model.lm_head(tr.ln_f(x)).float()
 
     def _attend(self, q: torch.Tensor, i: int, length: int, scaling: float) -> torch.Tensor:
-        """Softmax over [shared prompt keys | own completion keys]; q [N, H, D] -> [N, H, D]."""
-        n, h, d = q.shape
-        u, g = n // self.group, self.group
-        qg = q.view(u, g, h, d).transpose(1, 2)  # [U, H, G, D]
-        sp = (qg @ self.pk[i].transpose(-1, -2)) * scaling + self.prompt_bias  # [U, H, G, P]
-        kc, vc = self.ck[i][:, :, :length], self.cv[i][:, :, :length]
-        sc = (q.unsqueeze(2) @ kc.transpose(-1, -2)).squeeze(2) * scaling  # [N, H, T]
-        sp = sp.transpose(1, 2).reshape(n, h, -1)  # [N, H, P]
+        """Softmax over [shared prompt keys | own completion keys]; q [U, H, G, D] -> [U, H, G, D]."""
+        sp = (q @ self.pk[i].transpose(-1, -2)) * scaling + self.prompt_bias  # [U, H, G, P]
+        kc, vc = self.ck[i][:, :, :, :length], self.cv[i][:, :, :, :length]  # [U, H, G, T, D]
+        sc = (q.unsqueeze(3) @ kc.transpose(-1, -2)).squeeze(3) * scaling  # [U, H, G, T]
         probs = torch.cat([sp, sc], -1).float().softmax(-1).to(q.dtype)
-        pp, pc = probs[..., : sp.shape[-1]], probs[..., sp.shape[-1]:]
-        out_p = pp.view(u, g, h, -1).transpose(1, 2) @ self.pv[i]  # [U, H, G, D]
-        out_c = (pc.unsqueeze(2) @ vc).squeeze(2)  # [N, H, D]
-        return out_p.transpose(1, 2).reshape(n, h, d) + out_c
+        p = sp.shape[-1]
+        out_p = probs[..., :p] @ self.pv[i]  # [U, H, G, D]
+        out_c = (probs[..., p:].unsqueeze(3) @ vc).squeeze(3)  # [U, H, G, D]
+        return out_p + out_c
