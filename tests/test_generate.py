@@ -399,6 +399,18 @@ def test_per_prompt_token_limits_and_temperatures(rig):
         generate(model, tok, prompts, max_new_tokens=[5, 6])
 
 
+def test_outputs_are_ordinary_tensors_usable_in_autograd(rig):
+    """The sampler runs under inference mode; what it returns must still work in a training graph."""
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS[:2], max_new_tokens=8, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(0))
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "logprobs"):
+        assert not getattr(gen, name).is_inference(), name
+    w = torch.ones((), requires_grad=True)
+    (w * gen.logprobs * gen.completion_mask).sum().backward()  # saves gen's tensors for backward
+    assert torch.isclose(w.grad, (gen.logprobs * gen.completion_mask).sum())
+
+
 def test_dropout_off_and_mode_restored(rig):
     kind, model, tok = rig
     expected = generate(model, tok, PROMPTS[:3], max_new_tokens=20, greedy=True)
