@@ -125,30 +125,32 @@ def _shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_com
 
 
 def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) -> list[list[int]]:
-    """Rows grouped by how many columns they need, so that each group runs only to its own longest
-    row: row indices per group, fewest padded columns first (sum of rows x width per group, plus
-    `overhead` column-rows per extra group for the extra pass). Exact DP over the sorted widths."""
+    """Rows grouped by how many columns they need, so that each group's pass runs only to its own
+    widest row: row indices per group, narrowest group first. Minimises the padded row-columns
+    (rows x widest width, summed over groups) plus `overhead` row-columns per pass; rows of equal
+    width stay together. Exact DP over the distinct widths (at most the completion length)."""
     order = sorted(range(len(widths)), key=widths.__getitem__)
-    w = [widths[i] for i in order]
-    n = len(w)
-    # best[k][j]: cost of the first j sorted rows in k groups; cut[k][j]: where the last group starts
+    values = sorted(set(widths))
+    ends, count = [], 0  # ends[d]: number of rows with width <= values[d]
+    for v in values:
+        count += widths.count(v)
+        ends.append(count)
+    m = len(values)
     inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(max_buckets + 1)]
-    cut = [[0] * (n + 1) for _ in range(max_buckets + 1)]
-    best[0][0] = 0
+    # best[k][j]: cost of the rows of the j narrowest widths in k groups; cut[k][j]: where the last group starts
+    best = [[0.0] + [inf] * m] + [[inf] * (m + 1) for _ in range(max_buckets)]
+    cut = [[0] * (m + 1) for _ in range(max_buckets + 1)]
     for k in range(1, max_buckets + 1):
-        for j in range(1, n + 1):
+        for j in range(1, m + 1):
             for i in range(k - 1, j):
-                if i and w[i - 1] == w[i]:
-                    continue  # never split rows of equal width
-                c = best[k - 1][i] + (j - i) * w[j - 1] + overhead
+                c = best[k - 1][i] + (ends[j - 1] - (ends[i - 1] if i else 0)) * values[j - 1] + overhead
                 if c < best[k][j]:
                     best[k][j], cut[k][j] = c, i
-    k = min(range(1, max_buckets + 1), key=lambda k: best[k][n])
-    groups, j = [], n
+    k = min(range(1, max_buckets + 1), key=lambda k: best[k][m])
+    groups, j = [], m
     while k:
         i = cut[k][j]
-        groups.append(order[i:j])
+        groups.append(order[(ends[i - 1] if i else 0):ends[j - 1]])
         j, k = i, k - 1
     return groups[::-1]
 
