@@ -340,10 +340,11 @@ def generate(
         attention_mask = prompt_mask
         steps = 0
         for step in range(max_new_tokens):
-            if rows.numel() < n_rows:  # every row draws, so no row's sample depends on which groups left
+            compacted = rows.numel() < n_rows
+            if compacted:  # every row draws, so no row's sample depends on which groups left
                 logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
             tokens, token_logp = _next_tokens(logits, **sample)
-            if rows.numel() < n_rows:
+            if compacted:
                 tokens, token_logp = tokens[rows], token_logp[rows]
             alive = ~finished[rows]
             tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
