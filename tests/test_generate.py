@@ -317,6 +317,39 @@ def test_cascade_decoding_equals_the_stock_forward(rig, monkeypatch, greedy):
     assert len(set(fast.finish_reasons)) == 2 or greedy  # sampled rows both stop at EOS and run to the limit
 
 
+@pytest.mark.parametrize("fuse_gelu", [False, True])
+def test_packed_decode_weights_give_the_modules_results(rig, monkeypatch, fuse_gelu):
+    """On a CPU in float32 the decode steps run oneDNN linears on weights packed once per rollout
+    (with the tanh GELU fused when load_policy has swapped it in): the same tokens and log-probs
+    as the model's own modules, up to rounding."""
+    import copy
+
+    from rookworld_rlvr.model import gpt2_decode
+    from rookworld_rlvr.model.load import fuse_activations
+
+    kind, model, tok = rig
+    if fuse_gelu:
+        model = copy.deepcopy(model)
+        assert fuse_activations(model) == 2
+    assert gpt2_decode.can_pack(model), "torch's x86-64 CPU builds ship oneDNN"
+    used = []
+    real_init = gpt2_decode.CascadeDecoder.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        used.append(self.packed)
+
+    monkeypatch.setattr(gpt2_decode.CascadeDecoder, "__init__", spy)
+    kwargs = dict(max_new_tokens=40, temperature=0.9, num_return_sequences=3)
+    packed = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(5), **kwargs)
+    monkeypatch.setattr(gpt2_decode, "can_pack", lambda m: False)
+    plain = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(5), **kwargs)
+    assert used == [True, False]
+    assert packed.texts == plain.texts and torch.equal(packed.completion_mask, plain.completion_mask)
+    torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+    assert set(packed.finish_reasons) == {"eos", "length"}
+
+
 def test_length_buckets_cover_every_row_once_and_cut_padding():
     widths = [70, 12, 71, 13, 69, 12, 70, 14]
     buckets = length_buckets(widths)

@@ -329,7 +329,7 @@ def generate(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
-            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens)
+            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None)
         else:
             cache = _select_rows(cache, index)
         # The rows still decoding: all at first; a group whose G rows have all finished is dropped

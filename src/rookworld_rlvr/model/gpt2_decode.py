@@ -9,11 +9,51 @@ completion keys) joined in one softmax. The model's own modules (layer norms, Co
 projections, MLP) do the rest, so the numbers equal the stock forward up to float
 reordering (tests compare tokens and log-probs). Used only for plain `GPT2LMHeadModel`
 configurations; everything else takes the stock path.
+
+On a CPU in float32 the projections run as oneDNN linears on weights packed once per rollout
+(the weights do not change while decoding), with the MLP's tanh GELU fused into its first
+projection. A decode step multiplies only 64-odd rows by each weight, where MKL's plain GEMM
+reached 130-170 GFLOP/s on our 2-core EPYC and the packed oneDNN kernel 180-220: rollouts
+took 11% less time on the tiny model and 24% less on the 124M architecture.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def can_pack(model: torch.nn.Module) -> bool:
+    """oneDNN weight packing applies: float32 weights on a CPU build with oneDNN."""
+    w = model.lm_head.weight
+    return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+class PackedLinear:
+    """y = x @ W + b (GPT-2's Conv1D, weight [in, out]) or x @ W.T + b (nn.Linear, weight [out, in])
+    with the weight reordered once into oneDNN's blocked layout; `gelu` fuses a tanh GELU."""
+
+    def __init__(self, module: torch.nn.Module, rows: int, gelu: bool = False) -> None:
+        w = module.weight.detach()
+        w = w if isinstance(module, torch.nn.Linear) else w.t()  # oneDNN wants [out, in]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
+        self.bias = None if module.bias is None else module.bias.detach()
+        self.attr, self.algorithm = ("gelu", "tanh") if gelu else ("none", "")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
+
+
+def _projections(block, rows: int, pack: bool) -> tuple:
+    """A block's (qkv, attention output, MLP) as callables on [N, E] rows."""
+    attn, mlp = block.attn, block.mlp
+    if not pack:
+        return attn.c_attn, attn.c_proj, mlp
+    from transformers.activations import GELUTanh
+
+    fused = type(mlp.act) is GELUTanh  # what load_policy puts in; anything else runs as its own op
+    up, down = PackedLinear(mlp.c_fc, rows, gelu=fused), PackedLinear(mlp.c_proj, rows)
+    act = (lambda x: x) if fused else mlp.act
+    return PackedLinear(attn.c_attn, rows), PackedLinear(attn.c_proj, rows), lambda x: down(act(up(x)))
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -28,10 +68,16 @@ def supports(model: torch.nn.Module) -> bool:
 class CascadeDecoder:
     """Holds the shared prompt cache and a per-row completion cache; `step` runs one token per row."""
 
-    def __init__(self, model, prompt_cache, prompt_mask: torch.Tensor, group: int, capacity: int) -> None:
+    def __init__(self, model, prompt_cache, prompt_mask: torch.Tensor, group: int, capacity: int,
+                 pack: bool = False) -> None:
+        """`pack`: run the projections on oneDNN-packed weights (only where `can_pack(model)`)."""
         self.model = model
         self.blocks = model.transformer.h
         self.group = group
+        self.packed = pack and can_pack(model)
+        rows = prompt_mask.shape[0] * group
+        self.proj = [_projections(block, rows, self.packed) for block in self.blocks]
+        self.head = PackedLinear(model.lm_head, rows) if self.packed else model.lm_head
         layers = prompt_cache.layers
         # prompt keys/values once per prompt: [U, H, P, D]
         self.pk = [layer.keys for layer in layers]
@@ -67,16 +113,17 @@ class CascadeDecoder:
         for i, block in enumerate(self.blocks):
             attn = block.attn
             h = attn.num_heads
-            q, k, v = attn.c_attn(block.ln_1(x)).split(attn.split_size, dim=-1)
+            qkv, out, mlp = self.proj[i]
+            q, k, v = qkv(block.ln_1(x)).split(attn.split_size, dim=-1)
             # [N, E] = [U, G, H, D] -> [U, H, G, D]: a prompt's G queries side by side
             q, k, v = (z.view(u, g, h, attn.head_dim).transpose(1, 2) for z in (q, k, v))
             self.ck[i][:, :, :, t] = k
             self.cv[i][:, :, :, t] = v
             a = self._attend(q, i, t + 1, attn.scaling)  # [U, H, G, D]
-            x = x + attn.c_proj(a.transpose(1, 2).reshape(n, e))
-            x = x + block.mlp(block.ln_2(x))
+            x = x + out(a.transpose(1, 2).reshape(n, e))
+            x = x + mlp(block.ln_2(x))
         self.length = t + 1
-        return self.model.lm_head(tr.ln_f(x)).float()
+        return self.head(tr.ln_f(x)).float()
 
     def _attend(self, q: torch.Tensor, i: int, length: int, scaling: float) -> torch.Tensor:
         """Softmax over [shared prompt keys | own completion keys]; q [U, H, G, D] -> [U, H, G, D]."""
