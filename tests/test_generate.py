@@ -483,3 +483,30 @@ def test_filter_logits():
     kept = torch.isfinite(filter_logits(logits, top_p=0.4))
     assert kept.tolist() == [[True, False, False], [False, False, True]]
     assert torch.equal(filter_logits(logits), logits)
+
+
+def test_packed_projections_score_like_the_modules_and_hand_them_back(rig):
+    """No-grad scoring passes (reference, old policy) may run on packed weights: the same
+    log-probs as the modules, the modules' own forward back on exit, and no packing while
+    gradients are on (the packed kernels have no backward)."""
+    from transformers.pytorch_utils import Conv1D
+
+    from rookworld_rlvr.model.gpt2_decode import packed_projections
+
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS[:3], max_new_tokens=24, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(6))
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    modules = [m for m in model.modules() if isinstance(m, Conv1D)] + [model.lm_head]
+    with torch.no_grad():
+        plain = token_logprobs(model, *batch, n_completion=n, group_size=2)["logprobs"]
+        with packed_projections(model):
+            assert all("forward" in vars(m) for m in modules)
+            packed = token_logprobs(model, *batch, n_completion=n, group_size=2)["logprobs"]
+    assert not any("forward" in vars(m) for m in modules)
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
+    with packed_projections(model):
+        assert not any("forward" in vars(m) for m in modules)
+        out = token_logprobs(model, *batch, n_completion=n, group_size=2)["logprobs"]
+    assert out.requires_grad

@@ -32,6 +32,7 @@ from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThr
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import generate, load_policy, resolve_device, token_logprobs
 from rookworld_rlvr.model.generate import max_positions, positions_from_mask
+from rookworld_rlvr.model.gpt2_decode import packed_projections
 
 
 class TrainingStopped(RuntimeError):
@@ -584,7 +585,8 @@ class Trainer:
         ref_out: dict[int, dict] = {}
         if self.use_ref:
             ref, ref_ctx = self.reference()
-            with torch.no_grad(), ref_ctx:
+            packed = packed_projections(ref) if self.amp is None else nullcontext()  # autocast keeps its bf16
+            with torch.no_grad(), ref_ctx, packed:
                 for k, sl in enumerate(slices):
                     o = self._logprobs(ref, batch, sl, self.ref_device, exact, False)
                     ref_out[k] = {key: v.to(self.device) for key, v in o.items()}
@@ -592,7 +594,7 @@ class Trainer:
         t0 = time.time()
         old: dict[int, torch.Tensor] = {}
         if cfg.updates_per_batch > 1:
-            with torch.no_grad():
+            with torch.no_grad(), packed_projections(self.forward_model) if self.amp is None else nullcontext():
                 for k, sl in enumerate(slices):
                     old[k] = self._logprobs(self.forward_model, batch, sl, self.device, False, False)["logprobs"]
         timings["old"] = time.time() - t0

@@ -15,9 +15,14 @@ On a CPU in float32 the projections run as oneDNN linears on weights packed once
 projection. A decode step multiplies only 64-odd rows by each weight, where MKL's plain GEMM
 reached 130-170 GFLOP/s on our 2-core EPYC and the packed oneDNN kernel 180-220: rollouts
 took 11% less time on the tiny model and 24% less on the 124M architecture.
+`packed_projections` does the same for no-grad scoring passes (the reference model's: 8% less
+time on the tiny model, 18% on the 124M architecture).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -41,6 +46,34 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
+
+
+@contextlib.contextmanager
+def packed_projections(model: torch.nn.Module, rows: int = 1024) -> Iterator[None]:
+    """Within, a plain GPT-2's projections and LM head run on weights packed on entry, for passes
+    without gradients (the reference pass): the weights cannot change inside, and the modules get
+    their own forward back on exit. Does nothing where packing does not apply or gradients are on."""
+    from transformers import GPT2LMHeadModel
+    from transformers.pytorch_utils import Conv1D
+
+    if torch.is_grad_enabled() or type(model) is not GPT2LMHeadModel or not can_pack(model):
+        yield
+        return
+    modules = [m for m in model.modules() if isinstance(m, Conv1D)] + [model.lm_head]
+    for m in modules:
+        m.forward = _packed_forward(PackedLinear(m, rows))  # an instance attribute: nn.Module calls it
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m.forward
+
+
+def _packed_forward(linear: PackedLinear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = linear(x.reshape(-1, x.shape[-1]))
+        return y.view(*x.shape[:-1], y.shape[-1])
+    return forward
 
 
 def _projections(block, rows: int, pack: bool) -> tuple:
