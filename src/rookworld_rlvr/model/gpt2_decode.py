@@ -15,8 +15,8 @@ On a CPU in float32 the projections run as oneDNN linears on weights packed once
 projection. A decode step multiplies only 64-odd rows by each weight, where MKL's plain GEMM
 reached 130-170 GFLOP/s on our 2-core EPYC and the packed oneDNN kernel 180-220: rollouts
 took 11% less time on the tiny model and 24% less on the 124M architecture.
-`packed_projections` does the same for no-grad scoring passes (the reference model's: 8% less
-time on the tiny model, 18% on the 124M architecture).
+`packed_projections` does the same for no-grad scoring passes (the reference pass of a 124M
+update: 18% less time; no change measurable on the tiny model).
 """
 
 from __future__ import annotations
