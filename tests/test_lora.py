@@ -152,3 +152,26 @@ def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_da
     """GPT-2's lm_head shares its weight with wte: merging an adapter there changes both ends."""
     with pytest.raises(ValueError, match="lora_targets.*lm_head shares its weight with transformer.wte"):
         lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets="c_attn,lm_head")
+
+
+def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):
+    """With updates_per_batch > 1 the old-policy pass runs on packed weights: under LoRA the packed
+    base Conv1Ds sit inside the adapter layers, whose (trained, non-zero) deltas must still apply."""
+    from transformers.pytorch_utils import Conv1D
+
+    from rookworld_rlvr.model.gpt2_decode import packed_projections
+
+    tr, _, _ = trained
+    batch = tr.assemble(tr.collect(tr.step, {}))
+    rows = slice(0, len(batch.rows))
+    net = tr.forward_model
+    with torch.no_grad():
+        plain = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+        base_only = tr.policy.disable_adapter()
+        with base_only:
+            base = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+        with packed_projections(net):
+            assert any("forward" in vars(m) for m in net.modules() if isinstance(m, Conv1D))
+            packed = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+    assert (plain - base).abs().max() > 1e-3, "test lost its teeth: the adapters change nothing"
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)

@@ -60,13 +60,13 @@ def packed_projections(model: torch.nn.Module, rows: int = 1024) -> Iterator[Non
         yield
         return
     modules = [m for m in model.modules() if isinstance(m, Conv1D)] + [model.lm_head]
-    for m in modules:
-        m.forward = _packed_forward(PackedLinear(m, rows))  # an instance attribute: nn.Module calls it
     try:
+        for m in modules:  # LoRA layers call their base Conv1D, so they get the packed base weights
+            m.forward = _packed_forward(PackedLinear(m, rows))  # an instance attribute: nn.Module calls it
         yield
     finally:
         for m in modules:
-            del m.forward
+            vars(m).pop("forward", None)
 
 
 def _packed_forward(linear: PackedLinear):
