@@ -28,9 +28,11 @@ import torch
 
 
 def can_pack(model: torch.nn.Module) -> bool:
-    """oneDNN weight packing applies: float32 weights on a CPU build with oneDNN."""
+    """oneDNN weight packing applies: float32 weights on a CPU build with oneDNN and the two
+    (internal, as used by inductor's CPU path) ops; the tests assert it does on x86-64."""
     w = model.lm_head.weight
-    return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")))
 
 
 class PackedLinear:
