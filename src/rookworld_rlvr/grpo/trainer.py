@@ -556,6 +556,10 @@ class Trainer:
                                   return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size,
                                   entropy_grad=self.cfg.entropy_coef != 0)  # otherwise it is only logged
 
+    def _packed(self, model):
+        """No-grad passes run on packed weights (see gpt2_decode), except under autocast: it keeps its bf16."""
+        return packed_projections(model) if self.amp is None else nullcontext()
+
     def _task_slices(self, batch: Batch) -> list[slice]:
         """Minibatches never mix tasks (the temperature may differ per task) and never split a group."""
         G = self.cfg.group_size
@@ -585,8 +589,7 @@ class Trainer:
         ref_out: dict[int, dict] = {}
         if self.use_ref:
             ref, ref_ctx = self.reference()
-            packed = packed_projections(ref) if self.amp is None else nullcontext()  # autocast keeps its bf16
-            with torch.no_grad(), ref_ctx, packed:
+            with torch.no_grad(), ref_ctx, self._packed(ref):
                 for k, sl in enumerate(slices):
                     o = self._logprobs(ref, batch, sl, self.ref_device, exact, False)
                     ref_out[k] = {key: v.to(self.device) for key, v in o.items()}
@@ -594,7 +597,7 @@ class Trainer:
         t0 = time.time()
         old: dict[int, torch.Tensor] = {}
         if cfg.updates_per_batch > 1:
-            with torch.no_grad(), packed_projections(self.forward_model) if self.amp is None else nullcontext():
+            with torch.no_grad(), self._packed(self.forward_model):
                 for k, sl in enumerate(slices):
                     old[k] = self._logprobs(self.forward_model, batch, sl, self.device, False, False)["logprobs"]
         timings["old"] = time.time() - t0

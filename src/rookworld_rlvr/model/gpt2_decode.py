@@ -37,7 +37,8 @@ def can_pack(model: torch.nn.Module) -> bool:
 
 class PackedLinear:
     """y = x @ W + b (GPT-2's Conv1D, weight [in, out]) or x @ W.T + b (nn.Linear, weight [out, in])
-    with the weight reordered once into oneDNN's blocked layout; `gelu` fuses a tanh GELU."""
+    with the weight reordered once into oneDNN's blocked layout; `gelu` fuses a tanh GELU. x is
+    [rows, in] (the decode step's own calls) or has more leading dims (a module's forward)."""
 
     def __init__(self, module: torch.nn.Module, rows: int, gelu: bool = False) -> None:
         w = module.weight.detach()
@@ -47,7 +48,9 @@ class PackedLinear:
         self.attr, self.algorithm = ("gelu", "tanh") if gelu else ("none", "")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
+        if x.dim() == 2:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
+        return self(x.reshape(-1, x.shape[-1])).unflatten(0, x.shape[:-1])
 
 
 @contextlib.contextmanager
@@ -64,18 +67,11 @@ def packed_projections(model: torch.nn.Module, rows: int = 1024) -> Iterator[Non
     modules = [m for m in model.modules() if isinstance(m, Conv1D)] + [model.lm_head]
     try:
         for m in modules:  # LoRA layers call their base Conv1D, so they get the packed base weights
-            m.forward = _packed_forward(PackedLinear(m, rows))  # an instance attribute: nn.Module calls it
+            m.forward = PackedLinear(m, rows)  # an instance attribute: nn.Module calls it
         yield
     finally:
         for m in modules:
             vars(m).pop("forward", None)
-
-
-def _packed_forward(linear: PackedLinear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        y = linear(x.reshape(-1, x.shape[-1]))
-        return y.view(*x.shape[:-1], y.shape[-1])
-    return forward
 
 
 def _projections(block, rows: int, pack: bool) -> tuple:
