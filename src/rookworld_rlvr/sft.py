@@ -136,7 +136,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.grpo.control import cosine_lr
-    from rookworld_rlvr.model import TOKENIZERS, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.model import TOKENIZERS, adamw, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
 
     cfg.validate()
     if cfg.threads:
@@ -172,10 +172,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
     eval_rows = {t: _encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout) for t in ("P", "A")}
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = adamw(list(model.parameters()), cfg.lr, (0.9, 0.95), cfg.weight_decay)
     step, elapsed_before = 0, 0.0
     log_path = out.parent / f"{out.name}.sft_log.jsonl"
     if state is not None:

@@ -30,7 +30,7 @@ from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
                                          RewardNormalizer, SymptomMonitor, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
-from rookworld_rlvr.model import generate, load_policy, resolve_device, token_logprobs
+from rookworld_rlvr.model import adamw, generate, load_policy, resolve_device, token_logprobs
 from rookworld_rlvr.model.generate import max_positions, positions_from_mask
 from rookworld_rlvr.model.gpt2_decode import packed_projections
 
@@ -272,10 +272,7 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA
         self.n_trainable = sum(p.numel() for p in trainable)
-        decay = [p for p in trainable if p.dim() >= 2]
-        other = [p for p in trainable if p.dim() < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                      {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.99))
+        self.opt = adamw(trainable, cfg.lr, (0.9, 0.99), cfg.weight_decay)
         self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_mode, cfg.kl_target, cfg.kl_horizon, cfg.kl_coef_min,
                                    max(cfg.kl_coef_max, cfg.kl_coef_min), cfg.kl_warmup_steps, cfg.kl_warmup_factor)
         self.kl_guard = KLThresholdGuard(cfg.kl_divergence_threshold, cfg.kl_max_recoveries)
