@@ -278,6 +278,8 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "bf16": args.bf16, "threads": torch.get_num_threads(),
         "ours_s_per_step": ours_s, "trl_s_per_step": trl_s, "ratio_trl_over_ours": trl_s / ours_s,
         "ours_steps": [r["time/step"] for r in ours_rec], "trl_steps": trl_times, "trl_logged_step_time": trl_logged,
+        # step k of each trainer ran back to back, so their ratio sees one state of a drifting machine
+        "paired_ratios": [t / r["time/step"] for t, r in zip(trl_times[warmup:], meas)],
         "ours_completion_len": statistics.mean(r["completion_len/mean"] for r in meas),
         "trl_completion_len": statistics.mean(trl_lengths[warmup:]) if len(trl_lengths) > warmup else None,
         "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
@@ -302,13 +304,14 @@ def table(machine: dict, results: list[dict]) -> str:
              f"matmul 1024x1024: float32 {machine['gflops']['float32']:.0f} GFLOP/s, "
              f"bf16 {machine['gflops']['bf16']:.0f} GFLOP/s (CPU bf16 support: {machine['bf16_hardware']})", ""]
     head = (f"{'config':7s} {'params':>7s} {'beta':>5s} {'steps':>5s} {'BxG':>5s} {'tok':>4s} "
-            f"{'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} {'len ours/TRL':>12s}")
+            f"{'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} {'pairs':>11s} {'len ours/TRL':>12s}")
     lines += [head, "-" * len(head)]
     for r in results:
         tl = f"{r['trl_completion_len']:.0f}" if r["trl_completion_len"] is not None else "?"
         lines.append(f"{r['config']:7s} {r['params'] / 1e6:6.1f}M {r['beta']:5g} {r['steps']:5d} "
                      f"{r['prompts']}x{r['generations']:<3d} {r['max_tokens']:4d} {r['ours_s_per_step']:11.2f} "
                      f"{r['trl_s_per_step']:10.2f} {r['ratio_trl_over_ours']:7.2f}x "
+                     f"{min(r['paired_ratios']):5.2f}-{max(r['paired_ratios']):4.2f}x "
                      f"{r['ours_completion_len']:>6.0f}/{tl:<5s}")
     lines.append("")
     for r in results:
