@@ -135,8 +135,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from rookworld_rlvr.data.io import read_samples
-    from rookworld_rlvr.grpo.control import cosine_lr
-    from rookworld_rlvr.model import TOKENIZERS, adamw, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.grpo.control import adamw, cosine_lr
+    from rookworld_rlvr.model import TOKENIZERS, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
 
     cfg.validate()
     if cfg.threads:

@@ -255,7 +255,20 @@ class RewardNormalizer:
         self.count = int(state["count"])
 
 
-# --------------------------------------------------------------------------------- schedules
+# ------------------------------------------------------------------ optimizer and schedules
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW that decays only matrices (not biases or layer norms), fused where PyTorch has a kernel.
+
+    The fused kernel updates each tensor in one pass over its memory; the default (foreach) makes a
+    pass per element-wise op. For GPT-2 124M on a 2-core CPU that is ~0.05 s against ~0.3-0.6 s a
+    step (benchmarks/README.md), and more after a backward has evicted the optimizer state from cache.
+    """
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 
 def cosine_lr(step: int, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> float:

@@ -6,7 +6,6 @@ Knows torch and transformers, not chess: prompts and completions are plain text.
 from .generate import Generation, filter_logits, generate, positions_from_mask
 from .load import (
     ModelLoadError,
-    adamw,
     fuse_activations,
     load_policy,
     resolve_device,
@@ -20,7 +19,6 @@ from .tokenizer import TOKENIZERS, build_bpe_tokenizer, build_chess_tokenizer, b
 __all__ = [
     "Generation",
     "ModelLoadError",
-    "adamw",
     "build_batch",
     "build_bpe_tokenizer",
     "build_chess_tokenizer",

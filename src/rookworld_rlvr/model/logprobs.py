@@ -135,7 +135,7 @@ def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) 
     order = sorted(range(len(widths)), key=widths.__getitem__)
     counts = Counter(widths)
     values = sorted(counts)
-    ends = list(accumulate(counts[v] for v in values))  # ends[d]: number of rows with width <= values[d]
+    ends = [0, *accumulate(counts[v] for v in values)]  # ends[d]: number of rows of the d narrowest widths
     m = len(values)
     inf = float("inf")
     # best[k][j]: cost of the rows of the j narrowest widths in k groups; cut[k][j]: where the last group starts
@@ -144,14 +144,14 @@ def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) 
     for k in range(1, max_buckets + 1):
         for j in range(1, m + 1):
             for i in range(k - 1, j):
-                c = best[k - 1][i] + (ends[j - 1] - (ends[i - 1] if i else 0)) * values[j - 1] + overhead
+                c = best[k - 1][i] + (ends[j] - ends[i]) * values[j - 1] + overhead
                 if c < best[k][j]:
                     best[k][j], cut[k][j] = c, i
     k = min(range(1, max_buckets + 1), key=lambda k: best[k][m])
     groups, j = [], m
     while k:
         i = cut[k][j]
-        groups.append(order[(ends[i - 1] if i else 0):ends[j - 1]])
+        groups.append(order[ends[i]:ends[j]])
         j, k = i, k - 1
     return groups[::-1]
 
