@@ -181,9 +181,19 @@ def test_policy_equals_reference_before_update(rig):
     assert (ent[gen.completion_mask.bool()] > 0).all() and (ent[~gen.completion_mask.bool()] == 0).all()
 
 
-def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig):
-    """One prompt pass per group (expanded KV cache) gives the plain pass's log-probs and gradients."""
+@pytest.mark.parametrize("segments", [True, False])
+def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, segments):
+    """One prompt pass per group (expanded KV cache) gives the plain pass's log-probs and gradients,
+    both as one forward over the prompt and bucket segments (plain GPT-2) and through the model's
+    own forward with an expanded cache (every other model)."""
+    from rookworld_rlvr.model import gpt2_segments
+
     kind, model, tok = rig
+    calls = []
+    real = gpt2_segments.hidden_states
+    monkeypatch.setattr(gpt2_segments, "hidden_states", lambda m, segs: calls.append(len(segs)) or real(m, segs))
+    if not segments:
+        monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
     gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
                    generator=torch.Generator().manual_seed(5))
     batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
@@ -203,6 +213,7 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig):
     torch.testing.assert_close(ent4, ent1, atol=1e-5, rtol=0)
     torch.testing.assert_close(g4, g1, atol=1e-5, rtol=1e-4)
     assert (lp4[~gen.completion_mask.bool()] == 0).all()
+    assert calls == ([1 + len(length_buckets(need))] if segments else [])  # one forward: prompts + buckets
     # rows of a "group" that do not share their prompt fall back to the plain pass
     shuffled = [x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1))] for x in batch]
     with torch.no_grad():

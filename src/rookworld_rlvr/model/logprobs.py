@@ -11,7 +11,9 @@ from itertools import accumulate
 
 import torch
 
+from . import gpt2_segments
 from .generate import accepts_logits_to_keep, positions_from_mask
+from .gpt2_segments import Segment
 
 
 def build_batch(
@@ -156,6 +158,14 @@ def length_buckets(widths: list[int], max_buckets: int = 4, overhead: int = 16) 
     return groups[::-1]
 
 
+def _completion_buckets(attention_mask: torch.Tensor, p: int, n_completion: int) -> list[tuple[torch.Tensor, int]]:
+    """(rows, width) of each completion bucket: rows of similar length, each bucket only as wide as
+    the columns its longest row needs (up to its last real token but one)."""
+    cols = torch.arange(1, n_completion + 1, device=attention_mask.device)
+    need = ((attention_mask[:, p:] > 0) * cols).amax(1).sub(1).clamp(min=1).tolist()
+    return [(torch.tensor(b, device=attention_mask.device), max(need[i] for i in b)) for b in length_buckets(need)]
+
+
 def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int):
     """Logits predicting the completion tokens, with one prompt pass per group: (column 0 [N, 1, V],
     [(rows, logits [n_b, w_b, V] of columns 1..w_b)] per bucket, each row's place in the buckets'
@@ -163,14 +173,24 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
 
     The completion pass runs in a few buckets of rows of similar length, each only as wide as its
     longest completion: right padding was 5-22% of a benchmark batch's completion columns, and the
-    bucket passes skip most of it. Columns past a bucket's width come out 0 (they are masked)."""
+    bucket passes skip most of it. Columns past a bucket's width come out 0 (they are masked).
+    A plain GPT-2 runs the prompts and all buckets in one forward (`gpt2_segments`)."""
     n, p = input_ids.shape[0], input_ids.shape[1] - n_completion
     head = slice(None, None, group_size)  # the first row of each group
+    every_row = torch.arange(n, device=input_ids.device)
+    buckets = _completion_buckets(attention_mask, p, n_completion) if n_completion > 1 else []
+    if gpt2_segments.supports(model):
+        segments = [Segment(input_ids[head, :p], position_ids[head, :p], attention_mask[head, :p])]
+        segments += [Segment(input_ids[idx, p:p + w], position_ids[idx, p:p + w], attention_mask[idx, :p],
+                             prompt_rows=idx // group_size) for idx, w in buckets]
+        hidden = gpt2_segments.hidden_states(model, segments)
+        last_prompt = model.lm_head(hidden[0][:, -1:]).repeat_interleave(group_size, dim=0)
+        scored = [(idx, model.lm_head(h)) for (idx, _), h in zip(buckets, hidden[1:])]
+        return last_prompt, scored, _order(buckets, every_row)
     keep = accepts_logits_to_keep(model)
     first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
                   position_ids=position_ids[head, :p], use_cache=True, **({"logits_to_keep": 1} if keep else {}))
     last_prompt = first.logits[:, -1:].repeat_interleave(group_size, dim=0)
-    every_row = torch.arange(n, device=input_ids.device)
     if n_completion == 1:
         return last_prompt, [], every_row
     cache = first.past_key_values
@@ -183,21 +203,22 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
                      position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True,
                      **({"logits_to_keep": n_completion - 1} if keep else {}))
         return last_prompt, [(every_row, rest.logits[:, -(n_completion - 1):])], every_row
-    # columns of the completion pass a row needs: up to its last real token but one
-    cols = torch.arange(1, n_completion + 1, device=attention_mask.device)
-    need = ((attention_mask[:, p:] > 0) * cols).amax(1).sub(1).clamp(min=1).tolist()
     prompt_kv = [(layer.keys, layer.values) for layer in layers]
-    buckets, rows = [], []
-    for bucket in length_buckets(need):
-        idx = torch.tensor(bucket, device=input_ids.device)
-        w = max(need[i] for i in bucket)
+    scored = []
+    for idx, w in buckets:
         for layer, (k, v) in zip(layers, prompt_kv):  # differentiable: the rows' gradients sum into the prompt
             layer.keys, layer.values = k.index_select(0, idx // group_size), v.index_select(0, idx // group_size)
         out = model(input_ids=input_ids[idx, p:p + w], attention_mask=attention_mask[idx, :p + w],
                     position_ids=position_ids[idx, p:p + w], past_key_values=cache, use_cache=True,
                     **({"logits_to_keep": w} if keep else {}))
-        buckets.append((idx, out.logits[:, -w:]))
-        rows += bucket
-    order = torch.empty(n, dtype=torch.long, device=input_ids.device)  # row i's place in the buckets' rows
-    order[torch.tensor(rows, device=input_ids.device)] = every_row
-    return last_prompt, buckets, order
+        scored.append((idx, out.logits[:, -w:]))
+    return last_prompt, scored, _order(buckets, every_row)
+
+
+def _order(buckets: list[tuple[torch.Tensor, int]], every_row: torch.Tensor) -> torch.Tensor:
+    """Each row's place in the buckets' rows laid end to end."""
+    if not buckets:
+        return every_row
+    order = torch.empty_like(every_row)
+    order[torch.cat([idx for idx, _ in buckets])] = every_row
+    return order

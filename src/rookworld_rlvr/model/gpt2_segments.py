@@ -1,0 +1,77 @@
+"""One GPT-2 forward over several segments of tokens: a group's prompts and buckets of completions.
+
+A GRPO scoring pass runs each prompt once and then its completions in a few buckets of
+similar length, each attending to its prompt's keys and values. Through the stock model
+that is a prompt pass plus one forward per bucket: every layer's projections and MLP run
+as several small matrix products. Here every segment's tokens are laid side by side in
+one [tokens, E] stream, so the layer norms, projections and MLP run once per layer over
+all of them; only attention is done segment by segment (each completion bucket against
+its rows' prompt keys and values, expanded with a differentiable `index_select`, and its
+own causal keys). Same numbers as the stock forward up to float reordering (tests compare
+log-probs and gradients). Used only for a plain `GPT2LMHeadModel` in eval mode (`supports`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .gpt2_decode import supports  # a plain GPT-2 in eval mode (no dropout): what this forward reproduces
+
+
+@dataclass
+class Segment:
+    """Rows of `ids` [n, w] at `positions` [n, w]. A prompt segment (`prompt_rows` None) is
+    left-padded, `key_mask` [n, w] marking its real tokens; a completion segment attends first
+    to the keys of rows `prompt_rows` [n] of the segment before it that is a prompt (masked by
+    `key_mask` [n, P], the prompt's real tokens), then causally to its own."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    key_mask: torch.Tensor
+    prompt_rows: torch.Tensor | None = None
+
+
+def _masks(segments: list[Segment]) -> list[torch.Tensor]:
+    """Boolean attention masks [n, 1, w, keys] (True: may attend). A left-pad query of a prompt
+    sees itself, so that no row of the softmax is empty (its output is never read)."""
+    out = []
+    for s in segments:
+        n, w = s.ids.shape
+        causal = torch.ones(w, w, dtype=torch.bool, device=s.ids.device).tril()
+        if s.prompt_rows is None:
+            m = (causal & s.key_mask.bool()[:, None, :]) | torch.eye(w, dtype=torch.bool, device=s.ids.device)
+        else:
+            m = torch.cat([s.key_mask.bool()[:, None, :].expand(n, w, -1), causal.expand(n, w, w)], -1)
+        out.append(m[:, None])
+    return out
+
+
+def hidden_states(model, segments: list[Segment]) -> list[torch.Tensor]:
+    """The final hidden states (after `ln_f`) of each segment, [n, w, E]."""
+    tr = model.transformer
+    e = tr.embed_dim
+    sizes = [s.ids.numel() for s in segments]
+    masks = _masks(segments)
+    x = torch.cat([(tr.wte(s.ids) + tr.wpe(s.positions)).reshape(-1, e) for s in segments])
+    for block in tr.h:
+        attn = block.attn
+        heads, dim = attn.num_heads, attn.head_dim
+        qkv = attn.c_attn(block.ln_1(x))
+        outs, prompt_kv = [], None
+        for s, part, mask in zip(segments, qkv.split(sizes), masks):
+            n, w = s.ids.shape
+            q, k, v = (z.view(n, w, heads, dim).transpose(1, 2) for z in part.split(e, -1))
+            if s.prompt_rows is None:
+                prompt_kv = (k, v)
+            elif prompt_kv is None:
+                raise ValueError("a completion segment needs a prompt segment before it")
+            else:
+                k, v = (torch.cat([p.index_select(0, s.prompt_rows), z], 2) for p, z in zip(prompt_kv, (k, v)))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+            outs.append(o.transpose(1, 2).reshape(n * w, e))
+        x = x + attn.c_proj(torch.cat(outs))
+        x = x + block.mlp(block.ln_2(x))
+    return [h.view(*s.ids.shape, e) for s, h in zip(segments, tr.ln_f(x).split(sizes))]
