@@ -382,7 +382,7 @@ def main() -> int:
         log("measuring matmul rates ...")
         return {"float32": matmul_gflops(torch.float32), "bf16": matmul_gflops(torch.bfloat16)}
 
-    machine["gflops_start"] = rates()  # this VM's matmul rate drifts (96-197 GFLOP/s float32 in one session):
+    machine["gflops_start"] = rates()  # this VM's matmul rate drifts (96-197 GFLOP/s float32 in one session)
 
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmpdir:
@@ -406,7 +406,7 @@ def main() -> int:
             for beta in args.beta:
                 log(f"{name}: {model_dir}, beta {beta:g}, {warmup} warm-up + {steps} measured steps each")
                 results.append(run_pair(name, model_dir, args, beta, steps, warmup, tmp, log))
-    machine["gflops_end"] = rates()  # measured twice, the faster rate is the machine's peak for the bound
+    machine["gflops_end"] = rates()  # so it is measured twice, and the faster is the peak the bound uses
     machine["gflops"] = {k: max(machine["gflops_start"][k], machine["gflops_end"][k]) for k in machine["gflops_end"]}
     for res in results:
         add_bound(res, machine["gflops"])
