@@ -191,7 +191,7 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
     kind, model, tok = rig
     calls = []
     real = gpt2_segments.hidden_states
-    monkeypatch.setattr(gpt2_segments, "hidden_states", lambda m, segs: calls.append(len(segs)) or real(m, segs))
+    monkeypatch.setattr(gpt2_segments, "hidden_states", lambda m, segs, *a: calls.append(len(segs)) or real(m, segs, *a))
     if not segments:
         monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
     gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
@@ -220,6 +220,60 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
         plain = token_logprobs(model, *shuffled, n_completion=n)["logprobs"]
         grouped = token_logprobs(model, *shuffled, n_completion=n, group_size=4)["logprobs"]
     assert torch.equal(plain, grouped)
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_bf16_grad_linear_has_the_float32_forward_and_bf16_gradients(kind):
+    """bf16_grad.linear: the module's own float32 output, bit for bit; input, weight and bias
+    gradients within bf16 rounding of float32's (bias exact: a sum, no product)."""
+    from transformers.pytorch_utils import Conv1D
+
+    from rookworld_rlvr.model.bf16_grad import linear
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(48, 80) if kind == "linear" else Conv1D(80, 48)
+    torch.nn.init.normal_(module.bias)
+    x = torch.randn(3, 7, 48, requires_grad=True)
+    upstream = torch.randn(3, 7, 80)
+    grads = {}
+    for dtype in (None, torch.bfloat16):
+        module.zero_grad()
+        x.grad = None
+        y = linear(module, x, dtype)
+        assert torch.equal(y, module(x))
+        (y * upstream).sum().backward()
+        grads[dtype] = [x.grad.clone(), module.weight.grad.clone(), module.bias.grad.clone()]
+    for g32, g16 in zip(grads[None][:2], grads[torch.bfloat16][:2]):
+        assert g16.dtype == torch.float32 and not torch.equal(g16, g32)
+        assert (g16 - g32).norm() < 2e-2 * g32.norm()
+    assert torch.equal(grads[None][2], grads[torch.bfloat16][2])
+    with torch.no_grad():  # without autograd: the module itself (packed weights etc. still apply)
+        assert torch.equal(linear(module, x, torch.bfloat16), module(x))
+    with pytest.raises(TypeError, match="plain nn.Linear"):  # a wrapper (LoRA) would lose its own forward
+        linear(torch.nn.Sequential(module), x, torch.bfloat16)
+
+
+def test_grouped_pass_with_bf16_gradients_keeps_log_probs_exact(rig):
+    """token_logprobs(grad_dtype=bf16) on the one-forward GPT-2 path: the same log-probs and
+    entropy as float32 (the sampler's agreement is untouched), gradients within bf16 rounding."""
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
+                   generator=torch.Generator().manual_seed(5))
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    results = {}
+    for dtype in (None, torch.bfloat16):
+        model.zero_grad()
+        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=4,
+                             grad_dtype=dtype)
+        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
+        results[dtype] = (out["logprobs"].detach(), out["entropy"].detach(),
+                          torch.cat([p.grad.flatten() for p in model.parameters()]))
+    (lp32, ent32, g32), (lp16, ent16, g16) = results[None], results[torch.bfloat16]
+    assert torch.equal(lp16, lp32) and torch.equal(ent16, ent32)
+    assert not torch.equal(g16, g32)
+    assert (g16 - g32).norm() < 2e-2 * g32.norm()
 
 
 # 7. stop early, finish reasons, limits -----------------------------------------------------------

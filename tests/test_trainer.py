@@ -36,7 +36,7 @@ def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, **over):
     fields = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
                   output_dir=str(tmp_path / "run"), steps=3, batch_positions=2, group_size=4, max_new_tokens=24,
                   lr=1e-3, warmup_steps=0, save_every=1, tensorboard=False, progress=False, report=False, seed=1,
-                  engine_cache=None, device="cpu")
+                  engine_cache=None, device="cpu", backward_dtype="float32")  # exact: runs compare bit for bit
     fields.update(over)
     cfg = load_config(None, fields)
     train = read_samples(cfg.data)
@@ -113,15 +113,16 @@ def _metrics(path):
     return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("anchor_coef", [0.0, 0.5], ids=["plain", "anchor"])
-def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef):
+@pytest.mark.parametrize("anchor_coef,backward", [(0.0, "float32"), (0.5, "bf16")], ids=["plain", "anchor-bf16"])
+def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef, backward):
     def varied(prompts, completions, truths, weights):  # the chess reward plus a length term: every
         results = scorer.score_batch(prompts, completions, truths, weights)  # group has variance, so
         for r, c in zip(results, completions):  # every step moves the weights and the lr schedule matters
             r.total += 0.01 * (len(c) % 7)
         return results
 
-    anchor = dict(anchor_coef=anchor_coef, anchor_batch=4)  # the anchor's sample order resumes too
+    anchor = dict(anchor_coef=anchor_coef, anchor_batch=4,  # the anchor's sample order resumes too
+                  backward_dtype=backward)
     straight = make(tmp_path / "a", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
     straight.train()
     part = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
@@ -199,7 +200,7 @@ def test_kl_threshold_recovers_then_stops_with_a_message(tmp_path, tiny_model_di
 
 
 def test_master_weights_stay_fp32_under_bf16(tmp_path, tiny_model_dir, small_data, scorer):
-    tr = make(tmp_path, tiny_model_dir, small_data, scorer, autocast="bf16", steps=2)
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, autocast="bf16", backward_dtype="auto", steps=2)
     tr.train()
     assert all(p.dtype == torch.float32 for p in tr.policy.parameters())
     for state in tr.opt.state.values():
@@ -219,6 +220,12 @@ def test_config_rejects_bad_values_and_unknown_fields():
         load_config(None, {"kl_coeff": "0.1"})
     with pytest.raises(ValueError, match="loss_type"):
         load_config(None, {"loss_type": "ppo"})
+    with pytest.raises(ValueError, match="backward_dtype"):
+        load_config(None, {"backward_dtype": "float32", "autocast": "bf16"})
+    with pytest.raises(ValueError, match="backward_dtype.*lora_r"):
+        load_config(None, {"backward_dtype": "bf16", "lora_r": 4})
+    with pytest.raises(ValueError, match="backward_dtype"):
+        load_config(None, {"backward_dtype": "fp16"})
     cfg = load_config("configs/default.yaml", {"lr": "1e-5", "resume": "true"})
     assert cfg.lr == 1e-5 and cfg.resume is True
 
@@ -370,6 +377,44 @@ def test_entropy_bonus_reaches_the_gradient_and_a_logged_entropy_keeps_no_graph(
         grads[coef] = torch.cat([p.grad.flatten() for p in tr.policy.parameters()])
     assert entropies[0.0] == pytest.approx(entropies[0.5], rel=1e-6)  # the same samples, the same entropy
     assert (grads[0.0] - grads[0.5]).norm() > 1e-3 * grads[0.0].norm()  # the bonus moved the gradient
+
+
+def test_bf16_backward_keeps_the_forward_and_nearly_the_gradient(tmp_path, tiny_model_dir, small_data, scorer):
+    """backward_dtype bf16: the policy pass's log-probs, ratios and KL are the float32 ones (the
+    sampler agrees as closely), and the gradient differs from float32's only by bf16 rounding."""
+    out = {}
+    for dtype in ("float32", "bf16"):
+        tr = make(tmp_path / dtype, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, backward_dtype=dtype)
+        assert tr.grad_note == dtype and (tr.grad_dtype is not None) == (dtype == "bf16")
+        batch = tr.assemble(tr.collect(0, {}))
+        tr.opt.step = lambda: None  # keep the weights: compare this step's gradients
+        m = tr.update(batch, 0, {})
+        out[dtype] = (m, torch.cat([p.grad.flatten() for p in tr.policy.parameters()]))
+    (m32, g32), (m16, g16) = out["float32"], out["bf16"]
+    for key in ("logp_sampler_diff", "ratio_mean", "kl_mean", "entropy", "loss"):
+        assert m16[key] == m32[key], key
+    assert not torch.equal(g16, g32)  # the bf16 products really ran
+    assert (g16 - g32).norm() < 1e-2 * g32.norm()
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.9999
+
+
+def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_path, tiny_model_dir, small_data, scorer,
+                                                                          monkeypatch):
+    from rookworld_rlvr.grpo import trainer as trainer_module
+    from rookworld_rlvr.model.bf16_grad import bf16_speedup
+
+    assert bf16_speedup(torch.device("cpu")) > 0
+    monkeypatch.setattr(trainer_module, "bf16_speedup", lambda device: 2.0)  # a CPU with fast bf16 products
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto")
+    assert tr.grad_dtype == torch.bfloat16 and "2.00x" in tr.grad_note
+    assert "backward products bf16 (auto" in tr.banner()
+    tr.save()
+    monkeypatch.setattr(trainer_module, "bf16_speedup", lambda device: 0.5)  # the same run on a slow machine
+    assert make(tmp_path / "new", tiny_model_dir, small_data, scorer, backward_dtype="auto").grad_dtype is None
+    resumed = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto", resume=True)
+    assert resumed.grad_dtype == torch.bfloat16 and "as the run was started" in resumed.grad_note
+    lora = make(tmp_path / "lora", tiny_model_dir, small_data, scorer, backward_dtype="auto", lora_r=4)
+    assert lora.grad_dtype is None and "plain GPT-2" in lora.grad_note
 
 
 def test_exact_kl_equals_the_full_vocabulary_kl_of_plain_passes(tmp_path, tiny_model_dir, small_data, scorer):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .bf16_grad import linear
 from .gpt2_decode import supports  # a plain GPT-2 in eval mode (no dropout): what this forward reproduces
 
 
@@ -49,8 +50,9 @@ def _masks(segments: list[Segment]) -> list[torch.Tensor]:
     return out
 
 
-def hidden_states(model, segments: list[Segment]) -> list[torch.Tensor]:
-    """The final hidden states (after `ln_f`) of each segment, [n, w, E]."""
+def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """The final hidden states (after `ln_f`) of each segment, [n, w, E]. With `grad_dtype` the
+    backward's matrix products of the projections and MLP run in that dtype (`bf16_grad`)."""
     tr = model.transformer
     e = tr.embed_dim
     sizes = [s.ids.numel() for s in segments]
@@ -59,7 +61,7 @@ def hidden_states(model, segments: list[Segment]) -> list[torch.Tensor]:
     for block in tr.h:
         attn = block.attn
         heads, dim = attn.num_heads, attn.head_dim
-        qkv = attn.c_attn(block.ln_1(x))
+        qkv = linear(attn.c_attn, block.ln_1(x), grad_dtype)
         outs, prompt_kv = [], None
         for s, part, mask in zip(segments, qkv.split(sizes), masks):
             n, w = s.ids.shape
@@ -72,6 +74,7 @@ def hidden_states(model, segments: list[Segment]) -> list[torch.Tensor]:
                 k, v = (torch.cat([p.index_select(0, s.prompt_rows), z], 2) for p, z in zip(prompt_kv, (k, v)))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
             outs.append(o.transpose(1, 2).reshape(n * w, e))
-        x = x + attn.c_proj(torch.cat(outs))
-        x = x + block.mlp(block.ln_2(x))
+        x = x + linear(attn.c_proj, torch.cat(outs), grad_dtype)
+        mlp = block.mlp  # GPT2MLP.forward, with our linear (dropout is off: eval mode)
+        x = x + mlp.dropout(linear(mlp.c_proj, mlp.act(linear(mlp.c_fc, block.ln_2(x), grad_dtype)), grad_dtype))
     return [h.view(*s.ids.shape, e) for s, h in zip(segments, tr.ln_f(x).split(sizes))]

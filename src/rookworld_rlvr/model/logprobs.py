@@ -13,6 +13,7 @@ import torch
 
 from . import gpt2_segments
 from .generate import accepts_logits_to_keep, positions_from_mask
+from .bf16_grad import linear
 from .gpt2_segments import Segment
 
 
@@ -41,6 +42,7 @@ def token_logprobs(
     return_logits: bool = False,
     group_size: int = 1,
     entropy_grad: bool = True,
+    grad_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
 
@@ -56,6 +58,9 @@ def token_logprobs(
     (as GRPO batches do), each prompt runs once and its KV cache is expanded to its
     G rows; gradients from all G completions flow back into the one prompt pass.
     The result equals the plain pass; the prompt's share of the compute drops G-fold.
+
+    `grad_dtype` (bf16): the backward's matrix products in that dtype, the forward unchanged
+    (`bf16_grad`). It takes effect only where the one-forward GPT-2 path runs (`gpt2_segments`).
     """
     length = input_ids.shape[1]
     if not 0 < n_completion < length:
@@ -65,7 +70,8 @@ def token_logprobs(
     targets = input_ids[:, -n_completion:]
     grouped = None
     if _shares_prompts(input_ids, attention_mask, n_completion, group_size):
-        grouped = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size)
+        grouped = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size,
+                                  grad_dtype)
     if grouped is None:
         keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
         out = model(
@@ -166,7 +172,8 @@ def _completion_buckets(attention_mask: torch.Tensor, p: int, n_completion: int)
     return [(torch.tensor(b, device=attention_mask.device), max(need[i] for i in b)) for b in length_buckets(need)]
 
 
-def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int):
+def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int,
+                    grad_dtype: torch.dtype | None = None):
     """Logits predicting the completion tokens, with one prompt pass per group: (column 0 [N, 1, V],
     [(rows, logits [n_b, w_b, V] of columns 1..w_b)] per bucket, each row's place in the buckets'
     rows); None when the model's cache cannot be expanded (the caller then runs the plain pass).
@@ -183,9 +190,9 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         segments = [Segment(input_ids[head, :p], position_ids[head, :p], attention_mask[head, :p])]
         segments += [Segment(input_ids[idx, p:p + w], position_ids[idx, p:p + w], attention_mask[idx, :p],
                              prompt_rows=idx // group_size) for idx, w in buckets]
-        hidden = gpt2_segments.hidden_states(model, segments)
-        last_prompt = model.lm_head(hidden[0][:, -1:]).repeat_interleave(group_size, dim=0)
-        scored = [(idx, model.lm_head(h)) for (idx, _), h in zip(buckets, hidden[1:])]
+        hidden = gpt2_segments.hidden_states(model, segments, grad_dtype)
+        last_prompt = linear(model.lm_head, hidden[0][:, -1:], grad_dtype).repeat_interleave(group_size, dim=0)
+        scored = [(idx, linear(model.lm_head, h, grad_dtype)) for (idx, _), h in zip(buckets, hidden[1:])]
         return last_prompt, scored, _order(buckets, every_row)
     keep = accepts_logits_to_keep(model)
     first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
