@@ -30,10 +30,8 @@ from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
                                          RewardNormalizer, SymptomMonitor, adamw, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
-from rookworld_rlvr.model import generate, load_policy, resolve_device, token_logprobs
+from rookworld_rlvr.model import bf16_grad, generate, gpt2_segments, load_policy, resolve_device, token_logprobs
 from rookworld_rlvr.model.generate import max_positions, positions_from_mask
-from rookworld_rlvr.model import gpt2_segments
-from rookworld_rlvr.model import bf16_grad
 from rookworld_rlvr.model.bf16_grad import bf16_speedup
 from rookworld_rlvr.model.gpt2_decode import packed_projections
 

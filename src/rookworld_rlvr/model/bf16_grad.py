@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers.pytorch_utils import Conv1D
 
 
 class _Bf16GradLinear(torch.autograd.Function):
@@ -46,8 +47,6 @@ class _Bf16GradLinear(torch.autograd.Function):
 
 
 def _plain(module: torch.nn.Module) -> bool:
-    from transformers.pytorch_utils import Conv1D
-
     return type(module) in (torch.nn.Linear, Conv1D)
 
 
