@@ -34,6 +34,7 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate
     from rookworld_rlvr.grpo.trainer import Trainer
+    from rookworld_rlvr.hostmem import keep_freed_memory
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
     report = ReadReport()
@@ -58,6 +59,8 @@ def build(cfg: TrainConfig, log=print):
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, return_examples=3)
 
     trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log)
+    if trainer.device.type == "cpu":  # where the steps' big tensors live in host memory
+        log(keep_freed_memory())
     return trainer, pool
 
 
