@@ -462,5 +462,6 @@ print(*[step() for _ in range(6)])
         return
     assert out[0].startswith("host memory: freed blocks are kept for reuse"), out
     faults = [int(n) for n in out[1].split()]
-    assert faults[0] > 40_000, faults  # the first step faults in its 160 MB (40,960 pages) ...
-    assert faults[-1] < 1_000, faults  # ... later steps reuse them (glibc's default: 40,960 every step)
+    # The first step faults in its 160 MB (40,960 pages, fewer where transparent huge pages are
+    # always on); later steps reuse them (glibc's default: 40,960 every step on this kind of VM).
+    assert faults[-1] < 1_000, faults
