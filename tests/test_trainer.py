@@ -400,16 +400,15 @@ def test_bf16_backward_keeps_the_forward_and_nearly_the_gradient(tmp_path, tiny_
 
 def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_path, tiny_model_dir, small_data, scorer,
                                                                           monkeypatch):
-    from rookworld_rlvr.grpo import trainer as trainer_module
-    from rookworld_rlvr.model.bf16_grad import bf16_speedup
+    from rookworld_rlvr.model import bf16_grad
 
-    assert bf16_speedup(torch.device("cpu")) > 0
-    monkeypatch.setattr(trainer_module, "bf16_speedup", lambda device: 2.0)  # a CPU with fast bf16 products
+    assert bf16_grad.bf16_speedup(torch.device("cpu")) > 0
+    monkeypatch.setattr(bf16_grad, "bf16_speedup", lambda device: 2.0)  # a CPU with fast bf16 products
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto")
     assert tr.grad_dtype == torch.bfloat16 and "2.00x" in tr.grad_note
     assert "backward products bf16 (auto" in tr.banner()
     tr.save()
-    monkeypatch.setattr(trainer_module, "bf16_speedup", lambda device: 0.5)  # the same run on a slow machine
+    monkeypatch.setattr(bf16_grad, "bf16_speedup", lambda device: 0.5)  # the same run on a slow machine
     assert make(tmp_path / "new", tiny_model_dir, small_data, scorer, backward_dtype="auto").grad_dtype is None
     resumed = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto", resume=True)
     assert resumed.grad_dtype == torch.bfloat16 and "as the run was started" in resumed.grad_note

@@ -32,7 +32,6 @@ from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThr
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import bf16_grad, generate, gpt2_segments, load_policy, resolve_device, token_logprobs
 from rookworld_rlvr.model.generate import max_positions, positions_from_mask
-from rookworld_rlvr.model.bf16_grad import bf16_speedup
 from rookworld_rlvr.model.gpt2_decode import packed_projections
 
 
@@ -106,7 +105,7 @@ def backward_dtype(setting: str, model, amp: torch.dtype | None, device: torch.d
         return (torch.bfloat16 if setting == "bf16" else None), setting
     if device.type not in ("cpu", "cuda"):
         return None, f"float32 (auto: no bf16 measurement on {device.type})"
-    speed = dist.broadcast_object(bf16_speedup(device) if dist.is_main() else None)  # every rank decides alike
+    speed = dist.broadcast_object(bf16_grad.bf16_speedup(device) if dist.is_main() else None)  # every rank decides alike
     chosen = "bf16" if speed >= 1.5 else "float32"
     return (torch.bfloat16 if chosen == "bf16" else None), f"{chosen} (auto: a bf16 product ran at {speed:.2f}x float32's speed)"
 
