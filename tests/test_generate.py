@@ -276,6 +276,72 @@ def test_grouped_pass_with_bf16_gradients_keeps_log_probs_exact(rig):
     assert (g16 - g32).norm() < 2e-2 * g32.norm()
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_recorded_projections_give_the_sampler_log_probs_and_the_recomputed_gradients(rig, monkeypatch, packed):
+    """generate(record=True) keeps every layer's projection outputs; token_logprobs on them (the
+    trainer's first pass on a batch) skips those products and returns the sampler's log-probs and
+    the gradients of a pass that recomputes everything: rows of different lengths, groups that left
+    the decode batch early, a wider left padding than the sampler's, packed and plain decode weights."""
+    import torch.nn.functional as F
+
+    from rookworld_rlvr.model import gpt2_decode
+
+    kind, model, tok = rig
+    if not packed:
+        monkeypatch.setattr(gpt2_decode, "can_pack", lambda m: False)
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[4, 40, 9, 40], temperature=0.8, num_return_sequences=3,
+                   generator=torch.Generator().manual_seed(2), record=True)
+    assert len(set(gen.completion_mask.sum(1).tolist())) > 2, "test lost its teeth: rows of one length"
+    pad = tok.pad_token_id
+    batch = build_batch(F.pad(gen.prompt_ids, (2, 0), value=pad), F.pad(gen.prompt_mask, (2, 0)),
+                        gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    recorded = [gen.recorded_row(i) for i in range(len(gen.texts))]
+    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    results = []
+    for rec in (None, recorded):
+        model.zero_grad()
+        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=3,
+                             recorded=rec)
+        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
+        results.append((out["logprobs"].detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (lp, grads), (lp_rec, grads_rec) = results
+    torch.testing.assert_close(lp_rec, gen.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lp_rec, lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads_rec, grads, atol=1e-5, rtol=1e-4)
+    # the recordings really are what the pass computes with: change one row's and its log-probs move
+    prompt, fed = recorded[4]
+    recorded[4] = (prompt, fed + torch.randn(fed.shape, generator=torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        moved = token_logprobs(model, *batch, n_completion=n, temperature=0.8, group_size=3, recorded=recorded)
+    changed = (moved["logprobs"] - lp_rec).abs().amax(1) > 1e-3
+    assert changed.tolist() == [i == 4 for i in range(len(gen.texts))]
+
+
+def test_recorded_projections_are_checked(rig):
+    """A recording that does not fit the batch or the model is a clear error, never used silently."""
+    kind, model, tok = rig
+    gen = generate(model, tok, PROMPTS[:2], max_new_tokens=8, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(1), record=True)
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    recorded = [gen.recorded_row(i) for i in range(4)]
+    with pytest.raises(ValueError, match="one per row"):
+        token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=recorded[:3])
+    with pytest.raises(ValueError, match="one per row"):  # rows that do not share prompts in groups
+        token_logprobs(model, *batch, n_completion=n, group_size=1, recorded=recorded)
+    swapped = [recorded[2], recorded[3], recorded[0], recorded[1]]  # the other prompt's tokens
+    with pytest.raises(ValueError, match="row 0: .* recorded prompt tokens"):
+        token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=swapped)
+    short = [(p, c[:, :1]) for p, c in recorded]
+    with pytest.raises(ValueError, match="recorded completion tokens"):
+        token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=short)
+    with pytest.raises(ValueError, match="record=True"):
+        generate(model, tok, PROMPTS[:1], max_new_tokens=4).recorded_row(0)
+    with pytest.raises(ValueError, match="no autocast"):
+        generate(model, tok, PROMPTS[:1], max_new_tokens=4, record=True, autocast_dtype=torch.bfloat16)
+
+
 # 7. stop early, finish reasons, limits -----------------------------------------------------------
 
 

@@ -398,6 +398,38 @@ def test_bf16_backward_keeps_the_forward_and_nearly_the_gradient(tmp_path, tiny_
     assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.9999
 
 
+def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_path, tiny_model_dir, small_data, scorer):
+    """record_rollout: the rows carry the sampler's projection outputs; the first pass on them gives
+    the log-probs and gradient of a recomputing pass; the update frees them after that pass (a second
+    pass, μ = 2, recomputes). Where it cannot apply it is off and the banner says why."""
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, updates_per_batch=2,
+              mix_env_ratio=0.5)
+    assert tr.record and "recorded projection outputs" in tr.banner()
+    batch = tr.assemble(tr.collect(0, {}))
+    assert all(r.recorded is not None for r in batch.rows)
+    results = []
+    for recorded in (False, True):
+        tr.policy.zero_grad()
+        for sl in tr._task_slices(batch):
+            logp = tr._logprobs(tr.forward_model, batch, sl, tr.device, False, False, recorded=recorded)["logprobs"]
+            (logp * batch.advantages[sl, None] * batch.completion_mask[sl]).sum().backward()
+            results.append(logp.detach())
+        results.append(torch.cat([p.grad.flatten() for p in tr.policy.parameters()]))
+    n = len(tr._task_slices(batch))
+    for plain, rec in zip(results[:n], results[n + 1:-1]):
+        torch.testing.assert_close(rec, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(results[-1], results[n], atol=1e-6, rtol=1e-4)
+    m = tr.update(batch, 0, {})
+    assert abs(m["ratio_mean"] - 1.0) < 1e-5 and m["logp_sampler_diff"] < 1e-4 and "last_loss" in m
+    assert all(r.recorded is None for r in batch.rows)
+    for over, why in (({"record_rollout": False}, "record_rollout: false"), ({"lora_r": 4}, "LoRA"),
+                      ({"autocast": "bf16", "backward_dtype": "auto"}, "autocast")):
+        other = make(tmp_path / why.split(":")[0], tiny_model_dir, small_data, scorer, **over)
+        assert not other.record and why in other.record_note and other.record_note in other.banner()
+        rows = other.collect(0, {})
+        assert all(r.recorded is None for g in rows for r in g)
+
+
 def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_path, tiny_model_dir, small_data, scorer,
                                                                           monkeypatch):
     from rookworld_rlvr.model import bf16_grad

@@ -39,6 +39,10 @@ class TrainConfig:
     backward_dtype: str = _f("auto", "auto | float32 | bf16: dtype of the policy pass's backward matrix products; its forward "
                                      "(log-probs, ratios) stays float32 (auto = bf16 where a bf16 product measures >= 1.5x "
                                      "faster; plain GPT-2 policies only)")
+    record_rollout: bool = _f(True, "keep each layer's projection outputs from sampling, and skip those matrix products in the first "
+                                    "update on the batch (the same log-probs and gradients; on CPU about a third of the policy "
+                                    "pass). Memory: 36 x n_embd x n_layer bytes per rollout token (2.1 GB for 124M, 64 x 100 "
+                                    "tokens). Plain GPT-2 policies without autocast, LoRA or compile; the log says if it is on")
     compile: bool = _f(False, "torch.compile the policy forward (GPU; little gain on CPU)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     # -- data ----------------------------------------------------------------------------------

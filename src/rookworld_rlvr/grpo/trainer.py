@@ -54,6 +54,7 @@ class Row:
     reward: float = 0.0
     components: dict = field(default_factory=dict)
     valid: bool = False
+    recorded: tuple | None = None  # the sampler's projections for this row (Generation.recorded_row)
 
 
 @dataclass
@@ -108,6 +109,17 @@ def backward_dtype(setting: str, model, amp: torch.dtype | None, device: torch.d
     speed = dist.broadcast_object(bf16_grad.bf16_speedup(device) if dist.is_main() else None)  # every rank decides alike
     chosen = "bf16" if speed >= 1.5 else "float32"
     return (torch.bfloat16 if chosen == "bf16" else None), f"{chosen} (auto: a bf16 product ran at {speed:.2f}x float32's speed)"
+
+
+def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None) -> tuple[bool, str]:
+    """(whether rollouts record their projections for the first update, a note for the banner)."""
+    if not cfg.record_rollout:
+        return False, "recomputed (record_rollout: false)"
+    why = ("autocast" if amp is not None else "LoRA" if cfg.lora_r else "compile" if cfg.compile
+           else None if gpt2_segments.supports(model) and bf16_grad.supports(model) else "not a plain GPT-2")
+    if why:
+        return False, f"recomputed (record_rollout needs a plain GPT-2 policy without autocast, LoRA or compile: {why})"
+    return True, "the rollout's recorded projection outputs in the first update on a batch"
 
 
 def git_commit() -> str:
@@ -292,6 +304,7 @@ class Trainer:
         net = self.policy.get_base_model() if cfg.lora_r else self.policy
         self.forward_model = torch.compile(net) if cfg.compile else net
         self.grad_dtype, self.grad_note = backward_dtype(cfg.backward_dtype, self.forward_model, self.amp, self.device)
+        self.record, self.record_note = record_rollout(cfg, self.forward_model, self.amp)
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA
         self.n_trainable = sum(p.numel() for p in trainable)
@@ -503,7 +516,8 @@ class Trainer:
         g = generate(self.sampler(), self.tokenizer, prompts,
                      max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
                      temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
-                     top_p=first["top_p"], num_return_sequences=G, generator=self.gen, autocast_dtype=self.amp)
+                     top_p=first["top_p"], num_return_sequences=G, generator=self.gen, autocast_dtype=self.amp,
+                     record=self.record)
         timings["generate"] = timings.get("generate", 0.0) + time.time() - t0
         t0 = time.time()
         n = len(g.texts)
@@ -519,7 +533,8 @@ class Trainer:
             r = results[i]
             rows.append(Row(items[i // G][0], row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
                             g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
-                            g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format)))
+                            g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format),
+                            g.recorded_row(i) if self.record else None))
         return rows
 
     def assemble(self, groups: list[list[Row]]) -> Batch:
@@ -572,7 +587,13 @@ class Trainer:
     def _amp(self, device: torch.device):
         return torch.autocast(device.type, dtype=self.amp) if self.amp is not None else nullcontext()
 
-    def _logprobs(self, model, batch: Batch, rows: slice, device: torch.device, want_logits: bool, entropy: bool):
+    def _logprobs(self, model, batch: Batch, rows: slice, device: torch.device, want_logits: bool, entropy: bool,
+                  recorded: bool = False):
+        """Log-probs (and entropy, logits) of `rows`; `recorded`: on the rows' recorded projections
+        where every row has them (the policy's first pass on a fresh batch: the weights are still the
+        sampler's; rows built elsewhere, or already used once, have none and are recomputed)."""
+        saved = [r.recorded for r in batch.rows[rows]]
+        saved = saved if recorded and all(x is not None for x in saved) else None
         ids, am, pos = (x[rows].to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
         first = int(am.any(0).long().argmax())  # left-pad columns no row of this minibatch uses (shorter prompts)
         ids, am, pos = ids[:, first:], am[:, first:], pos[:, first:]
@@ -581,7 +602,8 @@ class Trainer:
             return token_logprobs(model, ids, am, pos, batch.n_completion, temperature=temp,
                                   return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size,
                                   entropy_grad=self.cfg.entropy_coef != 0,  # otherwise it is only logged
-                                  grad_dtype=self.grad_dtype)  # no effect without autograd
+                                  grad_dtype=self.grad_dtype,  # no effect without autograd
+                                  recorded=saved)
 
     def _packed(self, model):
         """No-grad passes run on packed weights (see gpt2_decode), except under autocast: it keeps its bf16."""
@@ -643,7 +665,8 @@ class Trainer:
             agg: dict[str, float] = {}
             finite = True
             for k, sl in enumerate(slices):
-                o = self._logprobs(self.forward_model, batch, sl, self.device, exact, True)
+                o = self._logprobs(self.forward_model, batch, sl, self.device, exact, True,
+                                   recorded=epoch == 0 and self.record)
                 mask = batch.completion_mask[sl]
                 kl = None
                 if exact and self.use_ref:
@@ -676,6 +699,8 @@ class Trainer:
                     agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), float(diff.max()))
                     agg["logp_sampler_diff_mean"] = (agg.get("logp_sampler_diff_mean", 0.0)
                                                      + float(diff.sum() / mask.sum().clamp(min=1)) * local_share)
+            for r in batch.rows:  # (2 GB at 124M) only the first pass may use them: free them now
+                r.recorded = None
             if anchor is not None and finite:
                 loss, agg["anchor_nll"] = self.anchor_loss(anchor)
                 finite = bool(torch.isfinite(loss))
@@ -726,7 +751,8 @@ class Trainer:
                  f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}{lora}"
                  f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if not self.use_ref else 'on ' + str(self.ref_device)}"
                  f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
-                 f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}",
+                 f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}; "
+                 f"forward projections {self.record_note}",
                  "config:"]
         lines += [f"  {k}: {json.dumps(v)}" for k, v in self.cfg.to_dict().items()]
         return "\n".join(lines)

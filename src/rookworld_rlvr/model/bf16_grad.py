@@ -20,11 +20,14 @@ from transformers.pytorch_utils import Conv1D
 
 class _Bf16GradLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, transposed: bool, dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, transposed: bool, dtype: torch.dtype, recorded: torch.Tensor | None):
         # transposed: nn.Linear (weight [out, in]); otherwise GPT-2's Conv1D (weight [in, out])
         x2 = x.reshape(-1, x.shape[-1])
-        w = weight.t() if transposed else weight
-        y = torch.addmm(bias, x2, w) if bias is not None else x2.mm(w)
+        if recorded is not None:  # this product, already computed on these inputs by the sampler
+            y = recorded.reshape(x2.shape[0], -1)
+        else:
+            w = weight.t() if transposed else weight
+            y = torch.addmm(bias, x2, w) if bias is not None else x2.mm(w)
         ctx.save_for_backward(x2.to(dtype), weight)
         ctx.transposed, ctx.dtype, ctx.shape, ctx.has_bias = transposed, dtype, x.shape, bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -43,7 +46,7 @@ class _Bf16GradLinear(torch.autograd.Function):
             grad_w = (g.t().mm(x2) if ctx.transposed else x2.t().mm(g)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def _plain(module: torch.nn.Module) -> bool:
@@ -58,14 +61,18 @@ def supports(model: torch.nn.Module) -> bool:
     return all(_plain(m) for m in [*layers, model.lm_head])
 
 
-def linear(module: torch.nn.Module, x: torch.Tensor, grad_dtype: torch.dtype | None) -> torch.Tensor:
+def linear(module: torch.nn.Module, x: torch.Tensor, grad_dtype: torch.dtype | None,
+           recorded: torch.Tensor | None = None) -> torch.Tensor:
     """`module(x)` for an nn.Linear or GPT-2 Conv1D; with `grad_dtype` (and autograd on) the same
-    float32 forward, with the backward's matrix products in `grad_dtype`."""
-    if grad_dtype is None or not torch.is_grad_enabled():
+    float32 forward, with the backward's matrix products in `grad_dtype`. `recorded`: `module(x)`
+    as already computed (the sampler's projections, see `gpt2_segments`): returned as the output
+    without the product, the backward as usual."""
+    if recorded is None and (grad_dtype is None or not torch.is_grad_enabled()):
         return module(x)
     if not _plain(module):
         raise TypeError(f"bf16 backward products need a plain nn.Linear or Conv1D, got {type(module).__name__}")
-    return _Bf16GradLinear.apply(x, module.weight, module.bias, isinstance(module, torch.nn.Linear), grad_dtype)
+    return _Bf16GradLinear.apply(x, module.weight, module.bias, isinstance(module, torch.nn.Linear),
+                                 grad_dtype or x.dtype, recorded)
 
 
 def bf16_speedup(device: torch.device, size: int = 768, rows: int = 2048, repeats: int = 5) -> float:

@@ -43,6 +43,19 @@ class Generation:
     logprobs: torch.Tensor  # [N, C] float32, see class docstring
     texts: list[str]  # decoded completions without EOS / pad
     finish_reasons: list[str]  # "eos" or "length"
+    # generate(record=True): each layer's projection outputs (gpt2_decode.recording), prefill
+    # [L, U, P, W] (U distinct prompts, as left-padded for it) and decode [L, N, C, W]
+    recorded: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def recorded_row(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row i's recorded projections (views): its prompt's real tokens [L, p, W] and the
+        completion tokens it fed back [L, c - 1, W] (the last one never runs through the model)."""
+        if self.recorded is None:
+            raise ValueError("this Generation has no recording: call generate(..., record=True)")
+        prefill, decode = self.recorded
+        group = decode.shape[1] // prefill.shape[1]
+        p, c = int(self.prompt_mask[i].sum()), int(self.completion_mask[i].sum())
+        return prefill[:, i // group, prefill.shape[2] - p:], decode[:, i, :max(c - 1, 0)]
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -228,6 +241,7 @@ def _inference(fn):
     def run(*args, **kwargs) -> Generation:
         with torch.inference_mode():
             g = fn(*args, **kwargs)
+        # (a recording is written into tensors made outside inference mode: no 2 GB copies here)
         tensors = {f.name: getattr(g, f.name).clone() for f in fields(g) if isinstance(getattr(g, f.name), torch.Tensor)}
         return replace(g, **tensors)
 
@@ -248,6 +262,7 @@ def generate(
     num_return_sequences: int = 1,
     generator: torch.Generator | None = None,
     autocast_dtype: torch.dtype | None = None,
+    record: bool = False,
 ) -> Generation:
     """Sample `num_return_sequences` completions per prompt (or argmax with greedy=True).
 
@@ -262,8 +277,14 @@ def generate(
     `max_new_tokens` and `temperature` may be lists, one value per prompt: prompts of
     different tasks then share one decode loop (on CPU a decode step of 64 rows costs
     much less than two of 32) and each row stops at its own limit.
+
+    `record`: keep every layer's projection outputs for each prompt and fed token
+    (`Generation.recorded`), so that the trainer's first pass on these rows skips those
+    products (`gpt2_segments`). A plain GPT-2 without autocast only (the cascade path).
     """
     _check_prompts(prompts)
+    if record and not (gpt2_decode.supports(model) and DynamicCache is not None and autocast_dtype is None):
+        raise ValueError("record=True needs a plain GPT-2 in eval mode and no autocast (the cascade decoding path)")
     per_prompt = {}
     for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature)):
         values = list(value) if isinstance(value, (list, tuple)) else [value] * len(prompts)
@@ -312,10 +333,19 @@ def generate(
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
     hit_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)
 
+    recorded = None
+    if record:
+        width = sum(gpt2_decode.projection_widths(model))
+        layers = model.config.n_layer
+        with torch.inference_mode(False):  # ordinary tensors: the trainer's autograd may take them as they are
+            recorded = (torch.empty((layers, *u_ids.shape, width), device=device),
+                        torch.empty((layers, n_rows, max_new_tokens, width), device=device))
+
     def forward(**inputs) -> torch.Tensor:
         """One model call under optional autocast; returns float32 last-position logits."""
         nonlocal cache
-        with autocast_context(device, autocast_dtype):
+        with autocast_context(device, autocast_dtype), \
+                (gpt2_decode.recording(model, recorded[0]) if recorded is not None else contextlib.nullcontext()):
             out = model(**inputs, use_cache=True, **keep)
         cache = out.past_key_values
         return out.logits[:, -1, :].float()
@@ -329,7 +359,8 @@ def generate(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
-            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None)
+            decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None,
+                                                 record=record)
         else:
             cache = _select_rows(cache, index)
         # The rows still decoding: all at first; a group whose G rows have all finished is dropped
@@ -368,8 +399,15 @@ def generate(
                     attention_mask = attention_mask[local_rows]
             # Rows that already finished feed a masked pad token; their outputs are discarded.
             if cascade:
+                out = whole = None
+                if recorded is not None:  # written in place while every row decodes, else scattered after
+                    whole = rows.numel() == n_rows
+                    fed = recorded[1]
+                    out = fed[:, :, step] if whole else fed.new_empty((fed.shape[0], rows.numel(), fed.shape[-1]))
                 with autocast_context(device, autocast_dtype):
-                    logits = decoder.step(tokens, next_position[rows] + step)
+                    logits = decoder.step(tokens, next_position[rows] + step, out)
+                if whole is False:
+                    fed[:, rows, step] = out
                 continue
             attention_mask = torch.cat([attention_mask, alive.long().unsqueeze(-1)], dim=-1)
             logits = forward(
@@ -385,7 +423,7 @@ def generate(
     completion_mask = completion_mask[:, :steps]
     logprobs = logprobs[:, :steps]
     texts, reasons = _decode(tokenizer, completion, completion_mask, hit_eos, eos_id)
-    return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, reasons)
+    return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, reasons, recorded)
 
 
 def _worth_compacting(live: torch.Tensor, cascade: bool, cache) -> bool:

@@ -22,6 +22,7 @@ update: 18% less time; no change measurable on the tiny model).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -74,17 +75,44 @@ def packed_projections(model: torch.nn.Module, rows: int = 1024) -> Iterator[Non
             vars(m).pop("forward", None)
 
 
-def _projections(block, rows: int, pack: bool) -> tuple:
-    """A block's (qkv, attention output, MLP) as callables on [N, E] rows."""
+def _projections(block, rows: int, pack: bool, fuse: bool = True) -> tuple:
+    """A block's (qkv, attention output, MLP up, activation, MLP down) as callables on [N, E] rows.
+    Packed, the tanh GELU runs fused into the up projection (the activation is then the identity)
+    unless `fuse` is False: recording needs the product before the activation."""
     attn, mlp = block.attn, block.mlp
     if not pack:
-        return attn.c_attn, attn.c_proj, mlp
+        return attn.c_attn, attn.c_proj, mlp.c_fc, mlp.act, mlp.c_proj
     from transformers.activations import GELUTanh
 
-    fused = type(mlp.act) is GELUTanh  # what load_policy puts in; anything else runs as its own op
-    up, down = PackedLinear(mlp.c_fc, rows, gelu=fused), PackedLinear(mlp.c_proj, rows)
-    act = (lambda x: x) if fused else mlp.act
-    return PackedLinear(attn.c_attn, rows), PackedLinear(attn.c_proj, rows), lambda x: down(act(up(x)))
+    fused = fuse and type(mlp.act) is GELUTanh  # what load_policy puts in; anything else runs as its own op
+    return (PackedLinear(attn.c_attn, rows), PackedLinear(attn.c_proj, rows), PackedLinear(mlp.c_fc, rows, gelu=fused),
+            (lambda x: x) if fused else mlp.act, PackedLinear(mlp.c_proj, rows))
+
+
+def projection_widths(model: torch.nn.Module) -> list[int]:
+    """Output widths of a GPT-2 layer's four projections (qkv, attention output, MLP up, MLP down),
+    the order in which a recording lays them side by side (see `recording`)."""
+    block = model.transformer.h[0]
+    return [m.nf if hasattr(m, "nf") else m.out_features
+            for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)]
+
+
+@contextlib.contextmanager
+def recording(model: torch.nn.Module, out: torch.Tensor) -> Iterator[None]:
+    """Within, each forward of a plain GPT-2 writes every layer's projection outputs into `out`
+    [layers, rows, tokens, sum(projection_widths)] (the sampler's prefill: see `gpt2_segments`)."""
+    cuts = [0, *itertools.accumulate(projection_widths(model))]
+    handles = []
+    for i, block in enumerate(model.transformer.h):
+        for j, m in enumerate((block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)):
+            def hook(module, args, y, i=i, lo=cuts[j], hi=cuts[j + 1]):
+                out[i, ..., lo:hi].copy_(y)
+            handles.append(m.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -100,14 +128,16 @@ class CascadeDecoder:
     """Holds the shared prompt cache and a per-row completion cache; `step` runs one token per row."""
 
     def __init__(self, model, prompt_cache, prompt_mask: torch.Tensor, group: int, capacity: int,
-                 pack: bool = False) -> None:
-        """`pack`: run the projections on oneDNN-packed weights (only where `can_pack(model)`)."""
+                 pack: bool = False, record: bool = False) -> None:
+        """`pack`: run the projections on oneDNN-packed weights (only where `can_pack(model)`).
+        `record`: `step` can write the projections' outputs (the GELU then runs unfused)."""
         self.model = model
         self.blocks = model.transformer.h
         self.group = group
         self.packed = pack and can_pack(model)
         rows = prompt_mask.shape[0] * group
-        self.proj = [_projections(block, rows, self.packed) for block in self.blocks]
+        self.proj = [_projections(block, rows, self.packed, fuse=not record) for block in self.blocks]
+        self.cuts = [0, *itertools.accumulate(projection_widths(model))]
         self.head = PackedLinear(model.lm_head, rows) if self.packed else model.lm_head
         layers = prompt_cache.layers
         # prompt keys/values once per prompt: [U, H, P, D]
@@ -134,25 +164,32 @@ class CascadeDecoder:
                 cache[i] = old.new_empty((keep.numel(), *old.shape[1:]))
                 cache[i][:, :, :, :t] = old[:, :, :, :t].index_select(0, keep)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens, positions [N] -> float32 logits [N, V] for the next token."""
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, record: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, positions [N] -> float32 logits [N, V] for the next token. `record` [layers, N,
+        sum(projection_widths)]: receives every layer's projection outputs (needs `record=True`)."""
         tr = self.model.transformer
         x = tr.wte(tokens) + tr.wpe(positions)  # [N, E]
         t = self.length
         n, e = x.shape
         u, g = n // self.group, self.group
+
+        def keep(i: int, j: int, y: torch.Tensor) -> torch.Tensor:  # layer i's projection j: recorded, passed on
+            if record is not None:
+                record[i, :, self.cuts[j]:self.cuts[j + 1]].copy_(y)
+            return y
+
         for i, block in enumerate(self.blocks):
             attn = block.attn
             h = attn.num_heads
-            qkv, out, mlp = self.proj[i]
-            q, k, v = qkv(block.ln_1(x)).split(attn.split_size, dim=-1)
+            qkv, out, up, act, down = self.proj[i]
+            q, k, v = keep(i, 0, qkv(block.ln_1(x))).split(attn.split_size, dim=-1)
             # [N, E] = [U, G, H, D] -> [U, H, G, D]: a prompt's G queries side by side
             q, k, v = (z.view(u, g, h, attn.head_dim).transpose(1, 2) for z in (q, k, v))
             self.ck[i][:, :, :, t] = k
             self.cv[i][:, :, :, t] = v
             a = self._attend(q, i, t + 1, attn.scaling)  # [U, H, G, D]
-            x = x + out(a.transpose(1, 2).reshape(n, e))
-            x = x + mlp(block.ln_2(x))
+            x = x + keep(i, 1, out(a.transpose(1, 2).reshape(n, e)))
+            x = x + keep(i, 3, down(act(keep(i, 2, up(block.ln_2(x))))))
         self.length = t + 1
         return self.head(tr.ln_f(x)).float()
 

@@ -50,18 +50,28 @@ def _masks(segments: list[Segment]) -> list[torch.Tensor]:
     return out
 
 
-def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None = None,
+                  recorded: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The final hidden states (after `ln_f`) of each segment, [n, w, E]. With `grad_dtype` the
-    backward's matrix products of the projections and MLP run in that dtype (`bf16_grad`)."""
+    backward's matrix products of the projections and MLP run in that dtype (`bf16_grad`).
+
+    `recorded` [layers, tokens, 9E]: the outputs of each layer's four projections (qkv, attention
+    output, MLP up before its activation, MLP down) at every token of the segments laid end to end,
+    as the sampler computed them on these weights (`gpt2_decode.Recorder`). The forward then skips
+    those products and takes the recorded outputs; the backward is unchanged. Attention, layer norms
+    and the activation still run: the backward needs their inputs."""
     tr = model.transformer
     e = tr.embed_dim
     sizes = [s.ids.numel() for s in segments]
+    if recorded is not None and tuple(recorded.shape) != (len(tr.h), sum(sizes), 9 * e):
+        raise ValueError(f"recorded projections are {tuple(recorded.shape)}, expected {(len(tr.h), sum(sizes), 9 * e)}")
     masks = _masks(segments)
     x = torch.cat([(tr.wte(s.ids) + tr.wpe(s.positions)).reshape(-1, e) for s in segments])
-    for block in tr.h:
+    for layer, block in enumerate(tr.h):
+        rec = [None] * 4 if recorded is None else recorded[layer].split([3 * e, e, 4 * e, e], -1)
         attn = block.attn
         heads, dim = attn.num_heads, attn.head_dim
-        qkv = linear(attn.c_attn, block.ln_1(x), grad_dtype)
+        qkv = linear(attn.c_attn, block.ln_1(x), grad_dtype, rec[0])
         outs, prompt_kv = [], None
         for s, part, mask in zip(segments, qkv.split(sizes), masks):
             n, w = s.ids.shape
@@ -74,7 +84,8 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
                 k, v = (torch.cat([p.index_select(0, s.prompt_rows), z], 2) for p, z in zip(prompt_kv, (k, v)))
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
             outs.append(o.transpose(1, 2).reshape(n * w, e))
-        x = x + linear(attn.c_proj, torch.cat(outs), grad_dtype)
+        x = x + linear(attn.c_proj, torch.cat(outs), grad_dtype, rec[1])
         mlp = block.mlp  # GPT2MLP.forward, with our linear (dropout is off: eval mode)
-        x = x + mlp.dropout(linear(mlp.c_proj, mlp.act(linear(mlp.c_fc, block.ln_2(x), grad_dtype)), grad_dtype))
+        up = linear(mlp.c_fc, block.ln_2(x), grad_dtype, rec[2])
+        x = x + mlp.dropout(linear(mlp.c_proj, mlp.act(up), grad_dtype, rec[3]))
     return [h.view(*s.ids.shape, e) for s, h in zip(segments, tr.ln_f(x).split(sizes))]

@@ -43,6 +43,7 @@ def token_logprobs(
     group_size: int = 1,
     entropy_grad: bool = True,
     grad_dtype: torch.dtype | None = None,
+    recorded: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
 
@@ -61,6 +62,10 @@ def token_logprobs(
 
     `grad_dtype` (bf16): the backward's matrix products in that dtype, the forward unchanged
     (`bf16_grad`). It takes effect only where the one-forward GPT-2 path runs (`gpt2_segments`).
+
+    `recorded`: per row, the projections the sampler computed for it on the current weights
+    (`Generation.recorded_row`): the forward then skips its matrix products and returns the
+    sampler's log-probs, with the same gradients (`gpt2_segments`). Needs that one-forward path.
     """
     length = input_ids.shape[1]
     if not 0 < n_completion < length:
@@ -69,9 +74,13 @@ def token_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     targets = input_ids[:, -n_completion:]
     grouped = None
-    if _shares_prompts(input_ids, attention_mask, n_completion, group_size):
+    shared = _shares_prompts(input_ids, attention_mask, n_completion, group_size)
+    if recorded is not None and not (shared and gpt2_segments.supports(model) and len(recorded) == len(input_ids)):
+        raise ValueError("recorded projections need one per row, groups of rows sharing their prompt and a plain "
+                         "GPT-2 in eval mode (the one-forward path of gpt2_segments)")
+    if shared:
         grouped = _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion, group_size,
-                                  grad_dtype)
+                                  grad_dtype, recorded)
     if grouped is None:
         keep = {"logits_to_keep": n_completion + 1} if accepts_logits_to_keep(model) else {}
         out = model(
@@ -173,7 +182,7 @@ def _completion_buckets(attention_mask: torch.Tensor, p: int, n_completion: int)
 
 
 def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int,
-                    grad_dtype: torch.dtype | None = None):
+                    grad_dtype: torch.dtype | None = None, recorded: list | None = None):
     """Logits predicting the completion tokens, with one prompt pass per group: (column 0 [N, 1, V],
     [(rows, logits [n_b, w_b, V] of columns 1..w_b)] per bucket, each row's place in the buckets'
     rows); None when the model's cache cannot be expanded (the caller then runs the plain pass).
@@ -190,7 +199,9 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         segments = [Segment(input_ids[head, :p], position_ids[head, :p], attention_mask[head, :p])]
         segments += [Segment(input_ids[idx, p:p + w], position_ids[idx, p:p + w], attention_mask[idx, :p],
                              prompt_rows=idx // group_size) for idx, w in buckets]
-        hidden = gpt2_segments.hidden_states(model, segments, grad_dtype)
+        if recorded is not None:
+            recorded = _recorded_stream(recorded, attention_mask, group_size, p, buckets)
+        hidden = gpt2_segments.hidden_states(model, segments, grad_dtype, recorded)
         last_prompt = linear(model.lm_head, hidden[0][:, -1:], grad_dtype).repeat_interleave(group_size, dim=0)
         scored = [(idx, linear(model.lm_head, h, grad_dtype)) for (idx, _), h in zip(buckets, hidden[1:])]
         return last_prompt, scored, _order(buckets, every_row)
@@ -220,6 +231,37 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
                     **({"logits_to_keep": w} if keep else {}))
         scored.append((idx, out.logits[:, -w:]))
     return last_prompt, scored, _order(buckets, every_row)
+
+
+def _recorded_stream(recorded: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor,
+                     group_size: int, p: int, buckets: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The rows' recorded projections [L, tokens, W] in the order `_grouped_logits` lays out its
+    segments: each group's prompt left-padded to p columns, then each bucket's rows, w columns
+    each. Padding gets zeros (finite: its outputs are never read, its gradients are 0)."""
+    real_prompt = attention_mask[:, :p].sum(1).tolist()
+    real_completion = attention_mask[:, p:].sum(1).tolist()
+    heads = range(0, len(recorded), group_size)
+    layers, _, width = recorded[0][0].shape
+    tokens = len(heads) * p + sum(len(idx) * w for idx, w in buckets)
+    out = recorded[0][0].new_empty((layers, tokens, width))  # zeroing all of it took as long as the copies
+    at = 0
+    for r in heads:
+        prompt = recorded[r][0]
+        if prompt.shape[1] != real_prompt[r]:
+            raise ValueError(f"row {r}: {prompt.shape[1]} recorded prompt tokens, the batch has {real_prompt[r]}")
+        out[:, at: at + p - prompt.shape[1]].zero_()
+        out[:, at + p - prompt.shape[1]: at + p] = prompt
+        at += p
+    for idx, w in buckets:
+        for r in idx.tolist():
+            fed = recorded[r][1]
+            need = min(w, max(real_completion[r] - 1, 0))
+            if fed.shape[1] < need:
+                raise ValueError(f"row {r}: {fed.shape[1]} recorded completion tokens, the pass needs {need}")
+            out[:, at: at + need] = fed[:, :need]
+            out[:, at + need: at + w].zero_()
+            at += w
+    return out
 
 
 def _order(buckets: list[tuple[torch.Tensor, int]], every_row: torch.Tensor) -> torch.Tensor:
