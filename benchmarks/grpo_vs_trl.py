@@ -11,7 +11,8 @@ learning rate (constant in both), β, clip range and loss aggregation, dropout o
 (or bf16 autocast in both with --bf16). Our policy pass keeps its float32 forward but, by its
 default `backward_dtype: auto`, runs its backward's matrix products in bf16 on a CPU where those
 measure >= 1.5x faster (`--backward-dtype float32` for an all-float32 run of ours; TRL has no such
-mode). The runs are interleaved step by step inside one process:
+mode), and by its default `record_rollout: true` its first update on a batch takes the projection
+outputs the sampler computed instead of recomputing them (`--no-record-rollout` to recompute). The runs are interleaved step by step inside one process:
 a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
 steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 
@@ -142,14 +143,18 @@ class OrderedPrompts:
 
 
 # -- FLOPs ----------------------------------------------------------------------------------------------
-def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: int) -> dict[str, float]:
+def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: int,
+               recorded: bool = False) -> dict[str, float]:
     """Model FLOPs of one step of ours, from its real token counts (pads and skipped work not counted).
 
     body = parameters outside the embeddings (2 FLOPs each per token forward); the LM head (2·V·d)
     only where a next-token distribution is needed (every generated token; completion positions in
     the scoring passes, as our `token_logprobs` does); causal attention 4·n_layer·d·context per token
     forward. Each prompt runs once per group, in generation and in the scoring passes (as ours do), so
-    this is the work our step needs, not the work a naive step does. Forward+backward = 3x forward.
+    this is the work our step needs, not the work a naive step does. Forward+backward = 3x forward;
+    with `recorded` (record_rollout) the first update's forward takes the sampler's projection outputs,
+    so its body products (2·body per token) are not counted again. "policy_backward": the backward's
+    share (2x forward per update), the part `backward_dtype` may run in bf16.
     """
     cfg = model.config
     L, d = cfg.n_layer, cfg.n_embd
@@ -161,17 +166,22 @@ def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: in
     def attn(ctx_from: int, ctx_to: int) -> float:  # sum of 4·L·d·c for c in (ctx_from, ctx_to]
         return 4 * L * d * (ctx_to * (ctx_to + 1) - ctx_from * (ctx_from + 1)) / 2
 
-    gen = fwd = 0.0
+    gen = fwd = fwd_body = 0.0
     for i, row in enumerate(batch.rows):
         p, g = len(row.prompt_ids), len(row.completion_ids)
         if i % group_size == 0:  # one prompt pass per group, when sampling and when scoring
             gen += 2 * body * p + attn(0, p) + head
             fwd += 2 * body * p + attn(0, p)
+            fwd_body += 2 * body * p
         gen += (2 * body + head) * max(g - 1, 0) + attn(p, p + max(g - 1, 0))
-        fwd += 2 * body * g + attn(p, p + g) + head * g
+        fwd += 2 * body * max(g - 1, 0) + attn(p, p + max(g - 1, 0)) + head * g  # the last token is scored, not fed
+        fwd_body += 2 * body * max(g - 1, 0)
+    backward = 2 * fwd * updates_per_batch
     out = {"generate": gen, "reference": fwd if beta > 0 else 0.0,
-           "old": fwd if updates_per_batch > 1 else 0.0, "policy": 3 * fwd * updates_per_batch}
+           "old": fwd if updates_per_batch > 1 else 0.0,
+           "policy": fwd * updates_per_batch - (fwd_body if recorded else 0.0) + backward}
     out["total"] = sum(out.values())
+    out["policy_backward"] = backward
     out["params_body"] = float(body)
     return out
 
@@ -197,7 +207,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "batch_positions": B, "group_size": G, "temperature": args.temperature, "max_new_tokens": M,
         "lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "kl_coef": beta, "steps": total,
         "mix_env_ratio": 0.5, "autocast": "bf16" if args.bf16 else "none", "engine_cache": None,
-        "backward_dtype": args.backward_dtype,
+        "backward_dtype": args.backward_dtype, "record_rollout": args.record_rollout,
         "output_dir": str(run_dir / "ours"), "tensorboard": False, "report": False, "progress": False,
         "seed": args.seed,
     })
@@ -225,7 +235,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
             seconds = time.perf_counter() - t0
             rec = ours._record(step, batch, m, timings, seconds)
             rec["guard"] = guard
-            rec["flops"] = step_flops(ours.policy, batch, G, beta, cfg.updates_per_batch)
+            rec["flops"] = step_flops(ours.policy, batch, G, beta, cfg.updates_per_batch, ours.record)
             ours_rec.append(rec)
 
         trl_times: list[float] = []
@@ -289,7 +299,9 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "trl_completion_len": statistics.mean(trl_lengths[warmup:]) if len(trl_lengths) > warmup else None,
         "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
         "phase_share": {p: (v / step_tot if step_tot else 0.0) for p, v in phase_tot.items()},
-        "flops": {k: statistics.median(r["flops"][k] for r in meas) for k in ("generate", "reference", "old", "policy")}
+        "ours_record_rollout": ours.record, "ours_forward": ours.record_note,
+        "flops": {k: statistics.median(r["flops"][k] for r in meas)
+                  for k in ("generate", "reference", "old", "policy", "policy_backward")}
         | {"total": flops},
     }
 
@@ -299,8 +311,8 @@ def add_bound(res: dict, rates: dict[str, float]) -> None:
     res["bound_seconds"] = {k: f["total"] / (r * 1e9) for k, r in rates.items()}
     if res["bf16"]:
         res["bound_seconds"]["as_run"] = res["bound_seconds"]["bf16"]
-    else:  # the policy pass's backward (2 of its 3 passes' FLOPs) at bf16 when ours ran it so
-        low = 2 / 3 * f["policy"] if res["ours_backward_bf16"] else 0.0
+    else:  # the policy pass's backward at bf16 when ours ran it so
+        low = f["policy_backward"] if res["ours_backward_bf16"] else 0.0
         res["bound_seconds"]["as_run"] = (f["total"] - low) / (rates["float32"] * 1e9) + low / (rates["bf16"] * 1e9)
     res["fraction_of_bound"] = {k: v / res["ours_s_per_step"] for k, v in res["bound_seconds"].items()}
 
@@ -339,7 +351,7 @@ def table(machine: dict, results: list[dict]) -> str:
                      f"{100 * r['fraction_of_bound']['float32']:.0f}% / {100 * r['fraction_of_bound']['bf16']:.0f}% / "
                      f"{100 * r['fraction_of_bound']['as_run']:.0f}% of them")
         lines.append(f"  our policy pass: forward {'bf16 autocast' if r['bf16'] else 'float32'}, backward products "
-                     f"{r['ours_backward']}")
+                     f"{r['ours_backward']}; forward projections {r['ours_forward']}")
     return "\n".join(lines)
 
 
@@ -361,6 +373,9 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default float32)")
+    ap.add_argument("--record-rollout", action=argparse.BooleanOptionalAction, default=True,
+                    help="our first update on a batch takes the sampler's projection outputs (the trainer's "
+                         "record_rollout; default on)")
     ap.add_argument("--backward-dtype", choices=("auto", "float32", "bf16"), default="auto",
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
     ap.add_argument("--seed", type=int, default=0)
