@@ -340,6 +340,16 @@ def test_recorded_projections_are_checked(rig):
         generate(model, tok, PROMPTS[:1], max_new_tokens=4).recorded_row(0)
     with pytest.raises(ValueError, match="no autocast"):
         generate(model, tok, PROMPTS[:1], max_new_tokens=4, record=True, autocast_dtype=torch.bfloat16)
+    # an MLP narrower than 4 x n_embd (GPT-2's n_inner) is laid out by its real widths
+    narrow = GPT2LMHeadModel(GPT2Config(**{**model.config.to_dict(), "n_inner": 100})).eval()
+    gen = generate(narrow, tok, PROMPTS[:2], max_new_tokens=8, num_return_sequences=2,
+                   generator=torch.Generator().manual_seed(1), record=True)
+    assert gen.recorded[1].shape[-1] == 3 * 64 + 64 + 100 + 64
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    with torch.no_grad():
+        out = token_logprobs(narrow, *batch, n_completion=gen.completion_ids.shape[1], group_size=2,
+                             recorded=[gen.recorded_row(i) for i in range(4)])
+    torch.testing.assert_close(out["logprobs"], gen.logprobs, atol=1e-5, rtol=0)
 
 
 # 7. stop early, finish reasons, limits -----------------------------------------------------------
