@@ -11,8 +11,9 @@ learning rate (constant in both), β, clip range and loss aggregation, dropout o
 (or bf16 autocast in both with --bf16). Our policy pass keeps its float32 forward but, by its
 default `backward_dtype: auto`, runs its backward's matrix products in bf16 on a CPU where those
 measure >= 1.5x faster (`--backward-dtype float32` for an all-float32 run of ours; TRL has no such
-mode), and by its default `record_rollout: true` its first update on a batch takes the projection
-outputs the sampler computed instead of recomputing them (`--no-record-rollout` to recompute). The runs are interleaved step by step inside one process:
+mode), and by its default `record_rollout: auto` its first update on a batch takes the projection
+outputs the sampler computed instead of recomputing them where the model is 512 or more wide (the
+124m configuration; `--record-rollout always|never` to choose). The runs are interleaved step by step inside one process:
 a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
 steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 
@@ -373,9 +374,9 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default float32)")
-    ap.add_argument("--record-rollout", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--record-rollout", choices=("auto", "always", "never"), default="auto",
                     help="our first update on a batch takes the sampler's projection outputs (the trainer's "
-                         "record_rollout; default on)")
+                         "record_rollout; default auto: for models 512 or more wide)")
     ap.add_argument("--backward-dtype", choices=("auto", "float32", "bf16"), default="auto",
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
     ap.add_argument("--seed", type=int, default=0)

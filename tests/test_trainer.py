@@ -403,7 +403,7 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
     the log-probs and gradient of a recomputing pass; the update frees them after that pass (a second
     pass, μ = 2, recomputes). Where it cannot apply it is off and the banner says why."""
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, updates_per_batch=2,
-              mix_env_ratio=0.5)
+              mix_env_ratio=0.5, record_rollout="always")  # auto leaves narrow models alone
     assert tr.record and "recorded projection outputs" in tr.banner()
     batch = tr.assemble(tr.collect(0, {}))
     assert all(r.recorded is not None for r in batch.rows)
@@ -422,12 +422,22 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
     m = tr.update(batch, 0, {})
     assert abs(m["ratio_mean"] - 1.0) < 1e-5 and m["logp_sampler_diff"] < 1e-4 and "last_loss" in m
     assert all(r.recorded is None for r in batch.rows)
-    for over, why in (({"record_rollout": False}, "record_rollout: false"), ({"lora_r": 4}, "LoRA"),
-                      ({"autocast": "bf16", "backward_dtype": "auto"}, "autocast")):
-        other = make(tmp_path / why.split(":")[0], tiny_model_dir, small_data, scorer, **over)
+    for i, (over, why) in enumerate(((dict(record_rollout="never"), "record_rollout: never"),
+                                     (dict(record_rollout="auto"), "< 512, too narrow"),
+                                     (dict(lora_r=4), "LoRA"),
+                                     (dict(autocast="bf16", backward_dtype="auto"), "autocast"))):
+        other = make(tmp_path / str(i), tiny_model_dir, small_data, scorer, **over)
         assert not other.record and why in other.record_note and other.record_note in other.banner()
         rows = other.collect(0, {})
         assert all(r.recorded is None for g in rows for r in g)
+    with pytest.raises(ValueError, match="record_rollout"):
+        make(tmp_path / "lora", tiny_model_dir, small_data, scorer, lora_r=4, record_rollout="always")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rookworld_rlvr.grpo.trainer import record_rollout
+
+    wide = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=512, n_layer=1, n_head=8)).eval()
+    assert record_rollout(load_config(None, {}), wide, None)[0]  # auto: on from 512 wide
 
 
 def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_path, tiny_model_dir, small_data, scorer,

@@ -39,10 +39,12 @@ class TrainConfig:
     backward_dtype: str = _f("auto", "auto | float32 | bf16: dtype of the policy pass's backward matrix products; its forward "
                                      "(log-probs, ratios) stays float32 (auto = bf16 where a bf16 product measures >= 1.5x "
                                      "faster; plain GPT-2 policies only)")
-    record_rollout: bool = _f(True, "keep each layer's projection outputs from sampling, and skip those matrix products in the first "
-                                    "update on the batch (the same log-probs and gradients; on CPU about a third of the policy "
-                                    "pass). Memory: 36 x n_embd x n_layer bytes per rollout token (2.1 GB for 124M, 64 x 100 "
-                                    "tokens). Plain GPT-2 policies without autocast, LoRA or compile; the log says if it is on")
+    record_rollout: str = _f("auto", "auto | always | never: keep each layer's projection outputs from sampling and skip those "
+                                     "matrix products in the first update on the batch (the same log-probs and gradients). "
+                                     "Memory: about 36 x n_embd x n_layer bytes per rollout token (2.1 GB for 124M, 64 x 100 "
+                                     "tokens). auto = for models from n_embd 512 (124M, 768 wide: a 40% shorter policy pass on "
+                                     "CPU; the tiny model, 256 wide: no gain). Plain GPT-2 policies without autocast, LoRA or "
+                                     "compile; the log says if it is on")
     compile: bool = _f(False, "torch.compile the policy forward (GPU; little gain on CPU)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     # -- data ----------------------------------------------------------------------------------
@@ -236,6 +238,9 @@ class TrainConfig:
              "float32 contradicts autocast bf16 (its backward products are bf16)")
         need(not (self.backward_dtype == "bf16" and (self.lora_r or self.compile)), "backward_dtype",
              "bf16 needs a plain GPT-2 policy: not with lora_r or compile (use auto or float32)")
+        need(self.record_rollout in ("auto", "always", "never"), "record_rollout", "must be auto, always or never")
+        need(not (self.record_rollout == "always" and (self.lora_r or self.compile or self.autocast == "bf16")),
+             "record_rollout", "always needs a plain GPT-2 policy: not with lora_r, compile or autocast bf16 (use auto)")
         need(self.eval_limit >= 0, "eval_limit", "must be >= 0")
         need(self.eval_every >= 0, "eval_every", "must be >= 0")
         need(self.save_every >= 1, "save_every", "must be >= 1")
