@@ -437,7 +437,9 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
     from rookworld_rlvr.grpo.trainer import record_rollout
 
     wide = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=512, n_layer=1, n_head=8)).eval()
-    assert record_rollout(load_config(None, {}), wide, None)[0]  # auto: on from 512 wide
+    assert record_rollout(load_config(None, {}), wide, None, torch.device("cpu"))[0]  # auto: on from 512 wide
+    on_gpu = record_rollout(load_config(None, {}), wide, None, torch.device("cuda"))  # auto: measured on CPUs
+    assert not on_gpu[0] and "always" in on_gpu[1]
 
 
 def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_path, tiny_model_dir, small_data, scorer,

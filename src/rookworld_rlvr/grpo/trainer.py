@@ -114,8 +114,10 @@ def backward_dtype(setting: str, model, amp: torch.dtype | None, device: torch.d
 RECORD_MIN_WIDTH = 512  # auto: measured no gain at n_embd 256 (tiny), a 40% shorter policy pass at 768 (124M)
 
 
-def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None) -> tuple[bool, str]:
-    """(whether rollouts record their projections for the first update, a note for the banner)."""
+def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None, device: torch.device) -> tuple[bool, str]:
+    """(whether rollouts record their projections for the first update, a note for the banner).
+    auto: where it was measured to pay, a CPU and a model from 512 wide; on a GPU the recording's
+    memory (the whole batch at once, also under minibatch_size) competes with the activations."""
     setting = cfg.record_rollout
     if setting == "never":
         return False, "recomputed (record_rollout: never)"
@@ -127,6 +129,8 @@ def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None) -> tuple[bo
                              f"LoRA or compile ({why}); use auto")
         return False, f"recomputed (record_rollout needs a plain GPT-2 policy without autocast, LoRA or compile: {why})"
     width = model.config.n_embd
+    if setting == "auto" and device.type != "cpu":
+        return False, f"recomputed (record_rollout auto: measured on CPUs only; use always on {device.type})"
     if setting == "auto" and width < RECORD_MIN_WIDTH:
         return False, f"recomputed (record_rollout auto: n_embd {width} < {RECORD_MIN_WIDTH}, too narrow to gain)"
     return True, f"the rollout's recorded projection outputs in the first update on a batch ({setting})"
@@ -314,7 +318,7 @@ class Trainer:
         net = self.policy.get_base_model() if cfg.lora_r else self.policy
         self.forward_model = torch.compile(net) if cfg.compile else net
         self.grad_dtype, self.grad_note = backward_dtype(cfg.backward_dtype, self.forward_model, self.amp, self.device)
-        self.record, self.record_note = record_rollout(cfg, self.forward_model, self.amp)
+        self.record, self.record_note = record_rollout(cfg, self.forward_model, self.amp, self.device)
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA
         self.n_trainable = sum(p.numel() for p in trainable)
