@@ -89,6 +89,12 @@ def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def _plain_gpt2(model) -> bool:
+    """A GPT-2 in eval mode whose projections are plain modules: the one-forward scoring path with
+    our own linear layers (bf16 backward products, recorded projections) runs on it."""
+    return gpt2_segments.supports(model) and bf16_grad.supports(model)
+
+
 def backward_dtype(setting: str, model, amp: torch.dtype | None, device: torch.device) -> tuple[torch.dtype | None, str]:
     """(dtype of the policy pass's backward products, None = as the forward; a line for the banner).
     bf16 where asked or, with auto, where a bf16 product measures >= 1.5x as fast as float32 (on
@@ -97,7 +103,7 @@ def backward_dtype(setting: str, model, amp: torch.dtype | None, device: torch.d
         if setting == "float32":
             raise ValueError("config field 'backward_dtype': float32 contradicts bf16 autocast (its backward is bf16)")
         return None, "bf16 (autocast)"
-    if not (gpt2_segments.supports(model) and bf16_grad.supports(model)):
+    if not _plain_gpt2(model):
         if setting == "bf16":
             raise ValueError("config field 'backward_dtype': bf16 needs a plain GPT-2 policy "
                              f"(got {type(model).__name__}); use auto or float32")
@@ -122,7 +128,7 @@ def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None, device: tor
     if setting == "never":
         return False, "recomputed (record_rollout: never)"
     why = ("autocast" if amp is not None else "LoRA" if cfg.lora_r else "compile" if cfg.compile
-           else None if gpt2_segments.supports(model) and bf16_grad.supports(model) else "not a plain GPT-2")
+           else None if _plain_gpt2(model) else "not a plain GPT-2")
     if why:
         if setting == "always":
             raise ValueError(f"config field 'record_rollout': always needs a plain GPT-2 policy without autocast, "

@@ -399,14 +399,13 @@ def generate(
                     attention_mask = attention_mask[local_rows]
             # Rows that already finished feed a masked pad token; their outputs are discarded.
             if cascade:
-                out = whole = None
+                out, every_row = None, rows.numel() == n_rows  # (groups may have left just above)
                 if recorded is not None:  # written in place while every row decodes, else scattered after
-                    whole = rows.numel() == n_rows
                     fed = recorded[1]
-                    out = fed[:, :, step] if whole else fed.new_empty((fed.shape[0], rows.numel(), fed.shape[-1]))
+                    out = fed[:, :, step] if every_row else fed.new_empty((fed.shape[0], rows.numel(), fed.shape[-1]))
                 with autocast_context(device, autocast_dtype):
                     logits = decoder.step(tokens, next_position[rows] + step, out)
-                if whole is False:
+                if out is not None and not every_row:
                     fed[:, rows, step] = out
                 continue
             attention_mask = torch.cat([attention_mask, alive.long().unsqueeze(-1)], dim=-1)

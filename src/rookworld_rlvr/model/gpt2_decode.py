@@ -92,22 +92,30 @@ def _projections(block, rows: int, pack: bool, fuse: bool = True) -> tuple:
             (lambda x: x) if fused else mlp.act, PackedLinear(mlp.c_proj, rows))
 
 
+def _recorded_modules(block) -> tuple:
+    """A GPT-2 layer's four projections (qkv, attention output, MLP up, MLP down), in the order a
+    recording lays their outputs side by side."""
+    return block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj
+
+
 def projection_widths(model: torch.nn.Module) -> list[int]:
-    """Output widths of a GPT-2 layer's four projections (qkv, attention output, MLP up, MLP down),
-    the order in which a recording lays them side by side (see `recording`)."""
-    block = model.transformer.h[0]
-    return [m.nf if hasattr(m, "nf") else m.out_features
-            for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)]
+    """Output widths of a layer's recorded projections (see `recording`)."""
+    return [m.nf if hasattr(m, "nf") else m.out_features for m in _recorded_modules(model.transformer.h[0])]
+
+
+def _cuts(model: torch.nn.Module) -> list[int]:
+    """Column offsets of each projection in a recording: 0, then the running sum of the widths."""
+    return [0, *itertools.accumulate(projection_widths(model))]
 
 
 @contextlib.contextmanager
 def recording(model: torch.nn.Module, out: torch.Tensor) -> Iterator[None]:
     """Within, each forward of a plain GPT-2 writes every layer's projection outputs into `out`
     [layers, rows, tokens, sum(projection_widths)] (the sampler's prefill: see `gpt2_segments`)."""
-    cuts = [0, *itertools.accumulate(projection_widths(model))]
+    cuts = _cuts(model)
     handles = []
     for i, block in enumerate(model.transformer.h):
-        for j, m in enumerate((block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)):
+        for j, m in enumerate(_recorded_modules(block)):
             def hook(module, args, y, i=i, lo=cuts[j], hi=cuts[j + 1]):
                 out[i, ..., lo:hi].copy_(y)
             handles.append(m.register_forward_hook(hook))
@@ -140,7 +148,7 @@ class CascadeDecoder:
         self.packed = pack and can_pack(model)
         rows = prompt_mask.shape[0] * group
         self.proj = [_projections(block, rows, self.packed, fuse=not record) for block in self.blocks]
-        self.cuts = [0, *itertools.accumulate(projection_widths(model))]
+        self.cuts = _cuts(model)
         self.head = PackedLinear(model.lm_head, rows) if self.packed else model.lm_head
         layers = prompt_cache.layers
         # prompt keys/values once per prompt: [U, H, P, D]
