@@ -9,7 +9,7 @@ import torch
 from rookworld_rlvr.tasks import environment as env_task
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "reference" / "rook_val_500.txt"
+REFERENCE = REPO / "data" / "reference" / "rook_val_500.txt"  # upstream sample, see its README
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -26,7 +26,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def reference_lines() -> list[str]:
     if not REFERENCE.exists():
-        pytest.fail(f"{REFERENCE} is missing: the tests need ../shared beside the checkout")
+        pytest.fail(f"{REFERENCE} is missing: it ships with the repository")
     return REFERENCE.read_text().split("\n")
 
 

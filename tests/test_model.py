@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from rookworld_rlvr.model import (
     ModelLoadError,
     build_bpe_tokenizer,
+    build_board_tokenizer,
     build_chess_tokenizer,
     build_square_tokenizer,
     generate,
@@ -23,7 +24,7 @@ from rookworld_rlvr.model import (
     tiny_config,
 )
 
-from conftest import REFERENCE  # noqa: E402
+from conftest import REFERENCE, random_transitions  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
     "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
@@ -55,6 +56,8 @@ def corpus() -> list[str]:
 def make_tokenizer(kind: str):
     if kind == "square":
         return build_square_tokenizer()
+    if kind == "board":
+        return build_board_tokenizer()
     return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
 
 
@@ -103,7 +106,7 @@ def test_square_tokenizer_splits_squares_only_inside_moves():
     assert len(pieces) == len(a_line) - 6
 
 
-@pytest.mark.parametrize("kind", ["char", "square", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "square", "board", "bpe"])
 def test_round_trip_reference_file(kind):
     lines = read_reference()
     assert len(lines) == 500
@@ -118,7 +121,7 @@ def test_round_trip_reference_file(kind):
         assert tok.decode(tok.encode(text)) == text
 
 
-@pytest.mark.parametrize("kind", ["char", "square", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "square", "board", "bpe"])
 def test_tokenizer_saves_and_loads_with_autotokenizer(kind, tmp_path):
     tok = make_tokenizer(kind)
     tok.save_pretrained(tmp_path)
@@ -130,6 +133,58 @@ def test_tokenizer_saves_and_loads_with_autotokenizer(kind, tmp_path):
     short, long = sorted(PROMPTS[:2], key=lambda t: len(loaded.encode(t)))
     mask = loaded([short, long], padding=True)["attention_mask"]
     assert mask[0][0] == 0 and mask[0][-1] == 1 and mask[1][0] == 1  # padded on the left
+    for text in SAMPLES + PROMPTS:  # the loaded decoder folds what the loaded normalizer expanded
+        assert loaded.decode(loaded.encode(text)) == text
+
+
+def board_words(tok, text: str) -> list[list[str]]:
+    """The token runs between " " / "+" that hold a "/": the FEN boards as the model sees them."""
+    pieces = tok.convert_ids_to_tokens(tok.encode(text))
+    words, cur = [], []
+    for p in pieces + [" "]:
+        if p in (" ", "+"):
+            if "/" in cur:
+                words.append(cur)
+            cur = []
+        else:
+            cur.append(p)
+    return words
+
+
+def test_board_tokenizer_writes_every_square_at_a_fixed_offset():
+    tok = build_board_tokenizer()
+    assert len(tok) == 162 and tok.convert_ids_to_tokens(tok.encode("M: e2e4")) == ["M", ":", " ", "e2", "e4"]
+    line = "A: rnbqkb1r/pppppppp/5n2/8/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 1 2+b1c3+e2e4 g8f6 b1c3+" \
+           "rnbqkb1r/pppppppp/5n2/8/4P3/2N5/PPPP1PPP/R1BQKBNR b KQkq - 2 2+0.001+0+0"
+    ids = tok.encode(line)
+    assert tok.decode(ids) == line
+    first, second = board_words(tok, line)
+    assert "".join(first) == "rnbqkb_r/pppppppp/_____n__/________/____P___/________/PPPP_PPP/RNBQKBNR"
+    assert "".join(second).split("/")[5] == "__N_____"
+    # the move words keep their square tokens and their digits (b2b4 looks like bishop-2-bishop-4)
+    moves = "P: 1b1b4/8/8/8/8/8/8/b1b1K2k w - e3 0 1 M: b2b4  b7b8q B: b1c3"
+    pieces = tok.convert_ids_to_tokens(tok.encode(moves))
+    assert [p for p in pieces if len(p) == 2] == ["b2", "b4", "b7", "b8", "b1", "c3"]
+    assert tok.decode(tok.encode(moves)) == moves
+    assert ["".join(w) for w in board_words(tok, moves)] == ["_b_b____/" + "________/" * 6 + "b_b_K__k"]
+
+
+def test_board_tokenizer_round_trips_every_fen_the_tasks_write():
+    """Every A: transition (checkmates, promotions, castling, en passant, illegal moves) and every
+    P: sample: prompt and completion tokenized apart, as in training, decode to the same text,
+    and every board is 71 tokens with no digit left."""
+    from rookworld_rlvr.data.io import Sample
+
+    tok = build_board_tokenizer()
+    texts = []
+    for t in random_transitions(400, seed=3):
+        prompt, completion = Sample("A", t).render()
+        texts += [prompt, completion, prompt + completion]
+    texts += [line for line in read_reference()]
+    for text in texts:
+        assert tok.decode(tok.encode(text)) == text
+        for word in board_words(tok, text):
+            assert len(word) == 71 and not any(ch.isdigit() for p in word for ch in p), text
 
 
 def test_bpe_tokenizer_is_multi_char():

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.model import load_policy
@@ -59,7 +60,7 @@ def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_da
 def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     out = tmp_path / "m"
     cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
-                    steps=4, batch_size=8, eval_every=2, eval_samples=2, save_every=2, lr=3e-3, warmup_steps=1,
+                    steps=4, batch_size=8, eval_every=2, eval_samples=2, save_every=2, lr=1e-3, warmup_steps=1,
                     device="cpu", threads=1)
     train(cfg, progress=False)
     log = [json.loads(x) for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()]
@@ -74,6 +75,49 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
+def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data):
+    """6 steps straight equal 3 steps, a stop, and 3 resumed steps: the same losses, the same weights.
+    The state is safetensors + JSON; a pickle planted beside it is never opened."""
+    def config(out, steps):
+        return SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
+                         out=str(out), steps=steps, batch_size=6, eval_every=100, eval_samples=0, save_every=3,
+                         lr=3e-3, warmup_steps=2, device="cpu", threads=1, tokenizer="board")
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(config(straight, 6), progress=False)
+    cfg = config(split, 6)
+    cfg.steps = 3  # the first session stops at step 3 ...
+    train(cfg, progress=False)
+    ckpt = tmp_path / "split.checkpoint"
+    assert sorted(p.name for p in ckpt.glob("sft_state*")) == ["sft_state.json", "sft_state.safetensors"]
+    (ckpt / "sft_state.pt").write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    train(config(split, 6), resume=True, progress=False)  # ... and the next one resumes it
+    assert not (tmp_path / "pwned").exists()
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.sft_log.jsonl").read_text().splitlines()]
+              for n in ("straight", "split")]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    a, _ = load_policy(str(straight), device="cpu", verbose=False)
+    b, _ = load_policy(str(split), device="cpu", verbose=False)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_sft_order_best_first_writes_the_best_move_first(small_data):
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.model import build_board_tokenizer
+    from rookworld_rlvr.sft import _encode
+
+    tok = build_board_tokenizer()
+    samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
+    for s, (ids, n) in zip(samples, _encode(tok, samples, "compact", "best-first")):
+        text = tok.decode(ids[n:-1])
+        moves = text.split("E:")[0].split()[1:]
+        evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]
+        assert sorted(moves) == sorted(s.truth.moves) and evals == sorted(evals, reverse=True)
+        assert text.split("B: ")[1] == moves[0] and moves[0] in s.truth.best
+    with pytest.raises(ValueError, match="sft.order must be one of given, best-first"):
+        SFTConfig(data=str(small_data / "train.jsonl"), order="random").validate()
+
+
 def test_sft_square_tokenizer_trains_a_fresh_model_and_ships_it(tmp_path, small_data, tiny_model_dir):
     out = tmp_path / "sq"
     cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
@@ -86,7 +130,7 @@ def test_sft_square_tokenizer_trains_a_fresh_model_and_ships_it(tmp_path, small_
     rec = json.loads((tmp_path / "sq.sft_log.jsonl").read_text().splitlines()[-1])
     # per character, so runs with different tokenizers compare: fewer tokens, more nats each
     assert rec["eval_nats_per_char_P"] < rec["eval_loss_P"]
-    with pytest.raises(ValueError, match="sft.tokenizer must be one of char, square"):
+    with pytest.raises(ValueError, match="sft.tokenizer must be one of char, square, board"):
         SFTConfig(data=str(small_data / "train.jsonl"), tokenizer="bpe").validate()
     with pytest.raises(ValueError, match="fresh models only"):
         SFTConfig(data=str(small_data / "train.jsonl"), tokenizer="char", init=str(tiny_model_dir)).validate()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SFT_STATE = "sft_state.pt"
+SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
 
 @dataclass
@@ -26,11 +25,12 @@ class SFTConfig:
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
     preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
-    # char | square, fresh models only (default square: at equal CPU time it learned both tasks faster);
-    # --init and --resume keep the model's own
+    # char | square | board, fresh models only (default board: square tokens for moves and FEN boards
+    # written square by square); --init and --resume keep the model's own
     tokenizer: str | None = None
     n_positions: int = 320
     layout: str = "compact"
+    order: str = "best-first"  # P: candidates in the target: best-first | given (see tasks.policy.ORDERS)
     loss_on: str = "full"  # full | completion
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
@@ -51,6 +51,10 @@ class SFTConfig:
     threads: int | None = None
 
     def validate(self) -> None:
+        from rookworld_rlvr.tasks.policy import ORDERS
+
+        if self.order not in ORDERS:
+            raise ValueError(f"sft.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.loss_on not in ("full", "completion"):
             raise ValueError("sft.loss_on must be 'full' or 'completion'")
         if self.autocast not in ("none", "bf16"):
@@ -71,9 +75,9 @@ class SFTConfig:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
-def _encode(tokenizer, samples, layout: str) -> list[tuple[list[int], int]]:
+def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[tuple[list[int], int]]:
     """(ids with EOS, prompt length). Prompt and completion are tokenized apart, as at generation."""
-    pairs = [s.render(layout) for s in samples]
+    pairs = [s.render(layout, order) for s in samples]
     prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
     comps = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
@@ -137,6 +141,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.grpo.control import adamw, cosine_lr
     from rookworld_rlvr.model import TOKENIZERS, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.statefile import load_state, save_state, state_exists
 
     cfg.validate()
     if cfg.threads:
@@ -147,15 +152,15 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     out = Path(cfg.out)
     ckpt = out.parent / f"{out.name}.checkpoint"
     state = None
-    if resume and (ckpt / SFT_STATE).exists():
+    if resume and state_exists(ckpt, SFT_STATE):
         model, tokenizer = load_policy(str(ckpt), device=str(device))
-        state = torch.load(ckpt / SFT_STATE, weights_only=False)
+        state = load_state(ckpt, SFT_STATE)
     elif cfg.init:
         model, tokenizer = load_policy(cfg.init, device=str(device))
     else:
         from transformers import GPT2LMHeadModel
 
-        tokenizer = TOKENIZERS[cfg.tokenizer or "square"]()
+        tokenizer = TOKENIZERS[cfg.tokenizer or "board"]()
         model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
         fuse_activations(model)
     set_dropout(model, cfg.dropout)
@@ -163,14 +168,15 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
     samples = read_samples(cfg.data)
-    by_task = {t: _encode(tokenizer, [s for s in samples if s.task == t], cfg.layout) for t in ("P", "A")}
+    by_task = {t: _encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order) for t in ("P", "A")}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, _ in rows)
         if too_long:
             raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
     eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
-    eval_rows = {t: _encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout) for t in ("P", "A")}
+    eval_rows = {t: _encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order)
+                 for t in ("P", "A")}
 
     opt = adamw(list(model.parameters()), cfg.lr, (0.9, 0.95), cfg.weight_decay)
     step, elapsed_before = 0, 0.0
@@ -201,10 +207,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         target = out if final else ckpt
         save_pretrained_atomic(model, tokenizer, target)
         if not final:
-            tmp = target / f".{SFT_STATE}.tmp"
-            torch.save({"optimizer": opt.state_dict(), "step": step, "elapsed": elapsed_before + time.time() - t0,
-                        "python_rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config": asdict(cfg)}, tmp)
-            os.replace(tmp, target / SFT_STATE)
+            save_state(target, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
+                                           "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
+                                           "torch_rng": torch.get_rng_state(), "config": asdict(cfg)})
 
     model.train()
     model.config.use_cache = False
@@ -289,8 +294,10 @@ def _scorer():
 
 
 _HELP = {
-    "tokenizer": "char (one token per character) or square (plus one token per square inside UCI moves); "
-                 "fresh models only, default square",
+    "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
+                 "(square, and FEN boards written square by square); fresh models only, default board",
+    "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
+             "or given (as stored; upstream shuffled them)",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
 }
 

@@ -33,10 +33,10 @@ class Sample:
     truth: PolicyTruth | EnvTruth
     source: str = ""
 
-    def render(self, layout: str = "compact") -> tuple[str, str]:
-        """(prompt, completion) in the requested layout (A: has a single layout)."""
+    def render(self, layout: str = "compact", order: str = "given") -> tuple[str, str]:
+        """(prompt, completion) in the requested layout and P: candidate order (A: has one layout)."""
         if self.task == "P":
-            return pol_task.prompt(self.truth.fen, layout), pol_task.completion(self.truth, layout)
+            return pol_task.prompt(self.truth.fen, layout), pol_task.completion(self.truth, layout, order)
         t = self.truth
         return env_task.prompt(t.fen, t.move, t.history), env_task.completion(t)
 

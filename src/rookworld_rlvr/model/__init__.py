@@ -14,12 +14,13 @@ from .load import (
     tiny_config,
 )
 from .logprobs import build_batch, token_logprobs
-from .tokenizer import TOKENIZERS, build_bpe_tokenizer, build_chess_tokenizer, build_square_tokenizer
+from .tokenizer import TOKENIZERS, build_board_tokenizer, build_bpe_tokenizer, build_chess_tokenizer, build_square_tokenizer
 
 __all__ = [
     "Generation",
     "ModelLoadError",
     "build_batch",
+    "build_board_tokenizer",
     "build_bpe_tokenizer",
     "build_chess_tokenizer",
     "build_square_tokenizer",

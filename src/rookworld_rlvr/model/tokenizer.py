@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
@@ -79,7 +79,42 @@ def build_square_tokenizer() -> PreTrainedTokenizerFast:
     return _wrap(tok, UNK_TOKEN)
 
 
-TOKENIZERS = {"char": build_chess_tokenizer, "square": build_square_tokenizer}
+EMPTY_SQUARE = "_"
+# A digit of a FEN board: followed by more board characters up to a "/" (ranks 8..2) or by the
+# side to move (rank 1). Move words like "b2b4" never match: their digit is followed by a file
+# letter or a space and another move, never by " w " / " b ".
+_BOARD_DIGIT = r"(?=[pnbrqkPNBRQK1-8_]*(?:/|\s[wb]\s))"
+
+
+def build_board_tokenizer() -> PreTrainedTokenizerFast:
+    """The square tokenizer, with every FEN board written square by square inside the model.
+
+    The normalizer expands each run of n empty squares into n `_` tokens, so a board is always
+    71 tokens (64 squares and 7 `/`) and every square sits at a fixed offset: a small model no
+    longer counts digits to find a piece ("Grandmaster-level chess without search", Ruoss et al.
+    2024). The decoder folds runs of `_` back into digits, so `decode(encode(text)) == text` for
+    every FEN: the text users and RookWorld-LM see keeps the standard notation. Decode whole
+    completions (as `generate` does): a run split over two decode calls folds into two digits.
+    """
+    vocab = {EOS_TOKEN: 0, UNK_TOKEN: 1}
+    for tok_str in CHESS_CHARS + SQUARES:
+        vocab[tok_str] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # one rule per digit; later rules see earlier expansions, hence "_" in the look-ahead class
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(f"{n}{_BOARD_DIGIT}"), EMPTY_SQUARE * n) for n in range(1, 9)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_MOVE_WORD), behavior="isolated"),
+        pre_tokenizers.Split(Regex(_MOVE_SQUARES), behavior="isolated"),
+    ])
+    # longest run first: "________" is 8, never 4 + 4
+    tok.decoder = decoders.Sequence(
+        [decoders.Fuse()] + [decoders.Replace(EMPTY_SQUARE * n, str(n)) for n in range(8, 0, -1)])
+    tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
+    return _wrap(tok, UNK_TOKEN)
+
+
+TOKENIZERS = {"char": build_chess_tokenizer, "square": build_square_tokenizer, "board": build_board_tokenizer}
 
 
 def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:

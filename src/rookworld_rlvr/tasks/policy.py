@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 import chess
 
 LAYOUTS = ("padded", "compact")
+# Order of the M:/E: candidates in a rendered target. "given": as stored (upstream shuffled them);
+# "best-first": by eval, best first, so the first move written is the policy's choice and no two
+# slots share a target (a model trained on shuffled lists repeats its top move under greedy decoding).
+ORDERS = ("given", "best-first")
 UCI_RE = re.compile(r"^[a-h][1-8][a-h][1-8][qrbn]?$")
 MATE_BASE = 100000  # mate in n is written (100000 - n) / 100 pawns
 
@@ -69,19 +73,30 @@ def prompt(fen: str, layout: str = "compact") -> str:
     return f"P: {fen:90}" if layout == "padded" else f"P: {fen} "
 
 
-def completion(truth: PolicyTruth, layout: str = "compact") -> str:
-    """The target continuation of `prompt(fen, layout)`."""
+def ranked(truth: PolicyTruth) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The candidates and their evals, best first (ties keep their stored order)."""
+    order = sorted(range(len(truth.moves)), key=lambda i: -truth.evals[i])
+    return tuple(truth.moves[i] for i in order), tuple(truth.evals[i] for i in order)
+
+
+def completion(truth: PolicyTruth, layout: str = "compact", order: str = "given") -> str:
+    """The target continuation of `prompt(fen, layout)`, candidates in `order` (see ORDERS)."""
     _check_layout(layout)
-    moves = " ".join(truth.moves)
-    evals = " ".join(format_eval(e) for e in truth.evals)
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    moves_t, evals_t = ranked(truth) if order == "best-first" else (truth.moves, truth.evals)
+    moves = " ".join(moves_t)
+    evals = " ".join(format_eval(e) for e in evals_t)
+    # best-first writes the first best move as B: (the M: slot it copies); else the label if it is a best
+    best = moves_t[0] if order == "best-first" else truth.best_move
     if layout == "padded":
-        return f"M: {moves:30}" + f"E: {evals:40}" + f"B: {truth.best_move}"
-    return f"M: {moves} E: {evals} B: {truth.best_move}"
+        return f"M: {moves:30}" + f"E: {evals:40}" + f"B: {best}"
+    return f"M: {moves} E: {evals} B: {best}"
 
 
-def render(truth: PolicyTruth, layout: str = "compact") -> str:
+def render(truth: PolicyTruth, layout: str = "compact", order: str = "given") -> str:
     """A full training line."""
-    return prompt(truth.fen, layout) + completion(truth, layout)
+    return prompt(truth.fen, layout) + completion(truth, layout, order)
 
 
 @dataclass
