@@ -92,9 +92,9 @@ def test_perfect_oracle_scores_the_maximum(reference, env_samples, layout):
     res = ev.score_completions(samples, truth_completions(samples, layout), RewardScorer(), layout=layout)
     p, a = res["policy"], res["environment"]
     assert p["n"] == 60 and a["n"] == len(env_samples)
-    assert p["best_acc"] == 1 and p["legal_best"] == 1 and p["invalid"] == 0 and p["legal_candidates"] == 1
-    expected_overlap = sum(len(s.truth.moves) / 5 for s in reference[:60]) / 60
-    assert p["top5_overlap"] == pytest.approx(expected_overlap)
+    assert p["best_acc"] == 1 and p["legal_best"] == 1 and p["invalid"] == 0 and p["repeated_candidates"] == 0
+    assert p["distinct_legal_candidates"] == pytest.approx(sum(len(s.truth.moves) for s in reference[:60]) / 60)
+    assert p["top5_overlap"] == 1
     assert p["mean_reward"] == 1
     assert a["invalid"] == 0 and a["next_state_acc"] == 1 and a["nls"] == 1 and a["reward_acc"] == 1
     assert a["reward_mae"] == 0 and a["terminated_acc"] == 1 and a["truncated_acc"] == 1 and a["mean_reward"] == 1
@@ -124,7 +124,11 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
     res = ev.score_completions(ps, weak, RewardScorer(engine=pool))["policy"]
     assert res["legal_best"] == 1 and res["best_acc"] == 0 and 0 < res["mean_reward"] < 1
     garbage = ev.score_completions(ps, ["M: zz E: x"] * len(ps), RewardScorer())["policy"]
-    assert garbage["invalid"] == 1 and garbage["top5_overlap"] == 0 and garbage["legal_candidates"] == 0
+    assert garbage["invalid"] == 1 and garbage["top5_overlap"] == 0 and garbage["distinct_legal_candidates"] == 0
+    repeated = [f"M: {' '.join([s.truth.best[0]] * 5)} E: 1.0 1.0 1.0 1.0 1.0 B: {s.truth.best[0]}" for s in ps]
+    rep = ev.score_completions(ps, repeated, RewardScorer())["policy"]  # five copies of one move: one candidate
+    assert rep["distinct_legal_candidates"] == 1 and rep["repeated_candidates"] == 1 and rep["invalid"] == 1
+    assert rep["top5_overlap"] == pytest.approx(sum(1 / len(s.truth.moves) for s in ps) / len(ps))
     assert garbage["mean_reward"] < 0
 
     wrong_fen = [c.replace(" w ", " x ", 1) if " w " in c else c.replace(" b ", " x ", 1)
@@ -158,10 +162,15 @@ def in_unit(v) -> bool:
     return v is None or 0 <= v <= 1
 
 
-def test_evaluate_end_to_end_tiny_model(tiny, mixed):
+def test_evaluate_end_to_end_tiny_model(tiny, mixed, pool):
+    from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle, random_expectation
+
     model, tokenizer = tiny
+    fens = [s.fen for s in mixed if s.task == "P"][:3]
+    judged = [JudgedPosition(f, t) for f, t in zip(fens, pool.move_tables(fens))]
+    puzzles = [Puzzle(fen, tuple(moves), "mate1") for fen, moves in MATES]
     cfg = ev.EvalConfig(batch_size=5, max_new_tokens=24, selfplay_games=1, selfplay_max_plies=3)
-    res = ev.evaluate(model, tokenizer, mixed, config=cfg, mate_in_one=MATES, return_examples=1)
+    res = ev.evaluate(model, tokenizer, mixed, config=cfg, strength_set=judged, puzzles=puzzles, return_examples=1)
     json.dumps(res)
     p, a = res["policy"], res["environment"]
     assert p["n"] == 8 and a["n"] == 8
@@ -170,7 +179,18 @@ def test_evaluate_end_to_end_tiny_model(tiny, mixed):
     for key in ev.ENV_METRICS:
         assert key in a and (key in ("mean_reward", "reward_mae") or in_unit(a[key])), key
     assert -1 <= p["mean_reward"] <= 1 and -1 <= a["mean_reward"] <= 1 and 0 <= a["reward_mae"] <= 2
-    assert res["mate_in_one"]["n"] == 2 and in_unit(res["mate_in_one"]["acc"])
+    assert res["puzzles"]["mate1"]["n"] == 2 and in_unit(res["puzzles"]["mate1"]["solved"])
+    n_legal = [chess.Board(fen).legal_moves.count() for fen, _ in MATES]
+    assert res["puzzles"]["mate1"]["random"]["solved"] == pytest.approx(sum(1 / n for n in n_legal) / 2)
+    st = res["strength"]
+    assert st["n"] == 3 and in_unit(st["legal"]) and in_unit(st["candidates"]["repeated"])
+    if st["legal"] == 0:  # a random model rarely writes a legal move; the baseline is then over no positions
+        assert st["loss"] is None and st["random"]["loss"] is None
+    rows = ev.flatten_metrics(res)
+    assert "strength.random.loss" in rows and "puzzles.mate1.solved" in rows
+    # the random mover's expectation is exact: the mean over every legal move
+    r = random_expectation(judged[0])
+    assert r["loss"] == pytest.approx(sum(judged[0].loss(m) for m in judged[0].evals) / len(judged[0].evals))
     assert res["selfplay"]["games"] == 1 and res["selfplay"]["mean_legal_half_moves"] >= 0
     assert len(res["examples"]["policy"]) == 1 and len(res["examples"]["environment"]) == 1
     assert "policy.best_acc" in ev.format_table(res)

@@ -229,7 +229,7 @@ def test_killed_stockfish_loses_no_reward(small_data):
         assert len(g) == len(e)
         for a, b in zip(g, e):
             assert (a.total, a.components, a.valid_format, a.correct) == (b.total, b.components, b.valid_format, b.correct)
-            assert a.components["best_legal"] == 1.0 and a.components["best_cp"] < 1.0
+            assert a.components["best_legal"] == 1.0 and a.components["quality"] < 1.0
 
 
 # -- 3. the trainer killed while writing a checkpoint ------------------------------------------------------

@@ -4,6 +4,7 @@ import json
 import random
 import statistics
 
+import chess
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from conftest import random_transitions
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.tasks import environment as E
 from rookworld_rlvr.tasks import policy as P
+from rookworld_rlvr.tasks import rewards
 from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer, TRLRewardFunction, score
 
 
@@ -81,18 +83,23 @@ def test_policy_reward_is_graduated_by_move_quality(policy_truths, scorer):
 
 def test_shapings(policy_truths):
     t = policy_truths[0]
-    comp = P.completion(t).replace(P.format_eval(t.evals[0]), "9.5", 1)
+    comp = P.completion(t).replace(P.format_eval(t.evals[0]), "9.5", 1)  # one eval wrong, the rest right
     lin = RewardScorer(RewardConfig(shaping="linear")).score(P.prompt(t.fen), comp, t).total
     grad = RewardScorer(RewardConfig(shaping="graduated")).score(P.prompt(t.fen), comp, t).total
     binary = RewardScorer(RewardConfig(shaping="binary")).score(P.prompt(t.fen), comp, t).total
-    assert 0 < lin < 1 and grad in (0.2, 0.4, 0.6, 0.8, 1.0) and grad >= lin and binary == 1.0
+    assert 0.8 < lin < 1 and grad == 0.8 and binary == 1.0  # graduated keeps 1.0 for an answer right everywhere
+    malformed_best = "M: " + " ".join(t.moves[:4]) + " E: 1.0 B: " + t.best_move  # the best move, ill-formed
+    assert RewardScorer(RewardConfig(shaping="binary")).score(P.prompt(t.fen), malformed_best, t).total == 0.0
+    for q, level in ((0.05, 0.2), (0.21, 0.4), (0.59, 0.6), (0.61, 0.8), (0.999, 0.8)):
+        assert rewards._shape(q, "graduated", False, True) == level
+    assert rewards._shape(1.0, "graduated", True, True) == 1.0
 
 
 def test_weights_change_the_total(policy_truths):
     t = policy_truths[1]
     comp = P.completion(t).split("E:")[0] + "E: 0.0 B: " + t.best_move  # eval section wrong
-    only_best = RewardScorer(RewardConfig(policy_weights={"format": 0, "best_legal": 1, "best_rank": 0,
-                                                          "best_cp": 0, "candidates": 0, "evals": 0}))
+    only_best = RewardScorer(RewardConfig(policy_weights={"format": 0, "best_legal": 1, "quality": 0,
+                                                          "candidates": 0, "evals": 0}))
     assert only_best.score(P.prompt(t.fen), comp, t).total == 1.0
     assert RewardScorer().score(P.prompt(t.fen), comp, t).total < 1.0
     with pytest.raises(ValueError, match="unknown component"):
@@ -108,7 +115,9 @@ def test_next_state_partial_sets_the_credit_of_a_near_miss_fen(env_truths):
     prompt = E.prompt(t.fen, t.move, t.history)
     default = RewardScorer(TrainConfig().reward_config()).score(prompt, near, t)
     strict = RewardScorer(TrainConfig(next_state_partial=0.0).reward_config()).score(prompt, near, t)
-    assert 0.6 < default.components["next_state"] <= 0.8  # near misses earn most of the credit
+    changed = sum(a != b for a, b in zip(E._elements(t.fen), E._elements(t.new_fen)))  # squares and fields
+    # every changed element right but the side to move: most of the credit
+    assert default.components["next_state"] == pytest.approx(0.8 * (changed - 1) / changed)
     assert strict.components["next_state"] == 0.0 and strict.total < default.total
     assert {k: v for k, v in strict.components.items() if k != "next_state"} == \
         {k: v for k, v in default.components.items() if k != "next_state"}
@@ -205,7 +214,77 @@ def test_engine_scores_moves_outside_the_top_five_and_missing_truth(pool):
     weak = P.completion(truth).rsplit("B:", 1)[0] + "B: g1h3"  # legal, outside the top 5
     assert "g1h3" not in truth.moves
     r = s.score(P.prompt(fen), weak)
-    assert 0 < r.components["best_cp"] < 1 and r.components["best_rank"] == 0 and r.total < good
+    assert 0 < r.components["quality"] < 1 and r.total < good
     blunder = "M: f2f3 E: 0.0 B: f2f3"
     batch = s.score_batch([P.prompt(fen)] * 3, [P.completion(truth), weak, blunder])
     assert [b.total for b in batch][0] == 1.0 and batch[1].total == r.total and batch[2].total < batch[1].total
+
+
+def test_change_credit_counts_only_what_the_move_changed():
+    fen = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    t = E.transition(fen, "g1f3")
+    assert E.change_credit(fen, t.new_fen, t.new_fen) == 1.0
+    assert E.change_credit(fen, t.new_fen, fen) == 0.0  # the input board: nothing the move changed
+    wrong_square = E.transition(fen, "g1h3").new_fen  # the right piece, the wrong square
+    # changed: g1, f3, side to move, halfmove clock; the answer gets g1, the side and the clock
+    # right, f3 wrong, and spoils h3: (3 - 1) / 4
+    assert E.change_credit(fen, t.new_fen, wrong_square) == pytest.approx(0.5)
+    assert E.change_credit(fen, t.new_fen, "garbage") == 0.0
+    illegal = E.transition(fen, "e2e5")  # nothing changes: only the exact answer counts
+    assert E.change_credit(fen, illegal.new_fen, E.transition(fen, "e2e4").new_fen) == 0.0
+
+
+def test_quality_is_the_expected_score_against_the_best_and_a_mate_is_full_credit(pool):
+    from rookworld_rlvr.tasks.strength import move_loss
+
+    fen = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # a1a8 mates; Stockfish's top 5 holds it
+    s = RewardScorer(engine=pool)
+    truth = s.truth_for(P.prompt(fen))
+    assert truth.best == ("a1a8",)
+    mate = s.score(P.prompt(fen), P.completion(truth), truth)
+    assert mate.components["quality"] == 1.0 and mate.correct
+    quiet = "h2h3"
+    r = s.score(P.prompt(fen), P.completion(truth).rsplit("B:", 1)[0] + f"B: {quiet}", truth)
+    value = truth.evals[truth.moves.index(quiet)] if quiet in truth.moves else pool.move_eval(fen, quiet)
+    expected = max(0.0, 1 - move_loss(max(truth.evals), value) / RewardConfig().quality_scale)
+    assert r.components["quality"] == pytest.approx(min(expected, 0.99)) and not r.correct
+
+
+def test_scoring_with_a_truth_needs_no_stockfish(policy_truths):
+    """A legal B: outside the truth's candidates is bounded by the lowest candidate, not an error;
+    the TRL adapter and score() run without an engine when the samples carry their truth."""
+    t = next(t for t in policy_truths if len(t.moves) == 5)
+    outside = sorted(m.uci() for m in chess.Board(t.fen).legal_moves if m.uci() not in t.moves)[0]
+    comp = P.completion(t).rsplit("B:", 1)[0] + f"B: {outside}"
+    r = score(P.prompt(t.fen), comp, t.to_dict())
+    top, low = max(t.evals), min(t.evals)
+    from rookworld_rlvr.tasks.strength import move_loss
+
+    assert r.components["quality"] == pytest.approx(max(0.0, min(0.99, 1 - move_loss(top, low) / 0.3)))
+    assert any("bounded" in n for n in r.notes)
+    fn = TRLRewardFunction()
+    assert fn([P.prompt(t.fen)], [comp], truth=[t.to_dict()]) == [r.total]
+    with pytest.raises(ValueError, match="no 'truth' column"):
+        fn([P.prompt(t.fen)], [comp])
+
+
+def test_trl_adapter_without_truths_needs_stockfish_at_construction(monkeypatch):
+    from rookworld_rlvr.engine import EngineConfig, StockfishNotFound, StockfishPool
+
+    monkeypatch.setenv("STOCKFISH_PATH", "/nonexistent/stockfish")
+    with pytest.raises(StockfishNotFound, match="apt-get install stockfish"):
+        TRLRewardFunction(engine=StockfishPool(EngineConfig()))
+
+
+def test_puzzle_truth_gives_a_verified_binary_reward():
+    from rookworld_rlvr.tasks.strength import Puzzle
+
+    fen = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"
+    puzzle = Puzzle(fen, ("a1a8",), "mate1")
+    s = RewardScorer()
+    solved = "M: a1a8 h2h3 g2g3 f2f3 g1f1 E: 999.99 0.0 0.0 0.0 0.0 B: a1a8"
+    assert s.score(P.prompt(fen), solved, puzzle).total == 1.0
+    assert s.score(P.prompt(fen), solved.replace("B: a1a8", "B: h2h3"), puzzle).total == 0.0
+    assert s.score(P.prompt(fen), "M: a1a8 E: B: a1a8", puzzle).total == 0.0  # solved, ill-formed
+    assert s.score(P.prompt(fen), "nonsense", puzzle).total == -0.3
+    assert s.score(P.prompt(fen), solved, puzzle.to_dict()).total == 1.0  # as a dataset column

@@ -75,23 +75,34 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
-def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data):
-    """6 steps straight equal 3 steps, a stop, and 3 resumed steps: the same losses, the same weights.
+def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch):
+    """6 steps straight equal 3 steps, a crash, and 3 resumed steps: the same losses, the same weights.
     The state is safetensors + JSON; a pickle planted beside it is never opened."""
-    def config(out, steps):
+    import rookworld_rlvr.sft as sft
+
+    def config(out):
         return SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
-                         out=str(out), steps=steps, batch_size=6, eval_every=100, eval_samples=0, save_every=3,
+                         out=str(out), steps=6, batch_size=6, eval_every=100, eval_samples=0, save_every=3,
                          lr=3e-3, warmup_steps=2, device="cpu", threads=1, tokenizer="board")
 
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train(config(straight, 6), progress=False)
-    cfg = config(split, 6)
-    cfg.steps = 3  # the first session stops at step 3 ...
-    train(cfg, progress=False)
+    train(config(straight), progress=False)
+    real, calls = sft._accumulate, []
+
+    def crash_at_step_4(*args, **kwargs):  # the first session dies during step 4 (after the step-3 save)
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "_accumulate", crash_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(split), progress=False)
+    monkeypatch.setattr(sft, "_accumulate", real)
     ckpt = tmp_path / "split.checkpoint"
     assert sorted(p.name for p in ckpt.glob("sft_state*")) == ["sft_state.json", "sft_state.safetensors"]
     (ckpt / "sft_state.pt").write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
-    train(config(split, 6), resume=True, progress=False)  # ... and the next one resumes it
+    train(config(split), resume=True, progress=False)  # the next session resumes it
     assert not (tmp_path / "pwned").exists()
     losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.sft_log.jsonl").read_text().splitlines()]
               for n in ("straight", "split")]

@@ -30,6 +30,22 @@ def _data(args: argparse.Namespace) -> int:
             print(f"read {summary['read']}, wrote {summary['written']} to {args.out}, "
                   f"skipped {summary['invalid']} invalid, corrected {summary['labels_corrected']} B: labels")
         return 0
+    if args.data_cmd == "judge":
+        from rookworld_rlvr.data.judged import judge
+
+        summary = judge(args.sources, args.out, args.puzzles_out, args.positions, args.tactic_pool, args.depth,
+                        args.workers, args.cache, progress=not args.quiet)
+        print(json.dumps(summary))
+        return 0
+    if args.data_cmd == "openings":
+        from rookworld_rlvr.data.io import atomic_write_text
+        from rookworld_rlvr.data.judged import openings
+
+        fens = openings(args.n, args.seed, args.depth, args.cache)
+        atomic_write_text(args.out, ["# held-out openings for `rookworld match` (rookworld data openings)\n"] +
+                          [f + "\n" for f in fens])
+        print(json.dumps({"openings": len(fens), "out": args.out}))
+        return 0
     if args.data_cmd == "stats":
         from rookworld_rlvr.data.importer import stats
 
@@ -66,6 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--split", default="train", help="Hub dataset split")
     i.add_argument("--limit", type=int, default=None)
     i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
+    j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
+                                      "(the strength sets `rookworld eval` and training runs report on)")
+    j.add_argument("sources", nargs="+", help="held-out sample files (JSONL); their P: positions are judged")
+    j.add_argument("--out", default="data/strength.jsonl.gz", help="judged positions (JSONL)")
+    j.add_argument("--puzzles-out", default="data/puzzles_eval.jsonl.gz",
+                   help="mates in one (all source positions) and tactics (among the judged ones); '' = none")
+    j.add_argument("--positions", type=int, default=600, help="positions in the strength set")
+    j.add_argument("--tactic-pool", type=int, default=0, help="further positions judged only to find tactics")
+    j.add_argument("--depth", type=int, default=10, help="Stockfish depth of the judging search")
+    j.add_argument("--workers", type=int, default=2)
+    j.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
+    j.add_argument("--quiet", action="store_true")
+    o = dsub.add_parser("openings", help="held-out opening positions for `rookworld match`")
+    o.add_argument("--out", default="data/openings.txt")
+    o.add_argument("--n", type=int, default=100)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--depth", type=int, default=6, help="Stockfish depth that picks the moves and checks balance")
+    o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
     s.add_argument("file")
     d.set_defaults(func=_data)
@@ -83,6 +117,8 @@ _OPTIONAL = {
     "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),
     "report": ("rookworld_rlvr.report", "plots and an HTML report of runs"),
     "sweep": ("rookworld_rlvr.sweep", "hyperparameter sweeps with Optuna"),
+    "match": ("rookworld_rlvr.play", "play games between models, a random mover and Stockfish (score, Elo, PGN)"),
+    "uci": ("rookworld_rlvr.uci", "run a model as a UCI chess engine"),
 }
 
 

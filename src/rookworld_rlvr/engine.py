@@ -531,6 +531,27 @@ class StockfishPool:
             results.append(Analysis(fen=fen, moves=tuple(value["moves"]), evals=tuple(value["evals"])))
         return results
 
+    def move_tables(self, fens: Sequence[str], progress: bool = False) -> list[dict[str, float]]:
+        """Every legal move of each FEN with its eval (pawns, for the side to move), from one
+        search per position with multipv = the number of legal moves: all moves judged by the same
+        search, so their differences are consistent. Empty for positions without legal moves."""
+        self._check_open()
+        boards = [_parse_board(fen) for fen in fens]
+        keys = [f"T|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
+        jobs: dict[str, Callable[[], dict[str, float]]] = {}
+        for fen, board, key in zip(fens, boards, keys):
+            if key is not None and key not in jobs:
+                jobs[key] = functools.partial(self._table_value, board, fen)
+        found = self._resolve(jobs, progress)
+        return [dict(found[k]) if k is not None else {} for k in keys]
+
+    def _table_value(self, board: chess.Board, fen: str) -> dict[str, float]:
+        n = board.legal_moves.count()
+        moves, evals = self._search(board, n, fen)
+        if len(set(moves)) != n:
+            raise EngineError(f"Stockfish returned {len(set(moves))} of {n} legal moves for {fen!r}")
+        return dict(zip(moves, evals))
+
     # -- move evals ------------------------------------------------------------------
 
     def _move_eval_value(self, board: chess.Board, move: chess.Move, fen: str) -> float:

@@ -1,4 +1,4 @@
-"""Greedy evaluation of a chess LM on both tasks, mate-in-one and self-play (sampling on request).
+"""Greedy evaluation of a chess LM: both tasks, playing strength, puzzles and self-play.
 
 Generation and scoring are separate on purpose: `score_completions` is a pure function of
 (samples, completions, scorer), so the metric code can be checked with ground-truth and
@@ -6,9 +6,13 @@ corrupted completions without any model, and `evaluate` only adds batched genera
 
 Metric conventions (all shares are in [0, 1]):
 - policy `invalid`: the completion does not parse (`PolicyParse.valid` is False);
-  `legal_candidates` is over every move written in M: (None when no move was written);
-  `best_acc_raw_labels` compares B: with the label written in the source data (None when
-  no sample carries a label; upstream labels are quirky for black, see ARCHITECTURE.md 3).
+  `distinct_legal_candidates`: distinct legal moves written in M: (a repeat counts once);
+  `repeated_candidates`: share of answers that write a move twice; `best_acc_raw_labels`
+  compares B: with the label written in the source data (None when no sample carries a label;
+  upstream wrote the 5th-ranked move as B: for black).
+- strength (judged positions): expected-score loss, accuracy and blunder rate of the legal
+  B: moves, and best-move match, each next to a uniformly random legal mover on the same
+  positions (`random`; see tasks.strength); puzzles: solve rate per kind, next to random.
 - environment `nls`: normalised Levenshtein similarity of the first '+' field to the true
   FEN, 0 when there is no such field; `reward_mae`: |truth - predicted| with the prediction
   clipped to [-1, 1] (the reward range) and an unparseable reward counted as 0.
@@ -35,17 +39,19 @@ import chess
 from rookworld_rlvr.data.io import DataError, Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks import strength
 from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardResult, RewardScorer
+from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle
 
 if TYPE_CHECKING:
     from rookworld_rlvr.engine import StockfishPool
 
 TASK_NAMES = {"P": "policy", "A": "environment"}
 POLICY_METRICS = ("invalid", "legal_best", "best_acc", "best_acc_raw_labels", "top5_overlap",
-                  "legal_candidates", "mean_reward")
+                  "distinct_legal_candidates", "repeated_candidates", "mean_reward")
 ENV_METRICS = ("invalid", "next_state_acc", "nls", "reward_acc", "reward_mae", "terminated_acc",
                "truncated_acc", "mean_reward")
-SECTIONS = ("policy", "environment", "mate_in_one", "selfplay")
+SECTIONS = ("strength", "puzzles", "policy", "environment", "selfplay")
 NOT_METRICS = ("examples", "meta")  # sections that the tables skip
 
 
@@ -85,10 +91,6 @@ class EvalConfig:
 # -- scoring (pure) --------------------------------------------------------------------------------
 
 
-def _legal_moves(fen: str) -> set[str]:
-    return {m.uci() for m in chess.Board(fen).legal_moves}
-
-
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -109,19 +111,20 @@ def policy_metrics(samples: Sequence[Sample], completions: Sequence[str],
     if not samples:
         return out
     parses = [pol_task.parse_completion(c) for c in completions]
-    legal = [_legal_moves(s.truth.fen) for s in samples]
+    legal = [strength.legal_moves(s.truth.fen) for s in samples]
     labelled = [(p, s.truth.label) for p, s in zip(parses, samples) if s.truth.label is not None]
-    candidates = [m in lg for p, lg in zip(parses, legal) for m in (p.moves or [])]
     out.update(
         invalid=_share(not p.valid for p in parses),
         legal_best=_share(p.best in lg for p, lg in zip(parses, legal)),
         best_acc=_share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples)),
         best_acc_raw_labels=_share(p.best == label for p, label in labelled),
-        top5_overlap=_mean([len(set(p.moves or []) & set(s.truth.moves)) / 5 for p, s in zip(parses, samples)]),
-        legal_candidates=_share(candidates),
+        top5_overlap=_mean([len(set(p.moves or []) & set(s.truth.moves)) / len(s.truth.moves)
+                            for p, s in zip(parses, samples)]),
+        # a move written twice counts once: five copies of one legal move are 1 candidate, not 5
+        distinct_legal_candidates=_mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal)]),
+        repeated_candidates=_share(len(p.moves or []) != len(set(p.moves or [])) for p in parses),
         mean_reward=_mean([r.total for r in results]),
         n_labelled=len(labelled),
-        n_candidates=len(candidates),
         components=_component_means(results, POLICY_COMPONENTS),
     )
     return out
@@ -164,7 +167,7 @@ def needs_engine(samples: Sequence[Sample], completions: Sequence[str]) -> bool:
         if s.task != "P":
             continue
         best = pol_task.parse_completion(c).best
-        if best and best not in s.truth.moves and pol_task.UCI_RE.match(best) and best in _legal_moves(s.truth.fen):
+        if best and best not in s.truth.moves and pol_task.UCI_RE.match(best) and best in strength.legal_moves(s.truth.fen):
             return True
     return False
 
@@ -300,19 +303,31 @@ def _best_move(completion: str) -> str | None:
     return best if best and pol_task.UCI_RE.match(best) else None
 
 
-def mate_in_one_metrics(gen: _Generator, positions: Sequence[tuple[str, list[str]]], progress: bool) -> dict:
-    """Share of positions where the generated B: is one of the mating moves."""
-    if not positions:
-        return {"n": 0, "acc": None, "legal": None}
-    prompts = [pol_task.prompt(fen, gen.config.layout) for fen, _ in positions]
-    with _progress_bar(progress, len(prompts), "mate-in-one") as bar:
+def _answers(gen: _Generator, fens: Sequence[str], progress: bool, desc: str) -> list[pol_task.PolicyParse]:
+    """Greedy P: answers for positions, parsed."""
+    prompts = [pol_task.prompt(fen, gen.config.layout) for fen in fens]
+    with _progress_bar(progress, len(prompts), desc) as bar:
         texts, _ = gen.run(prompts, bar=bar)
-    moves = [_best_move(t) for t in texts]
-    return {
-        "n": len(positions),
-        "acc": _share(m in mates for m, (_, mates) in zip(moves, positions)),
-        "legal": _share(m is not None and m in _legal_moves(fen) for m, (fen, _) in zip(moves, positions)),
-    }
+    return [pol_task.parse_completion(t) for t in texts]
+
+
+def strength_metrics(gen: _Generator, positions: Sequence[JudgedPosition], progress: bool) -> dict:
+    """Move quality of the greedy B: and the M: candidates on judged positions, each next to a
+    random legal mover on the same positions (see tasks.strength)."""
+    if not positions:
+        return {"n": 0}
+    parses = _answers(gen, [p.fen for p in positions], progress, "strength")
+    moves = [p.best if p.best and pol_task.UCI_RE.match(p.best) else None for p in parses]
+    return {**strength.move_quality(positions, moves),
+            "candidates": strength.candidate_quality(positions, [p.moves for p in parses])}
+
+
+def puzzle_metrics(gen: _Generator, puzzles: Sequence[Puzzle], progress: bool) -> dict:
+    """Share of puzzles whose greedy B: is a solving move, per kind, next to a random legal mover."""
+    if not puzzles:
+        return {}
+    parses = _answers(gen, [p.fen for p in puzzles], progress, "puzzles")
+    return strength.puzzle_scores(puzzles, [p.best for p in parses])
 
 
 def selfplay_metrics(gen: _Generator, games: int, progress: bool) -> dict:
@@ -340,7 +355,7 @@ def selfplay_metrics(gen: _Generator, games: int, progress: bool) -> dict:
             still = []
             for g, text in zip(alive, texts):
                 move = _best_move(text)
-                if move is None or move not in _legal_moves(boards[g].fen()):
+                if move is None or move not in strength.legal_moves(boards[g].fen()):
                     ended["illegal"] += 1
                 else:
                     boards[g].push_uci(move)
@@ -372,13 +387,14 @@ def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], 
 
 
 def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | None = None,
-             scorer: RewardScorer | None = None, mate_in_one: list[tuple[str, list[str]]] | None = None,
-             progress: bool = False, return_examples: int = 0) -> dict:
-    """Greedy task metrics of `model` (JSON-serialisable; see the module docstring for definitions).
+             scorer: RewardScorer | None = None, strength_set: Sequence[JudgedPosition] | None = None,
+             puzzles: Sequence[Puzzle] | None = None, progress: bool = False, return_examples: int = 0) -> dict:
+    """Greedy metrics of `model` (JSON-serialisable; see the module docstring for definitions).
 
-    Keys: policy, environment, meta; mate_in_one when positions are given; selfplay when
-    config.selfplay_games > 0; examples when return_examples > 0. A Stockfish pool is built
-    (and closed) only when a P: completion needs it and `scorer` has no engine.
+    Keys: policy, environment, meta; strength (move quality next to a random mover) when judged
+    positions are given; puzzles when puzzles are given; selfplay when config.selfplay_games > 0;
+    examples when return_examples > 0. A Stockfish pool is built (and closed) only when a P:
+    completion needs it and `scorer` has no engine.
     """
     config = config or EvalConfig()
     config.validate()
@@ -396,10 +412,14 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
     for task, name in TASK_NAMES.items():
         why = [r for s, r in zip(samples, reasons) if s.task == task]
         results[name]["hit_max_tokens"] = _share(r == "length" for r in why)
-    if mate_in_one is not None:
+    if strength_set:
         t0 = time.perf_counter()
-        results["mate_in_one"] = mate_in_one_metrics(gen, mate_in_one, progress)
-        timings["mate_in_one"] = time.perf_counter() - t0
+        results["strength"] = strength_metrics(gen, strength_set, progress)
+        timings["strength"] = time.perf_counter() - t0
+    if puzzles:
+        t0 = time.perf_counter()
+        results["puzzles"] = puzzle_metrics(gen, puzzles, progress)
+        timings["puzzles"] = time.perf_counter() - t0
     if config.selfplay_games > 0:
         t0 = time.perf_counter()
         results["selfplay"] = selfplay_metrics(gen, config.selfplay_games, progress)
@@ -539,7 +559,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     d = EvalConfig()
     p.add_argument("--model", required=True, help="model directory or Hub id")
     p.add_argument("--data", required=True, help="our JSONL(.gz) or upstream RookWorld text lines (P: and A: mixed)")
-    p.add_argument("--mate-in-one", metavar="FILE", help="lines of `FEN<TAB>mating UCI moves`")
+    p.add_argument("--strength", metavar="FILE", help="judged positions (`rookworld data judge`): move quality of the "
+                                                     "greedy B: next to a random legal mover, e.g. data/strength.jsonl.gz")
+    p.add_argument("--puzzles", metavar="FILE", help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating "
+                                                    "moves` lines), e.g. data/puzzles_eval.jsonl.gz")
     p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically)")
     p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
@@ -597,12 +620,17 @@ def run(args: argparse.Namespace, name: str) -> int:
     ok, samples = _guarded(args, f"read data {args.data}", lambda: _read_data(args.data, args.limit))
     if not ok:
         return 1
-    if not samples and not args.mate_in_one and not args.selfplay:
+    if not samples and not args.puzzles and not args.strength and not args.selfplay:
         return _fail(f"no samples in {args.data}")
-    mates = None
-    if args.mate_in_one:
-        ok, mates = _guarded(args, f"read mate-in-one positions {args.mate_in_one}",
-                             lambda: load_mate_in_one(args.mate_in_one))
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+
+    judged = puzzles = None
+    if args.strength:
+        ok, judged = _guarded(args, f"read judged positions {args.strength}", lambda: read_judged(args.strength))
+        if not ok:
+            return 1
+    if args.puzzles:
+        ok, puzzles = _guarded(args, f"read puzzles {args.puzzles}", lambda: read_puzzles(args.puzzles))
         if not ok:
             return 1
     from rookworld_rlvr.model.load import load_policy
@@ -614,8 +642,8 @@ def run(args: argparse.Namespace, name: str) -> int:
     model, tokenizer = loaded
     with ExitStack() as stack:
         scorer = _cli_scorer(samples, args.depth, stack)
-        results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, mate_in_one=mates,
-                           progress=not args.quiet, return_examples=args.examples)
+        results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
+                           puzzles=puzzles, progress=not args.quiet, return_examples=args.examples)
     results["meta"].update(model=args.model, data=args.data)
     print(format_table(results))
     if args.json:

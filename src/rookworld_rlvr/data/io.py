@@ -36,7 +36,9 @@ class Sample:
     def render(self, layout: str = "compact", order: str = "given") -> tuple[str, str]:
         """(prompt, completion) in the requested layout and P: candidate order (A: has one layout)."""
         if self.task == "P":
-            return pol_task.prompt(self.truth.fen, layout), pol_task.completion(self.truth, layout, order)
+            # a puzzle has solving moves, not a written answer: it is a prompt only (GRPO)
+            answer = pol_task.completion(self.truth, layout, order) if isinstance(self.truth, PolicyTruth) else ""
+            return pol_task.prompt(self.truth.fen, layout), answer
         t = self.truth
         return env_task.prompt(t.fen, t.move, t.history), env_task.completion(t)
 

@@ -189,7 +189,29 @@ def fen_similarity(a: str, b: str) -> float:
     return 1.0 - levenshtein(a, b) / max(len(a), len(b))
 
 
-def fen_field_match(a: str, b: str) -> float:
-    """Share of the 6 FEN fields that match exactly (board, turn, castling, ep, clocks)."""
-    fa, fb = a.split(), b.split()
-    return sum(x == y for x, y in zip(fa, fb)) / 6
+def _elements(fen: str) -> list[str]:
+    """A FEN as 69 comparable elements: the 64 squares (a8 .. h1; "?" where a malformed rank has
+    no square) and the other five fields ("?" when missing)."""
+    fields = fen.split()
+    ranks = (fields[0] if fields else "").split("/")
+    squares = []
+    for i in range(8):
+        row = "".join("." * int(ch) if ch.isdigit() else ch for ch in (ranks[i] if i < len(ranks) else ""))
+        squares += list(row[:8].ljust(8, "?"))
+    return squares + [fields[i] if i < len(fields) else "?" for i in range(1, 6)]
+
+
+def change_credit(fen: str, true_new: str, predicted: str) -> float:
+    """Credit in [0, 1] for a predicted next FEN, counting only what the move changed.
+
+    Of the elements (squares and FEN fields) that differ between `fen` and `true_new`, the share the
+    prediction got right, less one for each element it changed that should have stayed. A copy of
+    the input board earns 0; moving the right piece to a wrong square keeps most of the credit.
+    When nothing changes (an illegal move), only the exact answer counts, so this gives 0."""
+    old, new, got = _elements(fen), _elements(true_new), _elements(predicted)
+    changed = [i for i in range(len(new)) if old[i] != new[i]]
+    if not changed:
+        return 0.0
+    right = sum(got[i] == new[i] for i in changed)
+    spoiled = sum(got[i] != new[i] for i in range(len(new)) if old[i] == new[i])
+    return max(0.0, right - spoiled) / len(changed)

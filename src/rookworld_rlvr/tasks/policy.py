@@ -144,6 +144,8 @@ def parse_completion(text: str) -> PolicyParse:
             out.errors.append("empty M:")
         elif len(out.moves) > 5:
             out.errors.append(f"{len(out.moves)} moves in M: (at most 5)")
+        if len(set(out.moves)) != len(out.moves):
+            out.errors.append("repeated move in M:")
     if "E" in spans:
         evals: list[float] = []
         for tok in spans["E"]:

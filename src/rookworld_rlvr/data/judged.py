@@ -1,0 +1,126 @@
+"""Held-out sets for playing strength: judged positions and puzzles, built once with Stockfish.
+
+`rookworld data judge` picks held-out positions, has Stockfish evaluate every legal move of each
+(one multipv search per position) and writes them as JSONL rows `{"fen", "evals"}`; among them it
+finds tactics (one move keeps a decisive win), and among every position it is given, the mates
+in one. Evaluation then needs no engine: any answer, and a random legal mover, is judged by
+looking its move up. Puzzle rows are `{"fen", "solutions", "kind"}`; the older mate-in-one TSV
+(`FEN<TAB>mating moves`) reads as puzzles of kind mate1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import chess
+
+from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples
+from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle, mating_moves, tactic_of
+
+T = TypeVar("T")
+
+
+def _read_rows(path: str | Path, parse: Callable[[dict], T]) -> list[T]:
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    out = []
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                out.append(parse(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as e:
+                raise DataError(f"{path}:{lineno}: {e}") from None
+    return out
+
+
+def read_judged(path: str | Path) -> list[JudgedPosition]:
+    """Judged positions; a bad row raises DataError naming file:line."""
+    return _read_rows(path, JudgedPosition.from_dict)
+
+
+def read_puzzles(path: str | Path) -> list[Puzzle]:
+    """Puzzles from JSONL(.gz), or mates in one from a `FEN<TAB>mating moves` TSV."""
+    if str(path).endswith((".tsv", ".txt")):
+        from rookworld_rlvr.evaluate import load_mate_in_one
+
+        return [Puzzle(fen, tuple(moves), "mate1") for fen, moves in load_mate_in_one(path)]
+    return _read_rows(path, Puzzle.from_dict)
+
+
+def write_rows(path: str | Path, rows: Iterable[dict]) -> None:
+    atomic_write_text(path, (json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+
+
+def _spread(fen: str) -> str:
+    """Order positions by a hash of their FEN: consecutive positions of one game spread apart."""
+    return hashlib.sha1(fen.encode()).hexdigest()
+
+
+def held_out_fens(paths: Iterable[str | Path]) -> list[str]:
+    """Distinct P: positions of the given sample files that have a legal move, in file order."""
+    seen: dict[str, None] = {}
+    for path in paths:
+        for s in iter_samples(path):
+            if s.task == "P" and s.fen not in seen and any(chess.Board(s.fen).legal_moves):
+                seen[s.fen] = None
+    return list(seen)
+
+
+def mates_in_one(fens: Iterable[str]) -> list[Puzzle]:
+    return [Puzzle(f, tuple(m), "mate1") for f in fens if (m := mating_moves(f))]
+
+
+def judge(sources: list[str], out: str, puzzles_out: str | None, n_positions: int, tactic_pool: int,
+          depth: int, workers: int, cache_path: str | None, progress: bool = True) -> dict:
+    """Judge `n_positions` held-out positions (the strength set) and `tactic_pool` more to find
+    tactics; write both sets. Positions are taken in hash order of their FEN."""
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    fens = sorted(held_out_fens(sources), key=_spread)
+    picked = fens[: n_positions + tactic_pool]
+    with StockfishPool(EngineConfig(depth=depth, workers=workers, cache_path=cache_path)) as pool:
+        tables = pool.move_tables(picked, progress=progress)
+    judged = [JudgedPosition(f, t) for f, t in zip(picked, tables)]
+    write_rows(out, (p.to_dict() for p in judged[:n_positions]))
+    summary = {"positions": min(n_positions, len(judged)), "depth": depth, "candidates": len(fens)}
+    if puzzles_out:
+        tactics = [t for p in judged if (t := tactic_of(p)) is not None]
+        mates = mates_in_one(fens)
+        mate_fens = {p.fen for p in mates}
+        tactics = [t for t in tactics if t.fen not in mate_fens]  # a mate in one is its own kind
+        write_rows(puzzles_out, (p.to_dict() for p in mates + tactics))
+        summary.update(mate1=len(mates), tactic=len(tactics), tactic_searched=len(judged))
+    return summary
+
+
+def openings(n: int, seed: int, depth: int, cache_path: str | None, permille: int = 40,
+             max_eval: float = 1.0) -> list[str]:
+    """`n` held-out opening positions for matches: 4 to 10 plies from the start, each ply one of
+    Stockfish's top 5 moves at random; kept when the FEN falls on the eval side of the data split
+    (the same hash rule as `data generate`, so no training sample has it) and the side to move
+    is within `max_eval` pawns of equality."""
+    import random
+
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.tasks.environment import fen_of
+
+    rng = random.Random(seed)
+    found: dict[str, None] = {}
+    with StockfishPool(EngineConfig(depth=depth, workers=1, cache_path=cache_path)) as pool:
+        while len(found) < n:
+            board = chess.Board()
+            for _ in range(rng.randrange(4, 11)):
+                board.push_uci(rng.choice(pool.analyse(fen_of(board)).moves))
+            fen = fen_of(board)
+            if is_eval_fen(fen, permille) and fen not in found and not board.is_game_over():
+                top = pool.analyse(fen).evals
+                if top and abs(top[0]) <= max_eval:
+                    found[fen] = None
+    return list(found)

@@ -1,0 +1,294 @@
+"""Games: `rookworld match A B` plays model against model, a random mover or Stockfish.
+
+Games are colour-swapped pairs from held-out opening positions; python-chess referees. A move
+that cannot be read or is illegal loses the game at once (an engine that cannot move legally
+cannot play). Games end by checkmate, stalemate, insufficient material, the 75-move rule,
+fivefold repetition, a claimable draw (threefold, fifty moves) or a ply limit (a draw). All
+games advance together: each ply, every model move of that ply is one batched generation.
+
+The result is the score of A, the Elo difference with a 95% confidence interval (normal
+approximation on the per-game scores), how the games ended, and the games as PGN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import chess
+import chess.engine
+import chess.pgn
+
+from rookworld_rlvr.tasks import policy as pol_task
+
+
+class Player(Protocol):
+    name: str
+
+    def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
+        """One move (UCI) per board, or None when no move could be read; legality is the referee's job."""
+
+
+class RandomPlayer:
+    """A uniformly random legal mover: the floor every model must beat."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.name = "random"
+        self._rng = random.Random(seed)
+
+    def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
+        return [self._rng.choice(sorted(m.uci() for m in b.legal_moves)) for b in boards]
+
+
+class StockfishPlayer:
+    """Stockfish at limited strength: `Skill Level` 0..20 and a depth limit per move."""
+
+    def __init__(self, skill: int = 0, depth: int = 1, path: str | None = None) -> None:
+        from rookworld_rlvr.engine import find_stockfish
+
+        if not 0 <= skill <= 20 or depth < 1:
+            raise ValueError(f"stockfish player: skill must be in 0..20 and depth >= 1, got {skill}, {depth}")
+        self.name = f"stockfish:{skill}:{depth}"
+        self._engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(path))
+        self._engine.configure({"Skill Level": skill, "Threads": 1, "Hash": 16})
+        self._limit = chess.engine.Limit(depth=depth)
+
+    def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
+        return [self._engine.play(b, self._limit).move.uci() for b in boards]
+
+    def close(self) -> None:
+        self._engine.quit()
+
+
+class ModelPlayer:
+    """A chess LM answering `P:` prompts; its move is the `B:` of the answer (greedy by default)."""
+
+    def __init__(self, model, tokenizer, name: str, layout: str = "compact", temperature: float = 0.0,
+                 seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64) -> None:
+        from rookworld_rlvr.evaluate import EvalConfig, _Generator, _sampling
+
+        self.name = name
+        self._gen = _Generator(model, tokenizer, EvalConfig(layout=layout, max_new_tokens=max_new_tokens,
+                                                             batch_size=batch_size))
+        self._sampling = _sampling(temperature, seed)
+        self.layout = layout
+
+    def answers(self, boards: Sequence[chess.Board]) -> list[pol_task.PolicyParse]:
+        from rookworld_rlvr.tasks.environment import fen_of
+
+        prompts = [pol_task.prompt(fen_of(b), self.layout) for b in boards]
+        texts, _ = self._gen.run(prompts, **self._sampling)
+        return [pol_task.parse_completion(t) for t in texts]
+
+    def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
+        return [p.best if p.best and pol_task.UCI_RE.match(p.best) else None for p in self.answers(boards)]
+
+
+@dataclass
+class Game:
+    white: str
+    black: str
+    opening: str
+    board: chess.Board
+    result: str = "*"  # 1-0, 0-1, 1/2-1/2
+    termination: str = ""
+
+    def pgn(self) -> str:
+        game = chess.pgn.Game.from_board(self.board)
+        game.headers.update({"Event": "rookworld match", "White": self.white, "Black": self.black,
+                             "Result": self.result, "Termination": self.termination})
+        return str(game)
+
+
+@dataclass
+class MatchResult:
+    a: str
+    b: str
+    games: list[Game] = field(default_factory=list)
+
+    def scores(self) -> list[float]:
+        """A's score in each game."""
+        out = []
+        for g in self.games:
+            a_white = g.white == self.a
+            out.append({"1-0": 1.0 if a_white else 0.0, "0-1": 0.0 if a_white else 1.0}.get(g.result, 0.5))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        scores = self.scores()
+        s = sum(scores) / len(scores)
+        wins, draws = scores.count(1.0), scores.count(0.5)
+        ends: dict[str, int] = {}
+        for g in self.games:
+            ends[g.termination] = ends.get(g.termination, 0) + 1
+        elo, lo, hi = elo_interval(scores)
+        plies = [len(g.board.move_stack) for g in self.games]
+        return {"a": self.a, "b": self.b, "games": len(scores), "score": s, "wins": wins, "draws": draws,
+                "losses": len(scores) - wins - draws, "elo": elo, "elo_low": lo, "elo_high": hi,
+                "mean_plies": sum(plies) / len(plies), "terminations": dict(sorted(ends.items()))}
+
+
+def elo_of(score: float) -> float:
+    """Elo difference for an expected score in (0, 1)."""
+    return -400.0 * math.log10(1.0 / score - 1.0)
+
+
+def elo_interval(scores: Sequence[float], z: float = 1.96) -> tuple[float, float, float]:
+    """Elo difference and its 95% interval from per-game scores (normal approximation on the mean
+    score; a score of 0 or 1 is moved half a game inward so the Elo stays finite)."""
+    n = len(scores)
+    if n == 0:
+        raise ValueError("no games")
+    mean = sum(scores) / n
+    var = sum((x - mean) ** 2 for x in scores) / (n - 1) if n > 1 else 0.25
+    se = math.sqrt(var / n)
+    edge = 0.5 / n
+
+    def clamp(x: float) -> float:
+        return min(1.0 - edge, max(edge, x))
+
+    return elo_of(clamp(mean)), elo_of(clamp(mean - z * se)), elo_of(clamp(mean + z * se))
+
+
+def _ended(board: chess.Board, max_plies: int, start_plies: int) -> tuple[str, str] | None:
+    outcome = board.outcome(claim_draw=True)
+    if outcome is not None:
+        return outcome.result(), outcome.termination.name.lower()
+    if len(board.move_stack) - start_plies >= max_plies:
+        return "1/2-1/2", "max_plies"
+    return None
+
+
+def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 300,
+               progress: bool = False) -> MatchResult:
+    """Two games per opening, A with white in the first; every game to its end."""
+    from tqdm import tqdm
+
+    if a.name == b.name:
+        raise ValueError(f"both players are named {a.name!r}: give them different names")
+    result = MatchResult(a.name, b.name)
+    for fen in openings:
+        for white, black in ((a, b), (b, a)):
+            result.games.append(Game(white.name, black.name, fen, chess.Board(fen)))
+    players = {a.name: a, b.name: b}
+    starts = [len(g.board.move_stack) for g in result.games]
+    live = list(range(len(result.games)))
+    with tqdm(total=len(live), desc=f"{a.name} vs {b.name}", unit="game", disable=not progress) as bar:
+        while live:
+            for name, player in players.items():
+                turn = [i for i in live if not result.games[i].termination and
+                        (result.games[i].white if result.games[i].board.turn else result.games[i].black) == name]
+                if not turn:
+                    continue
+                for i, move in zip(turn, player.moves([result.games[i].board for i in turn])):
+                    g = result.games[i]
+                    if move is None or chess.Move.from_uci(move) not in g.board.legal_moves:
+                        g.result = "0-1" if g.board.turn == chess.WHITE else "1-0"
+                        g.termination = "illegal_move" if move is not None else "no_move"
+                    else:
+                        g.board.push_uci(move)
+                        if end := _ended(g.board, max_plies, starts[i]):
+                            g.result, g.termination = end
+                    if g.termination:
+                        bar.update(1)
+            live = [i for i in live if not result.games[i].termination]
+    return result
+
+
+def read_openings(path: str | Path, limit: int | None = None) -> list[str]:
+    """FENs, one per line ('#' comments allowed); each must be a legal position with a move."""
+    from rookworld_rlvr.data.io import DataError
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        fen = line.split("#")[0].strip()
+        if not fen:
+            continue
+        try:
+            board = chess.Board(fen)
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: bad FEN {fen!r}: {e}") from None
+        if not board.is_valid() or not any(board.legal_moves):
+            raise DataError(f"{path}:{lineno}: {fen!r} is not a position with a legal move")
+        out.append(fen)
+    return out[:limit] if limit else out
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+PLAYER_HELP = "a model directory or Hub id, `random`, or `stockfish[:SKILL[:DEPTH]]` (default skill 0, depth 1)"
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("a", help=f"player A: {PLAYER_HELP}")
+    p.add_argument("b", help="player B (the same kinds)")
+    p.add_argument("--openings", default="data/openings.txt", help="held-out opening FENs, one per line")
+    p.add_argument("--games", type=int, default=100, help="games (an even number: two per opening, colours swapped)")
+    p.add_argument("--max-plies", type=int, default=300, help="a game still going after this many plies is a draw")
+    p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
+    p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout of the models")
+    p.add_argument("--pgn", metavar="OUT", help="write the games as PGN")
+    p.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
+    if spec == "random":
+        return RandomPlayer(seed)
+    if spec == "stockfish" or spec.startswith("stockfish:"):
+        parts = spec.split(":")[1:]
+        try:
+            skill, depth = (int(parts[0]) if parts else 0), (int(parts[1]) if len(parts) > 1 else 1)
+        except ValueError:
+            raise ValueError(f"player {spec!r}: use stockfish[:SKILL[:DEPTH]] with integers") from None
+        return StockfishPlayer(skill, depth)
+    from rookworld_rlvr.model.load import load_policy
+
+    model, tokenizer = load_policy(spec, device=args.device, verbose=False)
+    return ModelPlayer(model, tokenizer, spec, layout=args.layout, temperature=args.temperature, seed=seed)
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    from rookworld_rlvr.data.io import atomic_write_text
+
+    if args.games < 2 or args.games % 2:
+        raise ValueError(f"--games must be an even number >= 2 (two games per opening), got {args.games}")
+    openings = read_openings(args.openings)
+    if len(openings) < args.games // 2:
+        raise ValueError(f"{args.openings} has {len(openings)} openings; {args.games} games need {args.games // 2}")
+    if args.a == args.b:
+        raise ValueError("players A and B are the same; give two different players")
+    a, b = make_player(args.a, args, args.seed), make_player(args.b, args, args.seed + 1)
+    try:
+        result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet)
+    finally:
+        for p in (a, b):
+            if isinstance(p, StockfishPlayer):
+                p.close()
+    summary = result.summary()
+    print(format_summary(summary))
+    if args.pgn:
+        atomic_write_text(args.pgn, [g.pgn() + "\n\n" for g in result.games])
+        print(f"wrote {args.pgn}")
+    if args.json:
+        atomic_write_text(args.json, [json.dumps(summary, indent=2) + "\n"])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    ends = ", ".join(f"{k} {v}" for k, v in s["terminations"].items())
+    return (f"{s['a']} vs {s['b']}: {s['games']} games, +{s['wins']} ={s['draws']} -{s['losses']}, "
+            f"score {s['score']:.3f}, Elo {s['elo']:+.0f} (95% CI {s['elo_low']:+.0f} .. {s['elo_high']:+.0f}), "
+            f"{s['mean_plies']:.1f} plies per game\nended by: {ends}")

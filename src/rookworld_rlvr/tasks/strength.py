@@ -1,0 +1,225 @@
+"""Playing strength judged by Stockfish: win probability, move loss, accuracy, puzzles.
+
+Chess only, no torch. Evals are pawns for the side to move, mate-aware as in the `E:` column
+(mate in n = (100000 - n) / 100). A move's quality is the drop in the mover's expected score:
+`loss = win_prob(best) - win_prob(move)`, with Lichess's logistic model of the engine score,
+win% = 50 + 50 * (2 / (1 + exp(-0.00368208 * cp)) - 1), i.e. 1 / (1 + exp(-0.00368208 * cp)).
+A loss of 0.2 (20 points of expected score) or more is a blunder; Lichess turns the loss into a
+per-move accuracy, 103.1668 * exp(-0.04354 * loss%) - 3.1669.
+
+A `JudgedPosition` carries every legal move's eval from one Stockfish search, so any answer is
+judged without an engine, and so is the floor every figure is shown against: a uniformly random
+legal move on the same positions (its expectation is exact, over all legal moves).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import chess
+
+WP_SLOPE = 0.00368208  # per centipawn (Lichess)
+BLUNDER = 0.2  # expected-score loss from which a move is a blunder
+NEAR_BEST = 0.05  # a tactic's solving moves lose at most this much
+EVAL_CAP = 1000.0  # pawns; mate scores sit at the ends of this range
+
+
+def win_prob(pawns: float) -> float:
+    """Expected score of the side to move for an eval in pawns (mates map to ~0 or ~1)."""
+    cp = max(-EVAL_CAP, min(EVAL_CAP, pawns)) * 100.0
+    return 1.0 / (1.0 + math.exp(-WP_SLOPE * cp))
+
+
+def move_loss(best: float, move: float) -> float:
+    """Expected score lost by playing a move of eval `move` where the best move has eval `best`."""
+    return max(0.0, win_prob(best) - win_prob(move))
+
+
+def accuracy(loss: float) -> float:
+    """Lichess per-move accuracy in percent (100 for a best move) from an expected-score loss."""
+    return max(0.0, min(100.0, 103.1668 * math.exp(-0.04354 * loss * 100.0) - 3.1669))
+
+
+def legal_moves(fen: str) -> set[str]:
+    """The legal moves of a FEN in UCI (empty for an unreadable FEN)."""
+    try:
+        return {m.uci() for m in chess.Board(fen).legal_moves}
+    except ValueError:
+        return set()
+
+
+def is_legal(fen: str, move: str | None) -> bool:
+    return move is not None and move in legal_moves(fen)
+
+
+@dataclass(frozen=True)
+class JudgedPosition:
+    """A position and every legal move's eval (pawns, mover's view), from one engine search."""
+
+    fen: str
+    evals: dict[str, float]
+
+    @property
+    def best_eval(self) -> float:
+        return max(self.evals.values())
+
+    def loss(self, move: str) -> float:
+        return move_loss(self.best_eval, self.evals[move])
+
+    def best_moves(self) -> tuple[str, ...]:
+        top = self.best_eval
+        return tuple(m for m, e in self.evals.items() if e == top)
+
+    def top(self, k: int = 5) -> tuple[str, ...]:
+        """The k best moves (ties in stored order)."""
+        return tuple(sorted(self.evals, key=lambda m: -self.evals[m])[:k])
+
+    def to_dict(self) -> dict:
+        return {"fen": self.fen, "evals": dict(self.evals)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JudgedPosition":
+        evals = {str(m): float(e) for m, e in d["evals"].items()}
+        legal = legal_moves(d["fen"])
+        if not legal or set(evals) != legal:
+            raise ValueError(f"'evals' must hold exactly the {len(legal)} legal moves of {d['fen']!r} "
+                             f"(missing {sorted(legal - set(evals))[:3]}, extra {sorted(set(evals) - legal)[:3]})")
+        return cls(d["fen"], evals)
+
+
+@dataclass(frozen=True)
+class Puzzle:
+    """A position with the moves that solve it: `mate1` (every mating move) or `tactic` (the
+    moves that keep a decisive win that every other move throws away, by Stockfish)."""
+
+    fen: str
+    solutions: tuple[str, ...]
+    kind: str  # mate1 | tactic
+
+    def to_dict(self) -> dict:
+        return {"fen": self.fen, "solutions": list(self.solutions), "kind": self.kind}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Puzzle":
+        kind = d.get("kind")
+        if kind not in PUZZLE_KINDS:
+            raise ValueError(f"field 'kind' must be one of {PUZZLE_KINDS}, got {kind!r}")
+        fen, solutions = d["fen"], tuple(d["solutions"])
+        legal = legal_moves(fen)
+        if not solutions or not set(solutions) <= legal:
+            raise ValueError(f"field 'solutions' must be legal moves of {fen!r}, got {list(solutions)}")
+        if kind == "mate1" and set(solutions) != set(mating_moves(fen)):
+            raise ValueError(f"field 'solutions' must be every mating move of {fen!r}: {mating_moves(fen)}")
+        return cls(fen, solutions, kind)
+
+
+PUZZLE_KINDS = ("mate1", "tactic")
+
+
+def mating_moves(fen: str) -> list[str]:
+    """Every move that checkmates at once, sorted."""
+    board = chess.Board(fen)
+    out = []
+    for mv in board.legal_moves:
+        board.push(mv)
+        if board.is_checkmate():
+            out.append(mv.uci())
+        board.pop()
+    return sorted(out)
+
+
+def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_solutions: int = 2) -> Puzzle | None:
+    """A tactic when the best move keeps an expected score >= `win`, at most `max_solutions` moves
+    stay within NEAR_BEST of it, and every other move loses at least `margin`."""
+    if win_prob(pos.best_eval) < win:
+        return None
+    solving = [m for m in pos.evals if pos.loss(m) <= NEAR_BEST]
+    others = [pos.loss(m) for m in pos.evals if m not in solving]
+    if len(solving) > max_solutions or not others or min(others) < margin:
+        return None
+    return Puzzle(pos.fen, tuple(sorted(solving)), "tactic")
+
+
+# -- metrics of answers ---------------------------------------------------------------------------
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ratio_below(model: float | None, random: float | None) -> float | None:
+    """How far below the random mover: 1 - model / random (0.25 = a quarter less)."""
+    if model is None or not random:
+        return None
+    return 1.0 - model / random
+
+
+def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None]) -> dict:
+    """Quality of one chosen move per position, next to a uniformly random legal mover.
+
+    `loss`, `accuracy` and `blunder` are over the positions where the move is legal, and the
+    random mover's figures in `random` are over those same positions (paired); `best` and
+    `legal` are over all positions. `loss_below_random` = 1 - loss / random loss.
+    """
+    if len(positions) != len(moves):
+        raise ValueError(f"{len(positions)} positions but {len(moves)} moves")
+    legal = [(p, m) for p, m in zip(positions, moves) if m is not None and m in p.evals]
+    losses = [p.loss(m) for p, m in legal]
+    rand = [random_expectation(p) for p, _ in legal]
+    out = {
+        "n": len(positions),
+        "legal": _mean([1.0 if m is not None and m in p.evals else 0.0 for p, m in zip(positions, moves)]),
+        "loss": _mean(losses),
+        "accuracy": _mean([accuracy(x) for x in losses]),
+        "blunder": _mean([1.0 if x >= BLUNDER else 0.0 for x in losses]),
+        "best": _mean([1.0 if m in p.best_moves() else 0.0 for p, m in zip(positions, moves)]),
+        "random": {k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder", "best")},
+    }
+    out["loss_below_random"] = _ratio_below(out["loss"], out["random"]["loss"])
+    out["blunder_below_random"] = _ratio_below(out["blunder"], out["random"]["blunder"])
+    return out
+
+
+def random_expectation(pos: JudgedPosition) -> dict[str, float]:
+    """Exact expectation of a uniformly random legal move's loss, accuracy, blunder and best rate."""
+    losses = [pos.loss(m) for m in pos.evals]
+    n = len(losses)
+    return {"loss": sum(losses) / n, "accuracy": sum(accuracy(x) for x in losses) / n,
+            "blunder": sum(x >= BLUNDER for x in losses) / n, "best": len(pos.best_moves()) / n}
+
+
+def candidate_quality(positions: Sequence[JudgedPosition], candidates: Sequence[Sequence[str] | None]) -> dict:
+    """The M: lists: distinct legal moves per answer (a repeat counts once), the share of answers
+    with as many distinct legal moves as the position allows (up to 5), the share with a repeated
+    move, and the overlap of the distinct moves with the engine's top 5, next to 5 random legal moves."""
+    distinct, full, repeated, overlap, rand_overlap = [], [], [], [], []
+    for pos, cands in zip(positions, candidates):
+        cands = list(cands or [])
+        legal = [m for m in dict.fromkeys(cands) if m in pos.evals]
+        want = min(5, len(pos.evals))
+        top = set(pos.top(want))
+        distinct.append(len(legal))
+        full.append(1.0 if len(legal) >= want and len(cands) == len(set(cands)) else 0.0)
+        repeated.append(1.0 if len(cands) != len(set(cands)) else 0.0)
+        overlap.append(len(set(legal) & top) / want)
+        rand_overlap.append(want / len(pos.evals))  # each top move is among 5 random ones with this chance
+    return {"distinct_legal": _mean(distinct), "all_distinct_legal": _mean(full), "repeated": _mean(repeated),
+            "top5_overlap": _mean(overlap), "random": {"top5_overlap": _mean(rand_overlap)}}
+
+
+def puzzle_scores(puzzles: Sequence[Puzzle], moves: Sequence[str | None]) -> dict:
+    """Solve rate per puzzle kind, next to a random legal mover's (solutions / legal moves)."""
+    out: dict = {}
+    for kind in PUZZLE_KINDS:
+        pairs = [(p, m) for p, m in zip(puzzles, moves) if p.kind == kind]
+        if not pairs:
+            continue
+        out[kind] = {
+            "n": len(pairs),
+            "solved": _mean([1.0 if m in p.solutions else 0.0 for p, m in pairs]),
+            "legal": _mean([1.0 if is_legal(p.fen, m) else 0.0 for p, m in pairs]),
+            "random": {"solved": _mean([len(p.solutions) / len(legal_moves(p.fen)) for p, _ in pairs])},
+        }
+    return out

@@ -1,0 +1,143 @@
+"""Games: the referee, Elo intervals, players (random, Stockfish, a tiny model), `rookworld match`
+and the model as a UCI engine driven by python-chess."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import chess
+import chess.engine
+import chess.pgn
+import pytest
+
+from rookworld_rlvr.cli import main
+from rookworld_rlvr.data.io import DataError
+from rookworld_rlvr.play import (ModelPlayer, RandomPlayer, StockfishPlayer, elo_interval, elo_of, play_match,
+                                 read_openings)
+from rookworld_rlvr.uci import UCIEngine
+
+START = chess.STARTING_FEN
+OPENINGS = [START, "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Scripted:
+    """Plays a fixed list of moves per colour, then nothing (None: an unreadable answer)."""
+
+    def __init__(self, name: str, white: list[str], black: list[str]) -> None:
+        self.name, self.script = name, {chess.WHITE: white, chess.BLACK: black}
+
+    def moves(self, boards):
+        out = []
+        for b in boards:
+            line = self.script[b.turn]
+            k = len(b.move_stack) // 2
+            out.append(line[k] if k < len(line) else None)
+        return out
+
+
+def test_referee_ends_games_by_mate_illegal_and_missing_moves():
+    # game 1: A (white) walks into fool's mate, B (black) mates. Game 2, colours swapped: after
+    # e2e4 e7e5 d1h5, A (black) has no move left in its script: an unreadable answer loses.
+    a = Scripted("a", ["f2f3", "g2g4"], ["e7e5"])
+    b = Scripted("b", ["e2e4", "d1h5"], ["e7e5", "d8h4"])
+    res = play_match(a, b, [START])
+    first, second = res.games
+    assert (first.result, first.termination) == ("0-1", "checkmate")
+    assert [m.uci() for m in first.board.move_stack] == ["f2f3", "e7e5", "g2g4", "d8h4"]
+    # second game: b white e2e4, a black e7e5, b d1h5, a has no more moves: loses by no_move
+    assert (second.result, second.termination) == ("1-0", "no_move")
+    illegal = Scripted("c", ["e2e5"], [])
+    res = play_match(illegal, RandomPlayer(), [START])
+    assert res.games[0].termination == "illegal_move" and res.games[0].result == "0-1"
+    s = res.summary()
+    assert s["games"] == 2 and s["wins"] + s["draws"] + s["losses"] == 2
+
+
+def test_elo_interval_from_per_game_scores():
+    assert elo_of(0.5) == 0 and elo_of(0.75) == pytest.approx(-400 * math.log10(1 / 0.75 - 1))
+    scores = [1.0] * 60 + [0.5] * 20 + [0.0] * 20
+    elo, lo, hi = elo_interval(scores)
+    mean = 0.7
+    se = math.sqrt(sum((x - mean) ** 2 for x in scores) / 99 / 100)
+    assert elo == pytest.approx(elo_of(0.7))
+    assert lo == pytest.approx(elo_of(mean - 1.96 * se)) and hi == pytest.approx(elo_of(mean + 1.96 * se))
+    elo, lo, hi = elo_interval([1.0] * 10)  # a clean sweep stays finite
+    assert math.isfinite(elo) and lo <= elo <= hi
+
+
+def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):
+    sf = StockfishPlayer(skill=20, depth=2)
+    try:
+        res = play_match(sf, RandomPlayer(seed=1), OPENINGS, max_plies=200)
+    finally:
+        sf.close()
+    s = res.summary()
+    assert s["games"] == 4 and s["score"] >= 0.75 and s["elo_low"] > 0
+    for g in res.games:
+        parsed = chess.pgn.read_game(__import__("io").StringIO(g.pgn()))
+        assert parsed.headers["Result"] == g.result and parsed.end().board().fen() == g.board.fen()
+
+
+def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, capsys):
+    openings = tmp_path / "openings.txt"
+    openings.write_text("# two openings\n" + "\n".join(OPENINGS) + "\n")
+    pgn, out = tmp_path / "games.pgn", tmp_path / "match.json"
+    assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", "4",
+                 "--pgn", str(pgn), "--json", str(out), "--quiet", "--max-plies", "20"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["games"] == 4 and 0 <= summary["score"] <= 1
+    assert sum(summary["terminations"].values()) == 4
+    assert pgn.read_text().count("[Event ") == 4
+    assert "Elo" in capsys.readouterr().out
+    for games, error in (("3", "even number"), ("6", "has 2 openings")):
+        assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", games]) == 1
+        assert error in capsys.readouterr().err
+    bad = tmp_path / "bad.txt"
+    bad.write_text(START + "\nnot a fen\n")
+    with pytest.raises(DataError, match=r"bad\.txt:2: bad FEN"):
+        read_openings(bad)
+
+
+def test_model_as_uci_engine_driven_by_python_chess(tiny_model_dir):
+    """python-chess plays a game against `rookworld uci`: every move it answers is legal (a random
+    tiny model writes few legal moves, so the fallbacks are exercised and announced)."""
+    engine = chess.engine.SimpleEngine.popen_uci(
+        [sys.executable, "-m", "rookworld_rlvr", "uci", "--model", str(tiny_model_dir), "--device", "cpu"],
+        timeout=300)  # start-up imports torch and loads the model: slow on a busy machine
+    try:
+        assert engine.id["name"].startswith("rookworld")
+        board = chess.Board()
+        for _ in range(6):
+            result = engine.play(board, chess.engine.Limit(time=5.0))
+            assert result.move in board.legal_moves
+            board.push(result.move)
+    finally:
+        engine.quit()
+
+
+def test_uci_engine_protocol_and_fallback_announcement(tiny_model_dir):
+    import io
+
+    from rookworld_rlvr.model.load import load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    out = io.StringIO()
+    eng = UCIEngine(ModelPlayer(model, tok, "tiny", max_new_tokens=16), "tiny", out)
+    for line in ("uci", "isready", "position startpos moves e2e4 e7e5", "go movetime 100", "position fen "
+                 "7k/8/8/8/8/8/8/K7 w - - 0 1", "go", "position nonsense", "frobnicate"):
+        try:
+            eng.handle(line)
+        except ValueError as e:
+            eng.send(f"info string error: {e}")
+    assert eng.handle("quit") is False
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == ["id name rookworld tiny", "id author rookworld-rlvr", "uciok"] and lines[3] == "readyok"
+    moves = [ln.split()[1] for ln in lines if ln.startswith("bestmove")]
+    assert len(moves) == 2
+    assert chess.Move.from_uci(moves[1]) in chess.Board("7k/8/8/8/8/8/8/K7 w - - 0 1").legal_moves
+    assert any("position: expected startpos or fen" in ln for ln in lines)
+    assert any("unknown command frobnicate" in ln for ln in lines)

@@ -1,0 +1,122 @@
+"""Playing strength: the win-probability model, move quality next to a random mover, candidates,
+puzzles, the judged sets on disk, and `rookworld data judge` with a real Stockfish."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import chess
+import pytest
+
+from rookworld_rlvr.cli import main
+from rookworld_rlvr.data.io import DataError, Sample, write_samples
+from rookworld_rlvr.data.judged import read_judged, read_puzzles
+from rookworld_rlvr.tasks import policy as P
+from rookworld_rlvr.tasks import strength as S
+
+BACK_RANK = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # a1a8 mates
+
+
+def judged(fen: str, best: str, best_eval: float, rest: float) -> S.JudgedPosition:
+    """Every legal move at `rest` pawns, except `best`."""
+    moves = [m.uci() for m in chess.Board(fen).legal_moves]
+    return S.JudgedPosition(fen, {m: (best_eval if m == best else rest) for m in moves})
+
+
+def test_win_probability_is_lichess_logistic():
+    assert S.win_prob(0.0) == 0.5
+    # Lichess: win% = 50 + 50 * (2 / (1 + exp(-0.00368208 * cp)) - 1)
+    for pawns in (-3.0, -0.5, 1.0, 4.41):
+        lichess = 50 + 50 * (2 / (1 + math.exp(-0.00368208 * pawns * 100)) - 1)
+        assert S.win_prob(pawns) == pytest.approx(lichess / 100)
+    assert S.win_prob(999.99) > 0.999 and S.win_prob(-999.99) < 0.001  # mates sit at the ends
+    assert S.move_loss(1.0, 1.0) == 0 and S.move_loss(1.0, 2.0) == 0  # never negative
+    assert S.accuracy(0.0) == pytest.approx(100.0, abs=1e-3) and S.accuracy(0.5) == pytest.approx(
+        103.1668 * math.exp(-0.04354 * 50) - 3.1669)
+
+
+def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions():
+    a = judged(BACK_RANK, "a1a8", 999.99, 0.0)
+    b = judged(chess.STARTING_FEN, "e2e4", 0.3, -3.0)
+    n_a, n_b = len(a.evals), len(b.evals)
+    out = S.move_quality([a, b, b], ["a1a8", "e2e4", "e2e5"])  # mate, best, illegal
+    assert out["n"] == 3 and out["legal"] == pytest.approx(2 / 3) and out["best"] == pytest.approx(2 / 3)
+    assert out["loss"] == 0 and out["blunder"] == 0 and out["accuracy"] == pytest.approx(S.accuracy(0))
+    loss_a = (n_a - 1) * (S.win_prob(999.99) - S.win_prob(0.0)) / n_a
+    loss_b = (n_b - 1) * (S.win_prob(0.3) - S.win_prob(-3.0)) / n_b
+    # the random mover is judged on the positions where the model moved legally (a and b once)
+    assert out["random"]["loss"] == pytest.approx((loss_a + loss_b) / 2)
+    assert out["random"]["blunder"] == pytest.approx(((n_a - 1) / n_a + (n_b - 1) / n_b) / 2)
+    assert out["random"]["best"] == pytest.approx((1 / n_a + 1 / n_b) / 2)
+    assert out["loss_below_random"] == 1.0 and out["blunder_below_random"] == 1.0
+    worse = S.move_quality([b], ["a2a3"])
+    assert worse["blunder"] == 1 and worse["loss_below_random"] < 0  # worse than random on that position
+    none = S.move_quality([b], [None])
+    assert none["legal"] == 0 and none["loss"] is None and none["random"]["loss"] is None
+
+
+def test_candidates_count_each_legal_move_once():
+    b = judged(chess.STARTING_FEN, "e2e4", 0.3, 0.0)
+    top = list(b.top(5))
+    out = S.candidate_quality([b, b, b], [top, ["e2e4"] * 5, ["e2e4", "e2e5", "a1a1", "e2e4"]])
+    assert out["distinct_legal"] == pytest.approx((5 + 1 + 1) / 3)
+    assert out["all_distinct_legal"] == pytest.approx(1 / 3) and out["repeated"] == pytest.approx(2 / 3)
+    assert out["top5_overlap"] == pytest.approx((1 + 0.2 + 0.2) / 3)
+    assert out["random"]["top5_overlap"] == pytest.approx(5 / 20)
+
+
+def test_puzzles_and_tactics():
+    mate = S.Puzzle(BACK_RANK, ("a1a8",), "mate1")
+    assert S.mating_moves(BACK_RANK) == ["a1a8"]
+    out = S.puzzle_scores([mate, mate], ["a1a8", "h2h3"])
+    assert out["mate1"]["solved"] == 0.5 and out["mate1"]["legal"] == 1.0
+    assert out["mate1"]["random"]["solved"] == pytest.approx(1 / len(S.legal_moves(BACK_RANK)))
+    with pytest.raises(ValueError, match="every mating move"):
+        S.Puzzle.from_dict({"fen": BACK_RANK, "solutions": ["h2h3"], "kind": "mate1"})
+    won = judged(chess.STARTING_FEN, "e2e4", 5.0, -1.0)  # one move wins, every other loses
+    assert S.tactic_of(won) == S.Puzzle(chess.STARTING_FEN, ("e2e4",), "tactic")
+    assert S.tactic_of(judged(chess.STARTING_FEN, "e2e4", 0.5, 0.4)) is None  # nothing decisive
+    many = S.JudgedPosition(won.fen, {m: (5.0 if m in ("e2e4", "d2d4", "c2c4") else -1.0) for m in won.evals})
+    assert S.tactic_of(many) is None  # three moves win: not one move
+
+
+def test_judged_sets_read_with_file_line_errors(tmp_path):
+    good = judged(BACK_RANK, "a1a8", 999.99, 0.0)
+    path = tmp_path / "s.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write(json.dumps(good.to_dict()) + "\n")
+        bad = good.to_dict()
+        bad["evals"].pop("a1a8")
+        fh.write(json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=r"s\.jsonl\.gz:2: 'evals' must hold exactly the \d+ legal moves"):
+        read_judged(path)
+    tsv = tmp_path / "m.tsv"
+    tsv.write_text(f"{BACK_RANK}\ta1a8\n")
+    assert read_puzzles(tsv) == [S.Puzzle(BACK_RANK, ("a1a8",), "mate1")]
+    bad_puzzle = tmp_path / "p.jsonl"
+    bad_puzzle.write_text(json.dumps({"fen": BACK_RANK, "solutions": ["a1a8"], "kind": "riddle"}) + "\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:1: field 'kind'"):
+        read_puzzles(bad_puzzle)
+
+
+def test_data_judge_builds_the_strength_set_and_puzzles_with_stockfish(tmp_path, capsys):
+    fens = [BACK_RANK, chess.STARTING_FEN, "r1bqkbnr/pppp1ppp/2n5/4p3/2B1P3/5Q2/PPPP1PPP/RNB1K1NR w KQkq - 2 3"]
+    samples = [Sample("P", P.PolicyTruth(f, ("a2a3",), (0.0,), ("a2a3",))) for f in fens[1:]]
+    samples.insert(0, Sample("P", P.PolicyTruth(BACK_RANK, ("a1a8",), (999.99,), ("a1a8",))))
+    src = tmp_path / "eval.jsonl"
+    write_samples(src, samples)
+    out, puzzles = tmp_path / "strength.jsonl.gz", tmp_path / "puzzles.jsonl"
+    assert main(["data", "judge", str(src), "--out", str(out), "--puzzles-out", str(puzzles), "--positions", "3",
+                 "--depth", "4", "--workers", "1", "--cache", str(tmp_path / "c.sqlite"), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["positions"] == 3 and summary["mate1"] >= 2  # a1a8, and Qxf7# in the scholar's position
+    sets = read_judged(out)
+    assert sorted(p.fen for p in sets) == sorted(fens)
+    for p in sets:
+        assert set(p.evals) == S.legal_moves(p.fen)  # every legal move judged
+    back = next(p for p in sets if p.fen == BACK_RANK)
+    assert back.best_moves() == ("a1a8",) and back.evals["a1a8"] > 999
+    found = read_puzzles(puzzles)
+    assert S.Puzzle(BACK_RANK, ("a1a8",), "mate1") in found
