@@ -8,7 +8,8 @@ Metric conventions (all shares are in [0, 1]):
 - policy `invalid`: the completion does not parse (`PolicyParse.valid` is False);
   `legal_candidates` is over every move written in M: (None when no move was written);
   `best_acc_raw_labels` compares B: with the label written in the source data (None when
-  no sample carries a label; upstream labels are quirky for black, see ARCHITECTURE.md 3).
+  no sample carries a label; in the upstream data black's B: label is the fifth-ranked
+  candidate rather than the best, which is why the ground truth is recomputed from the evals).
 - environment `nls`: normalised Levenshtein similarity of the first '+' field to the true
   FEN, 0 when there is no such field; `reward_mae`: |truth - predicted| with the prediction
   clipped to [-1, 1] (the reward range) and an unparseable reward counted as 0.
