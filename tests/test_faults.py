@@ -27,7 +27,6 @@ from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.rewards import RewardScorer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-STOCKFISH = "/usr/games/stockfish"
 
 
 class _Result:
@@ -176,7 +175,7 @@ def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
     return True
 
 
-def test_killed_stockfish_loses_no_reward(small_data):
+def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
     p_samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"]
     rng = random.Random(5)
     rng.shuffle(p_samples)
@@ -186,7 +185,7 @@ def test_killed_stockfish_loses_no_reward(small_data):
     for prompts, completions, truths in batches:
         assert all(pol_task.parse_completion(c).best not in t.moves for c, t in zip(completions, truths))
 
-    cfg = EngineConfig(path=STOCKFISH, depth=6, workers=2, timeout=20.0)
+    cfg = EngineConfig(path=stockfish_path, depth=6, workers=2, timeout=20.0)
     with StockfishPool(cfg) as pool:
         scorer = RewardScorer(engine=pool)
         got = [scorer.score_batch(*batches[0])]
@@ -222,7 +221,7 @@ def test_killed_stockfish_loses_no_reward(small_data):
         assert all(_wait_gone(pid) for pid in killed + hit), "killed engines must be reaped"
         assert set(pool._engine_pids()).isdisjoint(killed + hit)
 
-    with StockfishPool(EngineConfig(path=STOCKFISH, depth=6, workers=1)) as fresh:
+    with StockfishPool(EngineConfig(path=stockfish_path, depth=6, workers=1)) as fresh:
         expected = [RewardScorer(engine=fresh).score_batch(*b) for b in batches]
         assert fresh.stats["restarts"] == 0
     for g, e in zip(got, expected):
