@@ -35,6 +35,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def packs_weights(model) -> bool:
+    """Whether the decode steps and no-grad passes run on oneDNN-packed weights here. torch's x86-64
+    CPU builds ship oneDNN, so the tests require it there; on other CPUs (aarch64) they check what
+    `can_pack` reports: packed results where it packs, the modules' own forward where it does not."""
+    import platform
+
+    from rookworld_rlvr.model import gpt2_decode
+
+    packs = gpt2_decode.can_pack(model)
+    assert packs or platform.machine().lower() not in ("x86_64", "amd64"), "torch's x86-64 CPU builds ship oneDNN"
+    return packs
+
+
 def find_stockfish_or_none() -> str | None:
     """Stockfish as users' runs find it (explicit path, STOCKFISH_PATH, PATH, the usual spots)."""
     from rookworld_rlvr.engine import StockfishNotFound, find_stockfish
