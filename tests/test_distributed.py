@@ -81,6 +81,7 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     resampler.collect(0, {})
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
+            "devices": [str(dist.local_device(torch.device(d))) for d in ("cuda", "cuda:0", "cpu")],
             **_nan_on_rank_1(model_dir, data_dir, out)}
 
 
@@ -191,6 +192,12 @@ def test_batch_that_cannot_be_split_over_ranks_is_a_clear_error(two_ranks):
     _, (r0, _) = two_ranks
     assert "must divide by the number of processes (2)" in r0["errors"][0]
     assert "1 P: and 1 A: prompts" in r0["errors"][1]
+
+
+def test_under_torchrun_a_bare_cuda_means_each_ranks_own_gpu(two_ranks):
+    """Device names only (no GPU needed): rank r trains on cuda:r; explicit devices are kept."""
+    _, (r0, r1) = two_ranks
+    assert r0["devices"] == ["cuda:0", "cuda:0", "cpu"] and r1["devices"] == ["cuda:1", "cuda:0", "cpu"]
 
 
 def test_resume_under_two_ranks_equals_the_straight_run(two_ranks):
