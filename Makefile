@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: setup stockfish train test test-fast clean
+.PHONY: setup stockfish browser train test test-fast clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,14 @@ setup: $(STAMP) stockfish
 stockfish:
 	@bash scripts/ensure_stockfish.sh
 
+# Chromium, for the test that renders report.html (installed when root on Debian; otherwise a note).
+browser:
+	@bash scripts/ensure_chromium.sh
+
 train: setup
 	$(VENV)/bin/rookworld train --config $(CONFIG) $(ARGS)
 
-test: setup
+test: setup browser
 	@$(PY) -m pytest -q $(ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

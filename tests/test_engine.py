@@ -28,7 +28,9 @@ from rookworld_rlvr.engine import (
     score_to_pawns,
 )
 
-STOCKFISH = "/usr/games/stockfish"
+from conftest import find_stockfish_or_none  # noqa: E402
+
+STOCKFISH = find_stockfish_or_none()  # as a user's run finds it; the stockfish_path fixture skips (or fails) without
 DEPTH = 6
 START = chess.STARTING_FEN
 MATE_IN_1 = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # a1a8#
@@ -48,7 +50,7 @@ VARIED = [
     "r4rk1/ppnb2bp/3p3q/2pPpB2/2P4N/P1N3PP/1P2Q3/1K3R1R b - - 4 20",
 ]
 
-pytestmark = pytest.mark.skipif(not os.access(STOCKFISH, os.X_OK), reason=f"needs Stockfish at {STOCKFISH}")
+pytestmark = pytest.mark.usefixtures("stockfish_path")
 
 
 def config(**kw) -> EngineConfig:

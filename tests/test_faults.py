@@ -27,7 +27,6 @@ from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.rewards import RewardScorer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-STOCKFISH = "/usr/games/stockfish"
 
 
 class _Result:
@@ -176,7 +175,7 @@ def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
     return True
 
 
-def test_killed_stockfish_loses_no_reward(small_data):
+def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
     p_samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"]
     rng = random.Random(5)
     rng.shuffle(p_samples)
@@ -186,7 +185,7 @@ def test_killed_stockfish_loses_no_reward(small_data):
     for prompts, completions, truths in batches:
         assert all(pol_task.parse_completion(c).best not in t.moves for c, t in zip(completions, truths))
 
-    cfg = EngineConfig(path=STOCKFISH, depth=6, workers=2, timeout=20.0)
+    cfg = EngineConfig(path=stockfish_path, depth=6, workers=2, timeout=20.0)
     with StockfishPool(cfg) as pool:
         scorer = RewardScorer(engine=pool)
         got = [scorer.score_batch(*batches[0])]
@@ -222,7 +221,7 @@ def test_killed_stockfish_loses_no_reward(small_data):
         assert all(_wait_gone(pid) for pid in killed + hit), "killed engines must be reaped"
         assert set(pool._engine_pids()).isdisjoint(killed + hit)
 
-    with StockfishPool(EngineConfig(path=STOCKFISH, depth=6, workers=1)) as fresh:
+    with StockfishPool(EngineConfig(path=stockfish_path, depth=6, workers=1)) as fresh:
         expected = [RewardScorer(engine=fresh).score_batch(*b) for b in batches]
         assert fresh.stats["restarts"] == 0
     for g, e in zip(got, expected):
@@ -240,27 +239,23 @@ sys.path.insert(0, {tests!r})
 from test_faults import make, varied_reward
 from pathlib import Path
 import rookworld_rlvr.grpo.checkpoint as ck
-import torch
 
-class SlowTorch:
-    '''torch, as seen by the checkpoint module, with a slow torch.save that writes half the file first.'''
-    def __getattr__(self, name):
-        return getattr(torch, name)
+real_save_state = ck.save_state
 
-    @staticmethod
-    def save(obj, f, *a, **k):
-        buf = io.BytesIO()
-        torch.save(obj, buf, *a, **k)
-        data = buf.getvalue()
-        with open(f, "wb") as fh:
-            fh.write(data[: len(data) // 2])
-            fh.flush()
-            os.fsync(fh.fileno())
-            print(f"SAVING step {{obj['step']}}", flush=True)  # half the state file is on disk now
-            time.sleep(2)
-            fh.write(data[len(data) // 2:])
+def slow_save_state(directory, name, state):
+    '''The checkpoint module's state writer, slowed down: the tensors file is rewritten half first.'''
+    real_save_state(directory, name, state)
+    f = Path(directory) / f"{{name}}.safetensors"
+    data = f.read_bytes()
+    with open(f, "wb") as fh:
+        fh.write(data[: len(data) // 2])
+        fh.flush()
+        os.fsync(fh.fileno())
+        print(f"SAVING step {{state['step']}}", flush=True)  # half the state file is on disk now
+        time.sleep(2)
+        fh.write(data[len(data) // 2:])
 
-ck.torch = SlowTorch()
+ck.save_state = slow_save_state
 over = json.loads(sys.argv[1])
 tr = make(Path(over.pop("tmp")), Path(over.pop("model")), Path(over.pop("data")),
           log=lambda *a: print(*a, file=sys.stderr), **over)
@@ -299,14 +294,14 @@ def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_p
     found = ckpt.list_checkpoints(run)
     assert [s for s, _ in found] == [0, 1]
     for step, path in found:
-        assert (path / ckpt.STATE_FILE).exists()
+        assert all((path / name).exists() for name in ckpt.STATE_FILES)
         assert ckpt.load_state(path)["step"] == step
         AutoModelForCausalLM.from_pretrained(path)
     assert not (run / "checkpoints" / "step_000002").exists()
     partial = list((run / "checkpoints").glob(".step_000002.tmp-*"))
     assert len(partial) == 1, "the kill must have hit the save of step 2"
-    half = partial[0] / ckpt.STATE_FILE
-    assert half.exists() and half.stat().st_size < (found[-1][1] / ckpt.STATE_FILE).stat().st_size
+    half = partial[0] / ckpt.STATE_FILES[0]
+    assert half.exists() and half.stat().st_size < (found[-1][1] / ckpt.STATE_FILES[0]).stat().st_size
     assert ckpt.latest_checkpoint(run) == found[-1][1]
     killed_records = _records(run)
     assert [r["step"] for r in killed_records] == [1, 2]
@@ -327,6 +322,68 @@ def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_p
     assert redone["reward/mean"] == killed_records[1]["reward/mean"]
     assert redone["completion_len/mean"] == killed_records[1]["completion_len/mean"]
     assert abs(redone["loss"] - killed_records[1]["loss"]) < 1e-5
+
+
+# -- 3b. a checkpoint someone handed you -------------------------------------------------------------------
+
+
+def _bait(marker: Path, binary: bool = True) -> bytes:
+    """A pickle that runs `touch marker` when unpickled (os.system): what a malicious state file carries."""
+    body = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    return (b"\x80\x04" + body) if binary else body
+
+
+def test_the_bait_is_live(tmp_path):
+    """The crafted files below really execute code when unpickled, so their tests have teeth."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+    for binary in (True, False):
+        pickle.loads(_bait(marker, binary))
+        assert marker.exists()
+        marker.unlink()
+
+
+def test_a_crafted_checkpoint_cannot_run_code_and_a_bad_state_file_is_named(tmp_path, tiny_model_dir, small_data):
+    """Resume reads the trainer state as safetensors + JSON: a pickle planted where the old state
+    file lived is never opened, and a pickle (or garbage, or nothing) in place of the state is an
+    error naming the file. Nothing is executed either way."""
+    make(tmp_path, tiny_model_dir, small_data, steps=1).train()
+    run = tmp_path / "run"
+    latest = ckpt.latest_checkpoint(run)
+    assert latest.name == "step_000001" and sorted(ckpt.STATE_FILES) == sorted(
+        p.name for p in latest.iterdir() if p.name.startswith("trainer_state"))
+    marker = tmp_path / "pwned"
+    (latest / ckpt.LEGACY_STATE_FILE).write_bytes(_bait(marker))  # where older versions kept their pickle
+    resumed = make(tmp_path, tiny_model_dir, small_data, steps=2, resume=True)
+    assert resumed.step == 1 and not marker.exists()
+
+    good = {name: (latest / name).read_bytes() for name in ckpt.STATE_FILES}
+    tensors, tree = (latest / name for name in ckpt.STATE_FILES)
+    cases = [
+        (tensors, _bait(marker), "not a safetensors file"),  # a pickle as the state
+        (tree, _bait(marker, binary=False), "not a state file"),  # a text pickle as the JSON
+        (tree, good[tree.name][: len(good[tree.name]) // 2], "not a state file"),  # cut short
+        (tree, b'{"step": 1, "optimizer": {"__tensor__": "nowhere"}}', "does not match"),
+        (tree, b'[1, 2]', "not a trainer state"),
+        (tree, None, "missing"),
+    ]
+    for path, content, why in cases:
+        if content is None:
+            path.unlink()
+        else:
+            path.write_bytes(content)
+        with pytest.raises(ValueError, match=why) as info:
+            make(tmp_path, tiny_model_dir, small_data, steps=2, resume=True)
+        assert str(path) in str(info.value), info.value
+        assert not marker.exists()
+        path.write_bytes(good[path.name])
+
+    for name in ckpt.STATE_FILES:  # only the old pickle is left: refused by name, not skipped silently
+        (latest / name).unlink()
+    with pytest.raises(ValueError, match="missing.*pickled trainer state.*never loaded") as info:
+        make(tmp_path, tiny_model_dir, small_data, steps=2, resume=True)
+    assert str(latest / ckpt.LEGACY_STATE_FILE) in str(info.value) and not marker.exists()
 
 
 # -- 4. malformed data lines -------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import html
 import json
 import math
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -218,17 +217,9 @@ def test_moving_average_and_noise():
     assert rp.is_noisy([float(i % 2) for i in range(30)])
 
 
-def _chromium() -> str | None:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    return found or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-
-
-def test_report_renders_in_headless_chromium(single, tmp_path):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("Chromium is not installed (looked for chromium, chromium-browser, /usr/bin/chromium)")
+def test_report_renders_in_headless_chromium(single, tmp_path, chromium_path):
     shot = tmp_path / "report.png"
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    cmd = [chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000", f"--screenshot={shot}",
            single.resolve().as_uri()]

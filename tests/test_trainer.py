@@ -13,6 +13,14 @@ from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped, _append
 from rookworld_rlvr.model import token_logprobs
 from rookworld_rlvr.tasks.rewards import RewardScorer
 
+from numerics import (  # noqa: E402
+    assert_bf16_rounding_close,
+    assert_rounding_close,
+    gradient_terms,
+    logprob_terms,
+    rounding_atol,
+)
+
 
 @pytest.fixture(scope="module")
 def scorer():
@@ -59,11 +67,12 @@ def test_step_zero_policy_equals_reference_on_mixed_left_padded_batch(tmp_path, 
     mask = batch.completion_mask.bool()
     assert torch.equal(pol[mask], ref[mask])
     # the sampler's log-probs (temperature 1) agree with the trainer's recomputation
-    assert (pol - batch.sampler_logp).abs()[mask].max() < 1e-4
+    bound = rounding_atol(batch.sampler_logp, logprob_terms(tr.policy))
+    assert_rounding_close(pol[mask], batch.sampler_logp[mask], logprob_terms(tr.policy), "sampler vs trainer")
     m = tr.update(batch, 0, {})
     assert m["kl_mean"] == 0.0 and m["kl_max"] == 0.0
-    assert abs(m["ratio_mean"] - 1.0) < 1e-6 and abs(m["ratio_max"] - 1.0) < 1e-6
-    assert m["logp_sampler_diff"] < 1e-4
+    assert m["ratio_mean"] == 1.0 and m["ratio_max"] == 1.0  # exp(logp - logp.detach()) is exactly 1
+    assert m["logp_sampler_diff"] <= bound
     assert 0 < m["logp_sampler_diff_mean"] <= m["logp_sampler_diff"]
 
 
@@ -91,7 +100,7 @@ def test_padding_and_prompt_tokens_never_enter_the_loss(tmp_path, tiny_model_dir
     batch2 = type(batch)(**{**batch.__dict__, "input_ids": scrambled})
     out2 = tr._logprobs(tr.policy, batch2, slice(0, len(batch.rows)), tr.device, False, False)["logprobs"]
     mask = batch.completion_mask.bool()
-    assert torch.allclose(out[mask], out2[mask], atol=1e-5)
+    assert_rounding_close(out2[mask], out[mask], logprob_terms(tr.policy), "log-probs")  # masked keys weigh exactly 0
     assert (out[~mask] == 0).all()
 
 
@@ -143,8 +152,7 @@ def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer
         assert all(x[k] < 1e-4 and y[k] < 1e-4 for k in noise)
         x, y = ({k: v for k, v in r.items() if k not in noise} for r in (x, y))
         assert x == pytest.approx(y, rel=1e-6, abs=1e-9), {k: (x[k], y[k]) for k in x if x[k] != y[k]}
-    wa = torch.load(ckpt.latest_checkpoint(tmp_path / "a" / "run") / "trainer_state.pt", weights_only=False)["step"]
-    assert wa == 4
+    assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "a" / "run"))["step"] == 4
 
 
 def test_kl_warmup_zeroes_beta(tmp_path, tiny_model_dir, small_data, scorer):
@@ -394,8 +402,7 @@ def test_bf16_backward_keeps_the_forward_and_nearly_the_gradient(tmp_path, tiny_
     for key in ("logp_sampler_diff", "ratio_mean", "kl_mean", "entropy", "loss"):
         assert m16[key] == m32[key], key
     assert not torch.equal(g16, g32)  # the bf16 products really ran
-    assert (g16 - g32).norm() < 1e-2 * g32.norm()
-    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.9999
+    assert_bf16_rounding_close(g16, g32, "policy gradient")  # (bounds the angle too: no cosine check needed)
 
 
 def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_path, tiny_model_dir, small_data, scorer):
@@ -417,10 +424,12 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
         results.append(torch.cat([p.grad.flatten() for p in tr.policy.parameters()]))
     n = len(tr._task_slices(batch))
     for plain, rec in zip(results[:n], results[n + 1:-1]):
-        torch.testing.assert_close(rec, plain, atol=1e-5, rtol=0)
-    torch.testing.assert_close(results[-1], results[n], atol=1e-6, rtol=1e-4)
+        assert_rounding_close(rec, plain, logprob_terms(tr.policy), "recorded log-probs")
+    assert_rounding_close(results[-1], results[n], gradient_terms(tr.policy, batch.attention_mask), "gradient")
     m = tr.update(batch, 0, {})
-    assert abs(m["ratio_mean"] - 1.0) < 1e-5 and m["logp_sampler_diff"] < 1e-4 and "last_loss" in m
+    bound = rounding_atol(batch.sampler_logp, logprob_terms(tr.policy))
+    assert "last_loss" in m and m["logp_sampler_diff"] <= bound
+    assert abs(m["ratio_mean"] - 1.0) <= bound  # μ = 2: old log-probs from a no-grad pass, so 1 up to rounding
     assert all(r.recorded is None for r in batch.rows)
     for i, (over, why) in enumerate(((dict(record_rollout="never"), "record_rollout: never"),
                                      (dict(record_rollout="auto"), "< 512, too narrow"),
@@ -478,7 +487,9 @@ def test_exact_kl_equals_the_full_vocabulary_kl_of_plain_passes(tmp_path, tiny_m
     expected = exact_kl(pol, ref).clamp(max=tr.cfg.kl_clamp)[mask].mean()
     m = tr.update(batch, 1, {})
     assert expected > 1e-6
-    assert m["kl_mean"] == pytest.approx(float(expected), rel=1e-4)
+    # To first order a log-prob error d moves each token's KL by about d times its log-ratio, so the
+    # KL's relative error is the log-probs' absolute rounding (measured 4e-7 to 2e-6 of 4.6e-3)
+    assert m["kl_mean"] == pytest.approx(float(expected), rel=rounding_atol(pol, logprob_terms(tr.policy)))
 
 
 def test_keep_freed_memory_stops_page_faults_on_reused_tensors(tmp_path):

@@ -6,8 +6,8 @@ restarted, and a request that keeps failing raises `EngineError`.
 
 Evals are pawns relative to the side to move, mate-aware: mate in n for the
 side to move is ``(100000 - n) / 100`` (999.99 for mate in 1), being mated in
-n is the negative of that, and "already mated" is -1000.0.  This matches the
-``E:`` column of the P: task (ARCHITECTURE.md section 3).
+n is the negative of that, and "already mated" is -1000.0.  This is how the
+``E:`` column of the P: task writes evals (`rookworld_rlvr.tasks.policy`).
 
 Results are deterministic for a given FEN and limits when ``depth`` limits the
 search and ``threads == 1``: every search starts from a cleared engine

@@ -9,7 +9,8 @@ Metric conventions (all shares are in [0, 1]):
   `distinct_legal_candidates`: distinct legal moves written in M: (a repeat counts once);
   `repeated_candidates`: share of answers that write a move twice; `best_acc_raw_labels`
   compares B: with the label written in the source data (None when no sample carries a label;
-  upstream wrote the 5th-ranked move as B: for black).
+  in the upstream data black's B: label is the fifth-ranked candidate, which is why the
+  ground truth is recomputed from the evals).
 - strength (judged positions): expected-score loss, accuracy and blunder rate of the legal
   B: moves, and best-move match, each next to a uniformly random legal mover on the same
   positions (`random`; see tasks.strength); puzzles: solve rate per kind, next to random.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
@@ -76,11 +77,19 @@ def state_exists(directory: str | Path, name: str) -> bool:
 
 
 def load_state(directory: str | Path, name: str) -> dict[str, Any]:
-    """The state written by `save_state`: plain values and CPU tensors, no code executed."""
+    """The state written by `save_state`: plain values and CPU tensors, no code executed.
+    A file that is not what `save_state` wrote is a ValueError naming it."""
     directory = Path(directory)
+    tree_path, tensor_path = directory / f"{name}.json", directory / f"{name}.safetensors"
     try:
-        tree = json.loads((directory / f"{name}.json").read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{directory / (name + '.json')}: not a state file ({e})") from None
-    tensors = load_file(str(directory / f"{name}.safetensors"))
-    return _decode(tree, tensors)
+        tree = json.loads(tree_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{tree_path}: not a state file ({e})") from None
+    try:
+        tensors = load_file(str(tensor_path))
+    except SafetensorError as e:
+        raise ValueError(f"{tensor_path}: not a safetensors file ({e})") from None
+    try:
+        return _decode(tree, tensors)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{tree_path}: does not match {tensor_path.name} ({type(e).__name__}: {e})") from None

@@ -1,10 +1,12 @@
 """Atomic checkpoints: a directory appears complete or not at all.
 
 Layout: `<run>/checkpoints/step_000040/` holds the policy and tokenizer in Hugging Face
-format (loadable with plain `AutoModelForCausalLM`) and `trainer_state.pt` (optimizer,
-RNG states, controllers, data cursors, step). Everything is written into a temporary
-directory beside it, fsynced, then renamed, so a kill during a save leaves the previous
-checkpoint as the latest.
+format (loadable with plain `AutoModelForCausalLM`) and the trainer state (optimizer, RNG
+states, controllers, data cursors, step) as `trainer_state.safetensors` + `trainer_state.json`
+(`rookworld_rlvr.statefile`: tensors and JSON, so loading a checkpoint someone handed you runs
+no code; older versions wrote a pickle, `trainer_state.pt`, which is never opened). Everything
+is written into a temporary directory beside it, fsynced, then renamed, so a kill during a save
+leaves the previous checkpoint as the latest.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rookworld_rlvr.model.load import write_pretrained
+from rookworld_rlvr.statefile import load_state as _read_state
+from rookworld_rlvr.statefile import save_state, state_exists
 
-STATE_FILE = "trainer_state.pt"
+STATE_NAME = "trainer_state"  # trainer_state.safetensors + trainer_state.json
+STATE_FILES = (f"{STATE_NAME}.safetensors", f"{STATE_NAME}.json")
+LEGACY_STATE_FILE = "trainer_state.pt"  # a pickle (older versions): never loaded
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
@@ -36,14 +40,34 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     found = []
     for p in root.iterdir():
         m = _STEP_RE.match(p.name)
-        if m and (p / STATE_FILE).exists():
+        if m and state_exists(p, STATE_NAME):
             found.append((int(m.group(1)), p))
     return sorted(found)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
+    """The newest checkpoint. Every `step_N` directory was renamed into place complete, so one
+    without its state files (deleted, or an older version's pickle) is an error naming the file,
+    never skipped for an older checkpoint or a fresh start."""
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.exists() else [])
+                   if (m := _STEP_RE.match(p.name)) and p.is_dir())
+    if not steps:
+        return None
+    path = steps[-1][1]
+    _check_complete(path)
+    return path
+
+
+def _check_complete(path: Path) -> None:
+    for name in STATE_FILES:
+        if not (path / name).is_file():
+            legacy = path / LEGACY_STATE_FILE
+            why = (f"; it holds {legacy}, a pickled trainer state of an older version, which is never loaded "
+                   "(unpickling runs whatever code the file carries): its model weights still load as a model"
+                   if legacy.exists() else "")
+            raise ValueError(f"{path / name}: missing, so {path} is not a complete checkpoint{why}; move {path} "
+                             "aside to resume from the checkpoint before it")
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
@@ -53,7 +77,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         write_pretrained(model, tokenizer, tmp)
-        torch.save(state, tmp / STATE_FILE)
+        save_state(tmp, STATE_NAME, state)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -67,7 +91,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
-    return torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")
+    """The trainer state of checkpoint `path` (data only: tensors and JSON values, no code runs).
+    A missing or malformed state file is a ValueError naming the file."""
+    path = Path(path)
+    _check_complete(path)
+    state = _read_state(path, STATE_NAME)
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"{path / STATE_FILES[1]}: not a trainer state (no 'step')")
+    return state
 
 
 def prune(run_dir: str | Path, keep_last: int, keep: set[int] = frozenset()) -> None:
