@@ -179,3 +179,36 @@ def test_readme_documents_every_config_field():
     assert help_table() in readme, "README config table is stale: run python scripts/sync_readme.py"
     lines = readme.splitlines()
     assert lines[0] == "# rookworld-rlvr" and "make train" in lines[3] and "make test" in lines[4]
+
+
+def test_state_files_shard_round_trip_and_refuse_what_they_cannot_store(tmp_path):
+    """A state split into shards (to stay under a file size limit in git) loads back equal; a shard
+    that goes missing is an error naming the file; stale shards of a bigger save are removed."""
+    import random
+
+    from rookworld_rlvr.statefile import load_state, save_state
+
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 64)).sum().backward()
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
+             "ids": {3: (1.5, None, "x")}, "inf": float("inf")}
+    save_state(tmp_path, "st", state, shard_bytes=8_000)  # each 64 x 64 moment (16 kB) in its own shard
+    shards = sorted(p.name for p in tmp_path.glob("st*.safetensors"))
+    assert len(shards) >= 4 and all(p.stat().st_size < 20_000 for p in tmp_path.glob("st*.safetensors"))
+    back = load_state(tmp_path, "st")
+    assert back["ids"] == {3: (1.5, None, "x")} and back["inf"] == float("inf")
+    assert back["python_rng"] == state["python_rng"] and torch.equal(back["torch_rng"], state["torch_rng"])
+    restored = torch.optim.AdamW(model.parameters())
+    restored.load_state_dict(back["optimizer"])
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(v, restored.state_dict()["state"][0][k])
+    save_state(tmp_path, "st", {"x": torch.zeros(2)}, shard_bytes=8_000)  # one shard now: the old ones go
+    assert sorted(p.name for p in tmp_path.glob("st*.safetensors")) == ["st.safetensors"]
+    save_state(tmp_path, "st", state, shard_bytes=8_000)
+    (tmp_path / "st.2.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"st\.safetensors: not a complete safetensors state"):
+        load_state(tmp_path, "st")
+    with pytest.raises(TypeError, match=r"state\.bad: cannot store a object"):
+        save_state(tmp_path, "st", {"bad": object()})

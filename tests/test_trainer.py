@@ -40,11 +40,15 @@ def varied_reward(prompts, completions, truths, weights):
     return [_Result(sum(c.isdigit() for c in text) / max(len(text), 1)) for text in completions]
 
 
+def make_fields(tmp_path, tiny_model_dir, small_data) -> dict:
+    return dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
+                output_dir=str(tmp_path / "run"), steps=3, batch_positions=2, group_size=4, max_new_tokens=24,
+                lr=1e-3, warmup_steps=0, save_every=1, tensorboard=False, progress=False, report=False, seed=1,
+                engine_cache=None, device="cpu", backward_dtype="float32")  # exact: runs compare bit for bit
+
+
 def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, **over):
-    fields = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
-                  output_dir=str(tmp_path / "run"), steps=3, batch_positions=2, group_size=4, max_new_tokens=24,
-                  lr=1e-3, warmup_steps=0, save_every=1, tensorboard=False, progress=False, report=False, seed=1,
-                  engine_cache=None, device="cpu", backward_dtype="float32")  # exact: runs compare bit for bit
+    fields = make_fields(tmp_path, tiny_model_dir, small_data)
     fields.update(over)
     cfg = load_config(None, fields)
     train = read_samples(cfg.data)
@@ -319,6 +323,44 @@ def test_env_terminal_share_fixes_the_share_of_game_ending_a_prompts(tmp_path, t
         PromptSampler({"A": [s for s in env if not ends_game(s)]}, seed=0, terminal_share=0.1)
     with pytest.raises(ValueError, match="env_terminal_share"):
         TrainConfig(env_terminal_share=1.5).validate()
+
+
+def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_model_dir, small_data, scorer):
+    """A quarter of the P: prompts are puzzles, deterministically and across resumes; a puzzle row's
+    reward comes from its solving moves (components format, solved)."""
+    from rookworld_rlvr.data.io import Sample
+    from rookworld_rlvr.data.judged import write_rows
+    from rookworld_rlvr.grpo.trainer import PromptSampler
+    from rookworld_rlvr.tasks.strength import Puzzle
+
+    mates = [Puzzle("6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", ("a1a8",), "mate1"),
+             Puzzle("rnbqkbnr/pppp1ppp/8/4p3/6P1/5P2/PPPPP2P/RNBQKBNR b KQkq g3 0 2", ("d8h4",), "mate1")]
+    pol = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"]
+    sampler = PromptSampler({"P": pol, "P_puzzle": [Sample("P", p) for p in mates]}, seed=3, puzzle_share=0.25)
+    drawn = sampler.take("P", 4)
+    saved = json.loads(json.dumps(sampler.state))
+    drawn += sampler.take("P", 8)
+    assert [isinstance(s.truth, Puzzle) for s in drawn] == [False, False, False, True] * 3
+    resumed = PromptSampler({"P": pol, "P_puzzle": [Sample("P", p) for p in mates]}, seed=3, puzzle_share=0.25)
+    resumed.load_state(saved)
+    assert [s.fen for s in resumed.take("P", 8)] == [s.fen for s in drawn[4:]]
+
+    path = tmp_path / "puzzles.jsonl"
+    write_rows(path, (p.to_dict() for p in mates))
+    from rookworld_rlvr.data.judged import read_puzzles
+
+    over = dict(batch_positions=4, mix_env_ratio=0.0, max_new_tokens=8, mix_puzzle_ratio=0.5, puzzle_data=str(path))
+    with pytest.raises(ValueError, match="no training puzzles"):  # the caller hands the trainer its puzzles
+        make(tmp_path, tiny_model_dir, small_data, scorer, **over)
+    cfg = load_config(None, {**make_fields(tmp_path, tiny_model_dir, small_data), **over})
+    tr = Trainer(cfg, lambda *a: scorer.score_batch(*a), read_samples(cfg.data), None, log=lambda *_: None,
+                 puzzles=[Sample("P", p) for p in read_puzzles(path)])
+    groups = tr.collect(0, {})
+    puzzle_rows = [r for g in groups for r in g if isinstance(r.truth, Puzzle)]
+    assert len(puzzle_rows) == 2 * tr.cfg.group_size
+    assert all(set(r.components) == {"format", "solved"} and r.reward in (-0.3, 0.0, 1.0) for r in puzzle_rows)
+    with pytest.raises(ValueError, match="mix_puzzle_ratio"):
+        TrainConfig(mix_puzzle_ratio=0.5).validate()
 
 
 def _answers_nll(tr, samples) -> float:

@@ -14,7 +14,8 @@ def _data(args: argparse.Namespace) -> int:
         cfg = GenerateConfig(out_dir=args.out, games=args.games, seed=args.seed, workers=args.workers,
                              depth=args.depth, time=args.time, games_per_shard=args.games_per_shard,
                              eval_per_task=args.eval_per_task, extra_positions=tuple(args.positions or ()),
-                             max_plies=args.max_plies)
+                             max_plies=args.max_plies, random_game_share=args.random_game_share,
+                             random_move_prob=args.random_move_prob, temperatures=tuple(args.temperatures))
         summary = generate(cfg, progress=not args.quiet)
         print(json.dumps(summary))
         return 0
@@ -57,6 +58,8 @@ def _data(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from rookworld_rlvr import __version__
 
+    from rookworld_rlvr.data.generate import GenerateConfig
+
     p = argparse.ArgumentParser(prog="rookworld", description="GRPO with verifiable chess rewards for RookWorld LMs")
     p.add_argument("--version", action="version", version=f"rookworld-rlvr {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -72,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=int, default=8)
     g.add_argument("--time", type=float, default=None, help="seconds per position (instead of or with --depth)")
     g.add_argument("--max-plies", type=int, default=160)
+    gd = GenerateConfig()
+    g.add_argument("--random-game-share", type=float, default=gd.random_game_share,
+                   help="share of games played with uniformly random moves only")
+    g.add_argument("--random-move-prob", type=float, default=gd.random_move_prob,
+                   help="chance of a random move at each ply of an engine game (lower: more realistic positions)")
+    g.add_argument("--temperatures", type=float, nargs="+", default=list(gd.temperatures),
+                   help="softmax temperatures (pawns) over Stockfish's top 5 that engine games draw from")
     g.add_argument("--eval-per-task", type=int, default=1000)
     g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files")
     g.add_argument("--quiet", action="store_true")

@@ -57,6 +57,13 @@ class TrainConfig:
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")
     env_terminal_share: float | None = _f(None, "share of A: prompts drawn from game-ending transitions (terminated or "
                                                 "truncated; 8.6% of the shipped training set); null = as they occur in the data")
+    puzzle_data: str | None = _f(None, "training puzzles (JSONL rows {fen, solutions, kind}: mates in one, tactics): P: "
+                                       "prompts with a verified binary reward (1 for a solving B: in a well-formed answer)")
+    mix_puzzle_ratio: float = _f(0.0, "share of P: prompts drawn from puzzle_data")
+    strength_data: str | None = _f("data/strength.jsonl.gz", "judged held-out positions (`rookworld data judge`): each "
+                                                             "evaluation reports move quality next to a random legal "
+                                                             "mover on them (null = skip)")
+    puzzle_eval_data: str | None = _f("data/puzzles_eval.jsonl.gz", "held-out puzzles each evaluation solves (null = skip)")
     # -- batch and sampling --------------------------------------------------------------------
     steps: int = _f(60, "optimizer steps (one batch of prompts per step)")
     batch_positions: int = _f(8, "prompts per step (B)")
@@ -119,7 +126,10 @@ class TrainConfig:
     # -- rewards ---------------------------------------------------------------------------------
     reward_shaping: str = _f("linear", "linear | graduated (5 levels) | binary")
     malformed_penalty: float = _f(-0.3, "reward of unreadable output")
-    next_state_partial: float = _f(0.8, "A: most next-state credit for a readable wrong FEN, in [0, 1) (0 = exact or nothing)")
+    next_state_partial: float = _f(0.8, "A: most next-state credit for a readable wrong FEN, in [0, 1) (0 = exact or "
+                                        "nothing); the credit counts only what the move changed")
+    quality_scale: float = _f(0.3, "P: expected-score loss of the B: move against Stockfish's best at which its quality "
+                                   "credit reaches 0 (a random legal move loses about 0.11, a blunder >= 0.2)")
     policy_weights: dict = _f(dict(RewardConfig().policy_weights), f"P: component weights {POLICY_COMPONENTS}")
     env_weights: dict = _f(dict(RewardConfig().env_weights), f"A: component weights {ENV_COMPONENTS}")
     curriculum: dict = _f({}, "weights over steps: {P: [[0, {format: 1.0}], [20, {...}]], A: [...]}")
@@ -155,7 +165,7 @@ class TrainConfig:
     def reward_config(self) -> RewardConfig:
         return RewardConfig(policy_weights=dict(self.policy_weights), env_weights=dict(self.env_weights),
                             shaping=self.reward_shaping, malformed_penalty=self.malformed_penalty,
-                            next_state_partial=self.next_state_partial)
+                            next_state_partial=self.next_state_partial, quality_scale=self.quality_scale)
 
     def sampling_for(self, task: str, step: int) -> dict:
         """Sampling settings and mix ratio in force for a task at a step (phases, then task overrides)."""
@@ -183,6 +193,9 @@ class TrainConfig:
         need(0 <= self.mix_env_ratio <= 1, "mix_env_ratio", "must be in [0, 1]")
         need(self.env_terminal_share is None or 0 <= self.env_terminal_share <= 1, "env_terminal_share",
              "must be in [0, 1] or null")
+        need(0 <= self.mix_puzzle_ratio <= 1, "mix_puzzle_ratio", "must be in [0, 1]")
+        need(self.mix_puzzle_ratio == 0 or bool(self.puzzle_data), "mix_puzzle_ratio",
+             "needs puzzle_data (the puzzles to draw from)")
         need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
         need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS
+
 # -- loading ---------------------------------------------------------------------------------------
 
 
@@ -182,8 +184,6 @@ class PlotSpec:
 
 
 PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
-POLICY_COMPONENTS = ("format", "best_legal", "best_rank", "best_cp", "candidates", "evals")
-ENV_COMPONENTS = ("format", "next_state", "reward", "terminated", "truncated")
 TASK_LABELS = {"P": "policy (P:)", "A": "environment (A:)"}
 
 STATIC_PLOTS = (
@@ -211,6 +211,14 @@ STATIC_PLOTS = (
                               ("policy.mean_reward", "mean reward")), "share / reward"),
         Panel("environment (A:)", (("environment.next_state_acc", "next state acc"),
                                    ("environment.mean_reward", "mean reward")), "share / reward"),
+    ), source="eval"),
+    PlotSpec("strength", "Playing strength on judged held-out positions, next to a random legal mover", (
+        Panel("expected-score loss per legal move", (("strength.loss", "model"), ("strength.random.loss", "random mover")),
+              "loss"),
+        Panel("blunders (loss >= 0.2) and puzzles", (("strength.blunder", "model blunders"),
+                                                     ("strength.random.blunder", "random blunders"),
+                                                     ("puzzles.mate1.solved", "mate in one"),
+                                                     ("puzzles.tactic.solved", "tactics")), "share"),
     ), source="eval"),
 )
 
@@ -369,12 +377,16 @@ def make_plots(runs: Sequence[Run], plot_dir: Path) -> list[tuple[str, Path]]:
 
 # -- HTML pieces -----------------------------------------------------------------------------------
 
-LOWER_IS_BETTER = {"invalid", "reward_mae", "hit_max_tokens", "ended_illegal"}
-NEUTRAL = {"n", "n_labelled", "n_candidates", "games", "seconds", "ended_game_over", "ended_max_plies"}
+LOWER_IS_BETTER = {"invalid", "reward_mae", "hit_max_tokens", "ended_illegal", "loss", "blunder", "repeated",
+                   "repeated_candidates"}
+NEUTRAL = {"n", "n_labelled", "games", "seconds", "ended_game_over", "ended_max_plies"}
 
 
 def direction(metric: str) -> int:
-    """+1 when a higher value is better, -1 when lower is better, 0 for counts (no colour)."""
+    """+1 when a higher value is better, -1 when lower is better, 0 for counts and for the random
+    mover's baseline (no colour: it moves only with the positions it is paired with)."""
+    if ".random." in metric:
+        return 0
     last = metric.rsplit(".", 1)[-1]
     if last in LOWER_IS_BETTER:
         return -1

@@ -207,9 +207,11 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         target = out if final else ckpt
         save_pretrained_atomic(model, tokenizer, target)
         if not final:
+            # shards under 25 MB: a checkpoint can be committed, so a later session resumes it exactly
             save_state(target, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
                                            "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
-                                           "torch_rng": torch.get_rng_state(), "config": asdict(cfg)})
+                                           "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
+                       shard_bytes=25_000_000)
 
     model.train()
     model.config.use_cache = False

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
@@ -56,19 +57,45 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return {k: _decode(v, tensors) for k, v in value.items()}
 
 
-def save_state(directory: str | Path, name: str, state: dict[str, Any]) -> None:
-    """Write `name.safetensors` and `name.json` in `directory` (each fsynced, then renamed)."""
+def _shards(tensors: dict[str, torch.Tensor], shard_bytes: int | None) -> list[dict[str, torch.Tensor]]:
+    """Tensors in order, cut into groups of at most `shard_bytes` (a bigger tensor goes alone)."""
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shard_bytes and groups[-1] and size + n > shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][key] = t
+        size += n
+    return groups
+
+
+def _write(final: Path, write) -> None:
+    tmp = final.with_name(f".{final.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+
+
+def save_state(directory: str | Path, name: str, state: dict[str, Any], shard_bytes: int | None = None) -> None:
+    """Write `name.json` and `name.safetensors` in `directory` (each fsynced, then renamed).
+    With `shard_bytes`, tensors beyond that size go to `name.1.safetensors`, `name.2...` (a
+    state small enough to keep in git, under a hosting service's file size limit)."""
     directory = Path(directory)
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(state, "", tensors)
-    for suffix, write in ((".safetensors", lambda p: save_file(tensors, str(p))),
-                          (".json", lambda p: p.write_text(json.dumps(tree)))):
-        final = directory / f"{name}{suffix}"
-        tmp = directory / f".{name}{suffix}.tmp"
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+    groups = _shards(tensors, shard_bytes)
+    for k in range(len(groups) - 1, 0, -1):  # the extra shards first: the main file names how many there are
+        _write(directory / f"{name}.{k}.safetensors", lambda p, g=groups[k]: save_file(g, str(p)))
+    _write(directory / f"{name}.safetensors",
+           lambda p: save_file(groups[0], str(p), metadata={"shards": str(len(groups))}))
+    _write(directory / f"{name}.json", lambda p: p.write_text(json.dumps(tree)))
+    stale = len(groups)
+    while (directory / f"{name}.{stale}.safetensors").exists():  # left by an earlier, bigger save
+        (directory / f"{name}.{stale}.safetensors").unlink()
+        stale += 1
 
 
 def state_exists(directory: str | Path, name: str) -> bool:
@@ -87,8 +114,12 @@ def load_state(directory: str | Path, name: str) -> dict[str, Any]:
         raise ValueError(f"{tree_path}: not a state file ({e})") from None
     try:
         tensors = load_file(str(tensor_path))
-    except SafetensorError as e:
-        raise ValueError(f"{tensor_path}: not a safetensors file ({e})") from None
+        with safe_open(str(tensor_path), "pt") as fh:
+            shards = int((fh.metadata() or {}).get("shards", "1"))
+        for k in range(1, shards):
+            tensors.update(load_file(str(directory / f"{name}.{k}.safetensors")))
+    except (SafetensorError, FileNotFoundError) as e:
+        raise ValueError(f"{tensor_path}: not a complete safetensors state ({e})") from None
     try:
         return _decode(tree, tensors)
     except (KeyError, TypeError, ValueError) as e:

@@ -30,7 +30,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def build(cfg: TrainConfig, log=print):
     """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
-    from rookworld_rlvr.data.io import ReadReport, read_samples
+    from rookworld_rlvr.data.io import ReadReport, Sample, read_samples
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate
     from rookworld_rlvr.grpo.trainer import Trainer
@@ -42,6 +43,9 @@ def build(cfg: TrainConfig, log=print):
     if report.invalid:
         log(f"data: skipped {report.invalid} invalid lines of {cfg.data} (first: {report.errors[0]})")
     eval_samples = read_samples(cfg.eval_data, skip_invalid=cfg.skip_invalid) if cfg.eval_data else []
+    puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
+    judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
+    held_out_puzzles = read_puzzles(cfg.puzzle_eval_data) if cfg.puzzle_eval_data and eval_samples else None
     if cfg.eval_limit:
         eval_samples = [s for s in eval_samples if s.task == "P"][: cfg.eval_limit] + \
                        [s for s in eval_samples if s.task == "A"][: cfg.eval_limit]
@@ -56,9 +60,10 @@ def build(cfg: TrainConfig, log=print):
     def eval_fn(model, tokenizer):
         if not eval_samples:
             return None
-        return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, return_examples=3)
+        return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
+                        puzzles=held_out_puzzles, return_examples=3)
 
-    trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log)
+    trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
     if trainer.device.type == "cpu":  # where the steps' big tensors live in host memory
         log(keep_freed_memory())
     return trainer, pool

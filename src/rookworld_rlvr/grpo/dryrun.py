@@ -31,7 +31,8 @@ def plan(cfg: TrainConfig) -> list[str]:
             s = cfg.sampling_for(task, start)
             n_env = round(cfg.batch_positions * s["mix_env_ratio"])
             n = n_env if task == "A" else cfg.batch_positions - n_env
-            lines.append(f"steps {start:>4}-{end - 1:<4} {task}: {n} prompts x {cfg.group_size} completions, "
+            of = f" ({cfg.mix_puzzle_ratio:.0%} puzzles)" if task == "P" and cfg.mix_puzzle_ratio else ""
+            lines.append(f"steps {start:>4}-{end - 1:<4} {task}: {n} prompts{of} x {cfg.group_size} completions, "
                          f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} max_new_tokens={s['max_new_tokens']}")
     per_step = cfg.batch_positions * cfg.group_size
     lines.append(f"{cfg.steps} steps x {per_step} completions = {cfg.steps * per_step} completions; "
@@ -64,6 +65,20 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
                 problems.append(f"data: {path} has no P: samples but mix_env_ratio < 1")
             if cfg.mix_env_ratio > 0 and not counts["A"]:
                 problems.append(f"data: {path} has no A: samples but mix_env_ratio > 0")
+    for name, path in (("puzzle_data", cfg.puzzle_data), ("strength_data", cfg.strength_data),
+                       ("puzzle_eval_data", cfg.puzzle_eval_data)):
+        if not path:
+            continue
+        from rookworld_rlvr.data.judged import read_judged, read_puzzles
+
+        try:
+            rows = read_judged(path) if name == "strength_data" else read_puzzles(path)
+        except ValueError as e:
+            problems.append(f"{name}: {e}")
+            continue
+        kinds = "" if name == "strength_data" else " (" + ", ".join(
+            f"{k} {sum(p.kind == k for p in rows)}" for k in sorted({p.kind for p in rows})) + ")"
+        out(f"{name}: {path}: {len(rows)} {'positions' if name == 'strength_data' else 'puzzles'}{kinds}")
     model = Path(cfg.model)
     if model.exists():
         if not (model / "config.json").exists():

@@ -210,13 +210,18 @@ class PromptSampler:
     With `terminal_share` s set, A: prompts come from two pools, ordinary and game-ending
     transitions (8.6% of the shipped A: data): the k-th A: prompt of the run is game-ending
     when floor(k * s) steps up, so exactly that share of A: prompts ends a game,
-    deterministically on every rank and across resumes.
+    deterministically on every rank and across resumes. `puzzle_share` does the same for P:
+    prompts drawn from the `P_puzzle` pool.
     """
 
-    def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None) -> None:
+    def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None,
+                 puzzle_share: float = 0.0) -> None:
         self.pools = dict(samples_by_task)
         self.seed = seed
         self.terminal_share = terminal_share
+        self.puzzle_share = puzzle_share
+        if puzzle_share > 0 and not self.pools.get("P_puzzle"):
+            raise ValueError(f"mix_puzzle_ratio is {puzzle_share} but there are no training puzzles: set puzzle_data")
         if terminal_share is not None:
             env = self.pools.get("A", [])
             self.pools["A"] = [x for x in env if not ends_game(x)]
@@ -230,6 +235,8 @@ class PromptSampler:
         self.state = {name: {"epoch": 0, "cursor": 0} for name in self.pools}
         if terminal_share is not None:
             self.state["A"]["drawn"] = 0  # A: prompts drawn so far
+        if puzzle_share > 0:
+            self.state.setdefault("P", {"epoch": 0, "cursor": 0})["drawn"] = 0
         self._perm: dict[str, tuple[int, list[int]]] = {}
 
     def load_state(self, state: dict) -> None:
@@ -246,15 +253,16 @@ class PromptSampler:
         return self._perm[name][1]
 
     def _pool(self, task: str) -> str:
-        if task != "A" or self.terminal_share is None:
+        share, other = {"A": (self.terminal_share, "A_end"), "P": (self.puzzle_share or None, "P_puzzle")}.get(
+            task, (None, ""))
+        if share is None:
             return task
-        st = self.state["A"]
+        st = self.state[task]
         k, st["drawn"] = st["drawn"], st["drawn"] + 1
-        s = self.terminal_share
-        return "A_end" if math.floor((k + 1) * s + 1e-9) > math.floor(k * s + 1e-9) else "A"
+        return other if math.floor((k + 1) * share + 1e-9) > math.floor(k * share + 1e-9) else task
 
     def take(self, task: str, n: int) -> list:
-        if n and not any(self.pools.get(name) for name in (task, f"{task}_end")):
+        if n and not any(self.pools.get(name) for name in (task, f"{task}_end", f"{task}_puzzle")):
             raise ValueError(f"the training data has no {task}: samples but the configuration asks for them")
         out = []
         for _ in range(n):
@@ -272,7 +280,9 @@ RewardFn = Callable[[list[str], list[str], list[Any], dict], list[Any]]
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn, train_samples: list, eval_fn: Callable | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, puzzles: list = ()) -> None:
+        """`train_samples` give the P: and A: prompts (and the anchor's answers); `puzzles` are P:
+        prompts without a written answer, drawn at `mix_puzzle_ratio` of the P: prompts."""
         cfg.validate()
         self.cfg = cfg
         self.reward_fn = reward_fn
@@ -337,7 +347,8 @@ class Trainer:
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
-        self.prompts = PromptSampler(by_task, cfg.seed, cfg.env_terminal_share)
+        self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles)}, cfg.seed, cfg.env_terminal_share,
+                                     cfg.mix_puzzle_ratio)
         # the anchor's ground-truth answers come in their own order, so GRPO sees the same prompts with or without it
         self.anchor = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
