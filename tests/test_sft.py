@@ -103,7 +103,9 @@ def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypat
         train(config(split), progress=False)
     monkeypatch.setattr(sft, "_accumulate", real)
     ckpt = tmp_path / "split.checkpoint"
-    assert sorted(p.name for p in ckpt.glob("sft_state*")) == ["sft_state.json", "sft_state.safetensors"]
+    names = sorted(p.name for p in ckpt.glob("sft_state*"))
+    assert names[-2:] == ["sft_state.json", "sft_state.safetensors"] and all(n.endswith(".safetensors") for n in names[:-2])
+    assert all(p.stat().st_size < 25_000_000 for p in ckpt.glob("sft_state*"))  # small enough to commit
     (ckpt / "sft_state.pt").write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
     train(config(split), resume=True, progress=False)  # the next session resumes it
     assert not (tmp_path / "pwned").exists()
