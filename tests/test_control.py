@@ -257,7 +257,7 @@ def test_symptom_monitor_messages_name_knobs():
     (msg,) = mon.observe(3, {"clip_frac": 0.9})
     assert msg.startswith("step 3 [clip_fraction]") and "learning rate" in msg
     (msg,) = mon.observe(4, {"truncation_rate": 0.9})
-    assert "max_completion_length" in msg
+    assert "max_new_tokens" in msg and "truncated_completions" in msg
 
 
 def test_symptom_monitor_rate_limits_and_resumes():

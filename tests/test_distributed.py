@@ -23,10 +23,11 @@ WORLD = 2
 # small but complete: 2 P: and 2 A: prompts x 4 completions per step, so each rank gets one group per task
 SMALL = dict(batch_positions=4, mix_env_ratio=0.5, group_size=4, max_new_tokens=16, steps=2)
 # the one-update equality is checked for these settings (the default loss, and the ones whose
-# normalisers span the whole batch: dapo's token count, dr_grpo's width, batch scaling, EMA norm;
+# normalisers span the whole batch: dapo's token count, dr_grpo's budget, batch scaling, EMA norm;
 # and the anchor loss, whose token mean spans every rank's ground-truth answers)
 VARIANTS = [dict(), dict(loss_type="dapo", updates_per_batch=2),
-            dict(loss_type="dr_grpo", scale_rewards="batch", reward_norm=True), dict(anchor_coef=1.0, anchor_batch=4)]
+            dict(loss_type="dr_grpo", scale_rewards="batch"), dict(scale_rewards="none", reward_norm=True),
+            dict(anchor_coef=1.0, anchor_batch=4)]
 
 
 def _make(run: Path, model_dir: Path, data_dir: Path, **over):
@@ -43,7 +44,7 @@ def _plain_sgd(tr):
 
 
 def _flat_on_p(prompts, completions, truths, weights):
-    """Every P: group is flat (so zero-variance resampling always has work), A: groups vary."""
+    """Every P: group is flat (so dynamic sampling always has work), A: groups vary."""
     scores = varied_reward(prompts, completions, truths, weights)
     return [r if p.startswith("A") else _Result(0.0) for p, r in zip(prompts, scores)]
 
@@ -77,7 +78,7 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     resumed = _make(out / "resumed", model_dir, data_dir, resume=True)
     start = resumed.step
     resumed.train()
-    resampler = make(out / "resample", model_dir, data_dir, None, _flat_on_p, **{**SMALL, "resample_zero_variance": 2})
+    resampler = make(out / "resample", model_dir, data_dir, None, _flat_on_p, **{**SMALL, "dynamic_sampling": 2})
     resampler.collect(0, {})
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
@@ -171,7 +172,7 @@ def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
     assert not list(out.glob("straight/run-*")), "nothing was moved aside"
 
 
-def test_zero_variance_resampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
+def test_dynamic_sampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
     _, (r0, r1) = two_ranks
     # 2 P: prompts, then 2 rounds x the 2 flat P: groups of the global batch (1 per rank): 6 drawn everywhere
     assert r0["sampler"] == r1["sampler"] and r0["sampler"]["P"]["cursor"] == 6

@@ -199,3 +199,16 @@ def test_editing_the_config_file_mid_sweep_does_not_change_later_trials(tmp_path
     assert yaml.safe_load(config.read_text())["temperature"] == 0.5
     for t in trials_of(out, "edit"):
         assert yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())["temperature"] == 0.9
+
+
+def test_the_std_floor_comparison_runs_each_mode_at_three_seeds_on_the_shipped_task(monkeypatch):
+    from conftest import REPO
+
+    from rookworld_rlvr.config import load_config
+
+    monkeypatch.chdir(REPO)
+    space = load_space("configs/sweeps/std_floor.yaml")
+    configs = [load_config(space.config, {**space.base, **c}) for c in space.grid_overrides()]
+    assert sorted((c.std_floor_mode, c.std_floor, c.seed) for c in configs) == \
+        [("add", 1e-4, s) for s in range(3)] + [("max", 0.05, s) for s in range(3)]
+    assert all(c.steps == 150 and c.model == "models/rookworld-tiny" for c in configs)  # make train's run

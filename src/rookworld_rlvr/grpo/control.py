@@ -396,7 +396,7 @@ class SymptomMonitor:
             found["zero_variance"] = (
                 f"{zv:.0%} of groups have equal rewards and no learning signal: tasks too easy or too "
                 "hard, or rewards too coarse. Raise the group size or temperature, use graduated "
-                "rewards, filter the data or enable zero-variance resampling."
+                "rewards, filter the data or turn on dynamic_sampling."
             )
         ent = self._get(m, "entropy")
         if ent is not None:
@@ -430,9 +430,9 @@ class SymptomMonitor:
         tr = self._get(m, "truncation_rate")
         if tr is not None and tr > 0.5:
             found["truncation"] = (
-                f"{tr:.0%} of completions hit the length limit: max_completion_length too small or the "
-                "model does not emit its stop token. Raise max_completion_length, check EOS/stop "
-                "handling, or penalise over-long outputs."
+                f"{tr:.0%} of completions hit the length limit: max_new_tokens too small or the "
+                "model does not emit its stop token. Raise max_new_tokens, check EOS/stop "
+                "handling, or set truncated_completions (mask or malformed)."
             )
         rw = self._get(m, "reward_mean")
         if rw is not None:

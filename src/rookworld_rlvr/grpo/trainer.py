@@ -166,7 +166,7 @@ def wrap_lora(model, cfg: TrainConfig):
     peft = _peft()
     targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
-    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
                            fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
     return peft.get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
 
@@ -279,6 +279,8 @@ class Trainer:
         self.eval_fn = eval_fn
         self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
         self.log = log if self.main else (lambda *_: None)
+        for note in cfg.inert_settings():
+            self.log(f"warning: setting without effect: {note}")
         self.run_dir = Path(cfg.output_dir)
         self._check_shardable()
         if self.main and not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()):
@@ -342,6 +344,7 @@ class Trainer:
         self.anchor = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
+        self.collect_stats: dict[str, float] = {}
         self.lr_scale = 1.0
         self.base_eval: dict | None = None
         self.best: tuple[float, int] | None = None
@@ -487,25 +490,51 @@ class Trainer:
         """B prompts (mixed by the phase's ratio) x G completions, scored. Returns groups.
 
         Under torchrun every rank draws the same global prompts (so the sampler, and its resume
-        state, is the same everywhere) and rolls out only its contiguous share of each task."""
+        state, is the same everywhere) and rolls out only its contiguous share of each task.
+
+        Dynamic sampling (DAPO): up to `dynamic_sampling` rounds replace groups whose rewards are all
+        equal (no learning signal) with groups of fresh prompts of the same task: each round draws
+        ceil(missing x dynamic_sampling_oversample) prompts (a multiple of the world size), every rank
+        rolls out its share and fills its own flat places with its groups that differ, in order;
+        groups left over are discarded. What it cost goes in `self.collect_stats`."""
         cfg = self.cfg
+        G, w = cfg.group_size, dist.world()
         counts = self._task_counts(step)
         groups = self._rollout({task: dist.shard(self.prompts.take(task, counts[task])) for task in ("P", "A")},
                                step, timings)
         n, lo = len(groups), dist.rank() * len(groups)  # this rank's groups in the global, rank-major order
-        for _ in range(cfg.resample_zero_variance):
-            # all ranks see the global list of flat groups and draw the same fresh prompts for it
-            is_flat = torch.tensor([_flat(g) for g in groups], dtype=torch.float32)
-            flat = dist.all_gather_tensor(is_flat).nonzero().flatten().tolist()
+
+        def global_flat(gs: list[list[Row]]) -> list[int]:
+            return dist.all_gather_tensor(torch.tensor([_flat(g) for g in gs], dtype=torch.float32)).nonzero().flatten().tolist()
+
+        flat = global_flat(groups)
+        sampled, sampled_flat, rounds = n * w, len(flat), 0
+        for _ in range(cfg.dynamic_sampling):
             if not flat:
                 break
+            rounds += 1
             for task in ("P", "A"):
                 idx = [i for i in flat if groups[i % n][0].task == task]  # every rank has the same task layout
-                mine = [(i - lo, s) for i, s in zip(idx, self.prompts.take(task, len(idx))) if lo <= i < lo + n]
-                fresh = self._rollout({task: [s for _, s in mine]}, step, timings)
-                for (i, _), g in zip(mine, fresh):
-                    if not _flat(g):
-                        groups[i] = g
+                if not idx:
+                    continue
+                k = -(-math.ceil(len(idx) * cfg.dynamic_sampling_oversample) // w) * w
+                fresh = self._rollout({task: dist.shard(self.prompts.take(task, k))}, step, timings)
+                sampled += k
+                sampled_flat += len(global_flat(fresh))
+                kept = iter(g for g in fresh if not _flat(g))
+                for i in idx:
+                    if lo <= i < lo + n:
+                        g = next(kept, None)
+                        if g is None:
+                            break
+                        groups[i - lo] = g
+            flat = global_flat(groups)
+        kept = n * w - len(flat)
+        self.collect_stats = {"zero_var_share_sampled": sampled_flat / sampled}
+        if cfg.dynamic_sampling:
+            extra = (sampled - n * w) * G
+            self.collect_stats.update({"dynamic/rounds": rounds, "dynamic/extra_samples": extra,
+                                       "dynamic/extra_per_kept": extra / max(kept, 1), "dynamic/unfilled": len(flat)})
         return groups
 
     def _rollout(self, by_task: dict[str, list], step: int, timings: dict) -> list[list[Row]]:
@@ -551,10 +580,13 @@ class Trainer:
         for i in range(n):
             pm, cm = g.prompt_mask[i].bool(), g.completion_mask[i].bool()
             r = results[i]
-            rows.append(Row(items[i // G][0], row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
-                            g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
-                            g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format),
-                            g.recorded_row(i) if self.record else None))
+            row = Row(items[i // G][0], row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
+                      g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
+                      g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format),
+                      g.recorded_row(i) if self.record else None)
+            if row.finish == "length" and cfg.truncated_completions == "malformed":
+                row.reward, row.valid = cfg.malformed_penalty, False  # an answer cut off is not an answer
+            rows.append(row)
         return rows
 
     def assemble(self, groups: list[list[Row]]) -> Batch:
@@ -572,9 +604,12 @@ class Trainer:
         everyone = dist.all_gather_tensor(rewards)
         shaped = self.normalizer.normalize(everyone) if self.cfg.reward_norm else everyone
         adv = dist.shard(group_advantages(shaped, self.cfg.group_size, self.cfg.scale_rewards, self.cfg.std_floor,
-                                          self.cfg.adv_clip).float())
+                                          self.cfg.std_floor_mode).float())
+        completion = mask[:, P:].float()
+        if self.cfg.truncated_completions == "mask":  # still in their groups' advantages, out of the loss
+            completion[[i for i, r in enumerate(rows) if r.finish == "length"]] = 0.0
         d = self.device
-        return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), mask[:, P:].to(d).float(),
+        return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), completion.to(d),
                      slogp.to(d), rewards, adv.to(d), C)
 
     def anchor_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -674,7 +709,9 @@ class Trainer:
         # one-process loss, and summing the gradients over ranks gives the one-process gradient.
         total_rows = len(batch.rows) * dist.world()  # ranks hold equal numbers of rows
         total_tokens = dist.all_gather_tensor(batch.completion_mask.sum().reshape(1)).sum()  # dapo
-        width = int(dist.all_gather_tensor(torch.tensor([batch.n_completion])).max())  # dr_grpo's padded length
+        # dr_grpo divides by the generation budget, a constant: each row's task's token limit at this step
+        budget = torch.tensor([float(cfg.sampling_for(r.task, step)["max_new_tokens"]) for r in batch.rows],
+                              device=self.device)
         metrics: dict[str, float] = {}
         timings["policy"] = timings["optimizer"] = 0.0
         anchor = self.anchor_batch() if self.anchor else None
@@ -694,8 +731,10 @@ class Trainer:
                 out = grpo_loss(o["logprobs"], old.get(k), ref_out.get(k, {}).get("logprobs"), batch.advantages[sl], mask,
                                 beta=beta, kl_kind=cfg.kl_estimator if not exact else "k3", kl_clamp=cfg.kl_clamp,
                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_type=cfg.loss_type,
-                                max_completion_length=width, entropy=o.get("entropy"),
-                                entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl)
+                                max_completion_length=budget[sl], entropy=o.get("entropy"),
+                                entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl,
+                                level=cfg.importance_sampling_level, delta=cfg.clip_delta,
+                                sampler_logp=batch.sampler_logp[sl], tis_cap=cfg.tis_cap)
                 share = (sl.stop - sl.start) / total_rows
                 loss = out.loss if cfg.loss_type == "dapo" else out.loss * share
                 if not torch.isfinite(loss):
@@ -704,7 +743,7 @@ class Trainer:
                 loss.backward()
                 local_share = (sl.stop - sl.start) / len(batch.rows)  # metrics: means over this rank's rows,
                 for key, v in out.metrics().items():                  # then over ranks (reduce_metrics)
-                    if key in ("kl_max", "ratio_max"):
+                    if key.endswith("_max"):
                         agg[key] = max(agg.get(key, -math.inf), v)
                     elif key == "kl_min":
                         agg[key] = min(agg.get(key, math.inf), v)
@@ -880,10 +919,11 @@ class Trainer:
         G = self.cfg.group_size
         flat = zero_variance_groups(batch.rewards, G)
         rec["zero_var_share"] = float(flat.float().mean())
+        rec.update(self.collect_stats)  # what the sampler drew: all of it, and dynamic sampling's cost
         rec["adv/mean"], rec["adv/std"] = float(batch.advantages.mean()), float(batch.advantages.std())
         rec["adv/min"], rec["adv/max"] = float(batch.advantages.min()), float(batch.advantages.max())
-        lengths = batch.completion_mask.sum(1)
-        rec["completion_len/mean"], rec["completion_len/max"] = float(lengths.mean()), float(lengths.max())
+        lengths = [len(r.completion_ids) for r in rows]  # what was sampled (truncated_completions mask hides some)
+        rec["completion_len/mean"], rec["completion_len/max"] = sum(lengths) / len(lengths), float(max(lengths))
         rec["truncation_rate"] = sum(r.finish == "length" for r in rows) / len(rows)
         for task in ("P", "A"):
             tr = [r for r in rows if r.task == task]
