@@ -159,6 +159,38 @@ def differ(a: torch.Tensor | list, b: torch.Tensor | list) -> bool:
     return a.shape != b.shape or not torch.equal(a, b)
 
 
+# The collapse guard's bounds: the same records, fed to the guard the trainer built, fire only with
+# the bound moved from its default (H: a healthy step's record).
+H = {"valid/P": 1.0, "reward/P": 0.55, "kl_mean": 0.02, "kl_seq_max": 0.3, "entropy": 0.5, "truncation_rate": 0.0}
+GUARD_STREAMS = [
+    ("guard_valid_drop", 0.05, [H] * 4 + [{**H, "valid/P": 0.9}] * 2),
+    ("guard_reward_drop", 0.05, [H] * 4 + [{**H, "reward/P": 0.45}] * 2),
+    ("guard_kl_mean", 0.01, [H] * 2),
+    ("guard_kl_max", 0.1, [H] * 2),
+    ("guard_entropy_factor", 1.5, [H] * 4 + [{**H, "entropy": 0.9}] * 2),
+    ("guard_truncation_rise", 0.05, [H] * 4 + [{**H, "truncation_rate": 0.1}] * 2),
+    ("guard_patience", 1, [H] * 4 + [{**H, "kl_mean": 9.0}, H]),
+    # the median of the last 3 accepted rewards (0.45) is 0.25 above 0.2; that of the last 10 (0.3) is not
+    ("guard_window", 3, [{**H, "reward/P": 0.3}] * 7 + [{**H, "reward/P": 0.45}] * 3 + [{**H, "reward/P": 0.2}] * 2),
+]
+
+
+def _guard_events(env: Env, over: dict, stream: list[dict]) -> list[tuple[int, str, str]]:
+    guard = env.trainer(over).guard
+    return [(i + 1, e.action, e.signal) for i, rec in enumerate(stream) if (e := guard.observe(i + 1, rec))]
+
+
+def _recovered(env: Env, over: dict) -> Trainer:
+    tr = env.trainer({"steps": 4, **over})
+    tr.save()
+    try:
+        for _ in range(3):
+            tr.train_step()
+    except TrainingStopped:
+        pass
+    return tr
+
+
 # -- the table ---------------------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -292,11 +324,14 @@ ROWS = [
     Row("anchor_batch", {"anchor_batch": 2}, STEP, lambda b, o: last(o, "anchor_nll") != last(b, "anchor_nll"),
         base={"anchor_coef": 1.0, "anchor_batch": 4}),
     # -- KL ------------------------------------------------------------------------------------------------
-    Row("kl_coef", {"kl_coef": 0.0}, STEP, lambda b, o: "kl_mean" in b["last"] and "kl_mean" not in o["last"] and o["tr"].ref is None),
+    Row("kl_coef", {"kl_coef": 0.0}, STEP2, lambda b, o: last(b, "kl_loss") > 0 == last(o, "kl_loss") and last(o, "kl_mean") > 0,
+        id="kl_coef=0 (KL still measured for the guard)"),
+    Row("kl_coef", {"kl_coef": 0.0}, STEP, lambda b, o: b["tr"].ref is not None and o["tr"].ref is None and "kl_mean" not in o["last"],
+        base={"guard_kl_mean": None, "guard_kl_max": None}, id="kl_coef=0 (no KL guard: no reference pass)"),
     *[Row("kl_estimator", {"kl_estimator": k}, STEP2, lambda b, o: last(o, "kl_mean") != last(b, "kl_mean"))
       for k in ("k2", "exact")],
     Row("kl_estimator", {"kl_estimator": "k1", "kl_coef": 0.0}, STEP2, lambda b, o: last(o, "kl_mean") != last(b, "kl_mean"),
-        base={"kl_coef": 0.0, "kl_divergence_threshold": 100.0}, id="kl_estimator=k1 (measured, beta 0)"),
+        base={"kl_coef": 0.0}, id="kl_estimator=k1 (measured for the KL guard, beta 0)"),
     Row("kl_clamp", {"kl_clamp": 1e-6}, STEP2, lambda b, o: last(o, "kl_clamped") > 0 == last(b, "kl_clamped")),
     Row("kl_mode", {"kl_mode": "adaptive"}, STEP, lambda b, o: o["tr"].kl_ctl.beta != b["tr"].kl_ctl.beta),
     Row("kl_target", {"kl_target": 1e-9}, STEP2, lambda b, o: o["tr"].kl_ctl.beta > b["tr"].kl_ctl.beta, base=ADAPTIVE),
@@ -305,10 +340,6 @@ ROWS = [
     Row("kl_coef_max", {"kl_coef_max": 0.01}, STEP, lambda b, o: o["tr"].kl_ctl.beta == 0.01 < b["tr"].kl_ctl.beta, base=ADAPTIVE),
     Row("kl_warmup_steps", {"kl_warmup_steps": 1}, STEP, lambda b, o: (last(b, "beta"), last(o, "beta")) == (0.04, 0.0)),
     Row("kl_warmup_factor", {"kl_warmup_factor": 0.5}, STEP, lambda b, o: last(o, "beta") == 0.02, base={"kl_warmup_steps": 1}),
-    Row("kl_divergence_threshold", {"kl_divergence_threshold": 1e-9, "kl_max_recoveries": 0}, P(lambda env, over: _stops(env, over)),
-        lambda b, o: b is None and "KL" in o),
-    Row("kl_max_recoveries", {"kl_max_recoveries": 0}, P(lambda env, over: _stops(env, over)),
-        lambda b, o: b is None and "KL" in o, base={"kl_divergence_threshold": 1e-9}),
     Row("ref_refresh_every", {"ref_refresh_every": 1}, STEP,
         lambda b, o: torch.equal(_flat_ref(o), o["weights"]) and not torch.equal(_flat_ref(b), b["weights"])),
     Row("ref_mix_alpha", {"ref_mix_alpha": 0.5}, STEP,
@@ -320,6 +351,18 @@ ROWS = [
         base={"nan_max_consecutive": 1}),
     Row("rollback_lr_factor", {"rollback_lr_factor": 0.25}, P(nan_step),
         lambda b, o: (b["lr_scale"], o["lr_scale"]) == (0.5, 0.25), base={"nan_max_consecutive": 1}),
+    *[Row(name, {name: value}, P(lambda env, over, s=stream: _guard_events(env, over, s)),
+          lambda b, o: b == [] and len(o) == 1)
+      for name, value, stream in GUARD_STREAMS],
+    Row("guard_eval_drop", {"guard_eval_drop": 0.01}, P(lambda env, over: env.trainer(over).guard.observe_eval(5, 0.58, 0.6)),
+        lambda b, o: b is None and o.signal == "eval"),
+    Row("guard_max_recoveries", {"guard_max_recoveries": 0},
+        P(lambda env, over: [a for _, a, _ in _guard_events(env, over, [H] * 4 + [{**H, "kl_mean": 9.0}] * 2)]),
+        lambda b, o: (b, o) == (["recover"], ["stop"])),
+    Row("guard_snapshot_every", {"guard_snapshot_every": 1}, P(lambda env, over: sorted(steps(env, over, n=2)["tr"].snapshots)),
+        lambda b, o: (b, o) == ([0], [0, 1])),
+    Row("rollback_kl_factor", {"rollback_kl_factor": 2.0}, P(lambda env, over: _recovered(env, over).beta_scale),
+        lambda b, o: (b, o) == (1.0, 2.0), base={"guard_kl_mean": 1e-9, "guard_patience": 1, "guard_max_recoveries": 1}),
     Row("dynamic_sampling", {"dynamic_sampling": 1}, P(collect, reward=flat_on_p),
         lambda b, o: o["tr"].collect_stats["dynamic/rounds"] == 1 and o["tr"].prompts.state["P"]["cursor"] == 2
                      and b["tr"].prompts.state["P"]["cursor"] == 1),
@@ -530,7 +573,10 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"importance_sampling_level": "sequence"}, "importance_sampling_level: with updates_per_batch 1"),
              ({"kl_target": 0.1}, "kl_target: adaptive-KL settings with kl_mode fixed"),
              ({"kl_warmup_factor": 0.5}, "kl_warmup_factor: kl_warmup_steps is 0"),
-             ({"kl_coef": 0.0, "kl_estimator": "k2"}, "kl_estimator: kl_coef 0"),
+             ({"kl_coef": 0.0, "kl_estimator": "k2", "guard_kl_mean": None, "guard_kl_max": None},
+              "kl_estimator: no reference pass"),
+             ({"kl_coef": 0.0, "rollback_kl_factor": 2.0}, "rollback_kl_factor: kl_coef 0"),
+             ({"eval_data": "", "guard_eval_drop": 0.1}, "guard_eval_drop: eval_data is empty"),
              ({"anchor_batch": 4}, "anchor_batch: anchor_coef is 0"),
              ({"lora_alpha": 8.0}, "lora_alpha: lora_r is 0"),
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),

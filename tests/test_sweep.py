@@ -70,16 +70,16 @@ def test_every_swept_parameter_reaches_the_trainer_config(tmp_path, tiny_model_d
 def test_a_trial_stopped_by_a_guard_is_failed_with_its_reason_and_the_sweep_goes_on(tmp_path, tiny_model_dir, small_data):
     # a high LR with a tiny KL threshold and no recoveries: the real KL guard stops the run
     base = tiny_base(tiny_model_dir, small_data, steps=3, group_size=4, max_new_tokens=16, lr=0.05, kl_coef=0.01,
-                     kl_max_recoveries=0, save_every=100)
+                     guard_max_recoveries=0, save_every=100)
     space = write_space(tmp_path / "guard.yaml", base=base,
-                        params={"kl_divergence_threshold": {"choices": [1e-9, 1000.0]}})
+                        params={"guard_kl_mean": {"choices": [1e-9, 1000.0]}})
     out = tmp_path / "out"
     summary = run_sweep(space, out=out, seed=1, reward_fn=varied_reward, log=QUIET)
     trials = trials_of(out, "guard")
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE], \
         "sampler seed 1 puts the failing point first, so the sweep must continue after it"
     failed, ok = trials
-    assert failed.params["kl_divergence_threshold"] == 1e-9
+    assert failed.params["guard_kl_mean"] == 1e-9
     assert "KL" in failed.user_attrs["failure"] and "threshold" in failed.user_attrs["failure"]
     assert failed.user_attrs["status"] == "failed" and failed.user_attrs["base_reward"] is not None
     assert ok.user_attrs["steps"] == 3

@@ -193,10 +193,13 @@ def test_rollback_restores_weights_and_lowers_lr(tmp_path, tiny_model_dir, small
 
 def test_kl_threshold_recovers_then_stops_with_a_message(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, varied_reward, steps=20, lr=0.05, kl_coef=0.01,
-              kl_divergence_threshold=1e-6, kl_max_recoveries=1, save_every=100)
-    with pytest.raises(TrainingStopped, match="KL"):
+              guard_kl_mean=1e-6, guard_max_recoveries=1, save_every=100)
+    with pytest.raises(TrainingStopped, match="kl_mean .* after 1/1 recoveries.*guard_kl_mean"):
         tr.train()
-    assert tr.kl_guard.state_dict()["recoveries"] == 1
+    assert tr.guard.recoveries == 1
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["signal"], e["action"]) for e in events] == [("kl_mean", "recover"), ("kl_mean", "stop")]
+    assert events[0]["to_step"] == 0 and events[0]["lr_scale"] == 0.5
 
 
 def test_master_weights_stay_fp32_under_bf16(tmp_path, tiny_model_dir, small_data, scorer):

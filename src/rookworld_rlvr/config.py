@@ -29,6 +29,8 @@ REMOVED = {
     "lora_dropout": "removed: dropout is off in every GRPO forward pass (sampler, policy and reference log-probs "
                     "must agree), so 0 was its only legal value",
     "resample_zero_variance": "replaced by dynamic_sampling (DAPO: the same rounds, with oversampling and its cost logged)",
+    "kl_divergence_threshold": "renamed guard_kl_mean: one signal of the collapse guard",
+    "kl_max_recoveries": "renamed guard_max_recoveries: shared by every collapse guard signal",
 }
 
 
@@ -140,14 +142,36 @@ class TrainConfig:
     kl_coef_max: float = _f(1.0, "adaptive: upper clamp of β")
     kl_warmup_steps: int = _f(0, "steps during which β is multiplied by kl_warmup_factor")
     kl_warmup_factor: float = _f(0.0, "β multiplier during warm-up (0 = no KL penalty)")
-    kl_divergence_threshold: float | None = _f(None, "mean KL above this triggers recovery (rollback + lower LR), then a stop")
-    kl_max_recoveries: int = _f(2, "recoveries before a KL stop")
     ref_refresh_every: int = _f(0, "copy the policy into the reference every K steps (0 = never)")
     ref_mix_alpha: float = _f(0.0, "with ref_refresh_every: ref = α·policy + (1-α)·ref (0 = plain copy)")
     # -- stability guards ----------------------------------------------------------------------
     nan_max_consecutive: int = _f(3, "non-finite steps in a row before a rollback")
     nan_max_rollbacks: int = _f(2, "rollbacks before the run stops")
-    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite or KL recovery)")
+    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite, or a collapse guard's recovery)")
+    rollback_kl_factor: float = _f(1.0, "β multiplier after each collapse guard recovery (1 = unchanged; β 0 stays 0)")
+    guard_valid_drop: float | None = _f(0.3, "collapse guard: a task's sampled well-formed share (valid/P, valid/A) more "
+                                             "than this below its recent median (null = off)")
+    guard_reward_drop: float | None = _f(0.2, "collapse guard: a task's training reward (reward/P, reward/A) more than "
+                                              "this below its recent median (null = off)")
+    guard_kl_mean: float | None = _f(1.0, "collapse guard: mean per-token KL to the reference above this (null = off; "
+                                          "with kl_coef 0 the reference pass runs for it unless both KL bounds are null)")
+    guard_kl_max: float | None = _f(5.0, "collapse guard: the largest per-completion mean KL (kl_seq_max) above this "
+                                         "(null = off)")
+    guard_entropy_factor: float | None = _f(2.0, "collapse guard: policy entropy more than this factor above or below "
+                                                 "its recent median (null = off)")
+    guard_truncation_rise: float | None = _f(0.3, "collapse guard: the share of completions cut at the length limit "
+                                                  "more than this above its recent median (null = off)")
+    guard_eval_drop: float | None = _f(0.05, "collapse guard: a held-out evaluation more than this below the best so "
+                                             "far (rolls back to the best one; with eval_every 0 only the final "
+                                             "evaluation is checked; null = off)")
+    guard_window: int = _f(10, "steps of accepted history whose median the relative collapse signals compare with "
+                               "(they start after 3)")
+    guard_patience: int = _f(2, "steps in a row a signal must be out of bounds before the guard acts")
+    guard_max_recoveries: int = _f(2, "collapse recoveries (roll back to the last good state before the signal went "
+                                      "out of bounds, LR x rollback_lr_factor) before the run stops with the cause")
+    guard_snapshot_every: int = _f(5, "keep the training state in memory every N steps as a rollback target (between "
+                                      "checkpoints; about 3 x the trainable weights' size each, at most "
+                                      "guard_patience / N + 2 kept)")
     dynamic_sampling: int = _f(0, "DAPO dynamic sampling: at most this many rounds of replacing groups whose rewards "
                                   "are all equal with groups of fresh prompts, until every group differs (0 = off); "
                                   "its cost is logged (dynamic/extra_per_kept: extra completions per kept group)")
@@ -267,14 +291,22 @@ class TrainConfig:
         need(0 <= self.kl_coef_min <= self.kl_coef_max, "kl_coef_min", "must be in [0, kl_coef_max]")
         need(self.kl_warmup_steps >= 0, "kl_warmup_steps", "must be >= 0")
         need(self.kl_warmup_factor >= 0, "kl_warmup_factor", "must be >= 0")
-        need(self.kl_divergence_threshold is None or self.kl_divergence_threshold > 0, "kl_divergence_threshold", "must be > 0 or null")
-        need(self.kl_max_recoveries >= 0, "kl_max_recoveries", "must be >= 0")
         need(self.ref_refresh_every >= 0, "ref_refresh_every", "must be >= 0")
         need(0 <= self.ref_mix_alpha <= 1, "ref_mix_alpha", "must be in [0, 1]")
         need(self.ref_mix_alpha == 0 or self.ref_refresh_every > 0, "ref_mix_alpha", "needs ref_refresh_every > 0")
         need(self.nan_max_consecutive >= 1, "nan_max_consecutive", "must be >= 1")
         need(self.nan_max_rollbacks >= 0, "nan_max_rollbacks", "must be >= 0")
         need(0 < self.rollback_lr_factor <= 1, "rollback_lr_factor", "must be in (0, 1]")
+        need(self.rollback_kl_factor >= 1 and math.isfinite(self.rollback_kl_factor), "rollback_kl_factor", "must be >= 1")
+        for name in ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_truncation_rise",
+                     "guard_eval_drop"):
+            need(getattr(self, name) is None or getattr(self, name) > 0, name, "must be > 0 or null")
+        need(self.guard_entropy_factor is None or self.guard_entropy_factor > 1, "guard_entropy_factor",
+             "must be > 1 or null")
+        need(self.guard_window >= 3, "guard_window", "must be >= 3")
+        need(self.guard_patience >= 1, "guard_patience", "must be >= 1")
+        need(self.guard_max_recoveries >= 0, "guard_max_recoveries", "must be >= 0")
+        need(self.guard_snapshot_every >= 1, "guard_snapshot_every", "must be >= 1")
         need(self.dynamic_sampling >= 0, "dynamic_sampling", "must be >= 0")
         need(self.dynamic_sampling_oversample >= 1, "dynamic_sampling_oversample", "must be >= 1")
         need(self.layout in ("compact", "padded"), "layout", "must be compact or padded")
@@ -312,6 +344,11 @@ class TrainConfig:
         except ValueError as e:
             raise ValueError(f"config field 'curriculum': {e}") from None
 
+    @property
+    def uses_reference(self) -> bool:
+        """The reference pass runs for the KL penalty, or for the collapse guard's KL signals."""
+        return self.kl_coef > 0 or self.guard_kl_mean is not None or self.guard_kl_max is not None
+
     def sampled_tasks(self) -> set[str]:
         """Tasks that get prompts at some step (the mix at step 0 and at every phase start)."""
         out = set()
@@ -333,8 +370,11 @@ class TrainConfig:
             (("kl_target", "kl_horizon", "kl_coef_min", "kl_coef_max"), self.kl_mode == "fixed",
              "adaptive-KL settings with kl_mode fixed"),
             (("kl_warmup_factor",), self.kl_warmup_steps == 0, "kl_warmup_steps is 0"),
-            (("kl_estimator", "kl_clamp", "kl_mode", "kl_warmup_steps", "ref_device", "ref_refresh_every",
-              "ref_mix_alpha"), self.kl_coef == 0, "kl_coef 0: no KL penalty and no reference pass"),
+            (("kl_mode", "kl_warmup_steps", "ref_refresh_every", "ref_mix_alpha", "rollback_kl_factor"),
+             self.kl_coef == 0, "kl_coef 0: no KL penalty"),
+            (("kl_estimator", "kl_clamp", "ref_device"), not self.uses_reference,
+             "no reference pass (kl_coef 0 and no KL guard)"),
+            (("guard_eval_drop",), not self.eval_data, "eval_data is empty (no evaluation)"),
             (("anchor_tasks", "anchor_batch"), self.anchor_coef == 0, "anchor_coef is 0"),
             (("lora_alpha", "lora_targets"), self.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
             (("reward_norm_momentum",), not self.reward_norm, "reward_norm is off"),

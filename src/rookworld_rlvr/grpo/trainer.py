@@ -27,7 +27,7 @@ from rookworld_rlvr import __version__
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
-from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
+from rookworld_rlvr.grpo.control import (CollapseGuard, CurriculumSchedule, GuardEvent, KLController, NonFiniteGuard,
                                          RewardNormalizer, SymptomMonitor, adamw, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import bf16_grad, generate, gpt2_segments, load_policy, resolve_device, token_logprobs
@@ -305,7 +305,7 @@ class Trainer:
         self.policy, self.tokenizer = load_policy(source, device=str(self.device), verbose=False)
         self.policy.eval()  # dropout off in every forward pass, training included
         self.policy.requires_grad_(True)
-        self.use_ref = cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None
+        self.use_ref = cfg.uses_reference  # the KL penalty, or the collapse guard's KL signals
         self.ref = None
         self._sampler = None
         if cfg.lora_r:  # the reference is this model with its adapters disabled: no second copy
@@ -333,8 +333,13 @@ class Trainer:
         self.opt = adamw(trainable, cfg.lr, (0.9, 0.99), cfg.weight_decay)
         self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_mode, cfg.kl_target, cfg.kl_horizon, cfg.kl_coef_min,
                                    max(cfg.kl_coef_max, cfg.kl_coef_min), cfg.kl_warmup_steps, cfg.kl_warmup_factor)
-        self.kl_guard = KLThresholdGuard(cfg.kl_divergence_threshold, cfg.kl_max_recoveries)
+        self.guard = CollapseGuard(cfg.guard_valid_drop, cfg.guard_reward_drop, cfg.guard_kl_mean, cfg.guard_kl_max,
+                                   cfg.guard_entropy_factor, cfg.guard_truncation_rise, cfg.guard_eval_drop,
+                                   cfg.guard_window, cfg.guard_patience, cfg.guard_max_recoveries)
         self.nan_guard = NonFiniteGuard(cfg.nan_max_consecutive, cfg.nan_max_rollbacks, cfg.rollback_lr_factor)
+        self.snapshots: dict[int, dict] = {}  # in-memory rollback targets since the last checkpoint (see snapshot)
+        self.beta_scale = 1.0  # rollback_kl_factor ** recoveries
+        self.phase_key: str | None = None  # sampling settings and reward weights in force (guard histories reset)
         self.normalizer = RewardNormalizer(cfg.reward_norm_momentum, cfg.reward_norm)
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
@@ -344,6 +349,7 @@ class Trainer:
         self.anchor = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
+        self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)
         self.collect_stats: dict[str, float] = {}
         self.lr_scale = 1.0
         self.base_eval: dict | None = None
@@ -382,7 +388,8 @@ class Trainer:
     def _state(self) -> dict:
         st = {
             "step": self.step, "optimizer": self.opt.state_dict(), "lr_scale": self.lr_scale,
-            "kl_ctl": self.kl_ctl.state_dict(), "kl_guard": self.kl_guard.state_dict(),
+            "kl_ctl": self.kl_ctl.state_dict(), "guard": self.guard.state_dict(), "beta_scale": self.beta_scale,
+            "phase_key": self.phase_key,
             "nan_guard": self.nan_guard.state_dict(), "normalizer": self.normalizer.state_dict(),
             "monitor": self.monitor.state_dict(), "prompts": copy.deepcopy(self.prompts.state),
             "anchor": copy.deepcopy(self.anchor.state) if self.anchor else None,
@@ -403,6 +410,9 @@ class Trainer:
                 raise ValueError("this checkpoint has no LoRA adapters (saved with lora_r 0): resume it with lora_r 0")
             with torch.no_grad():
                 _peft().set_peft_model_state_dict(self.policy, st["lora"])  # copies in place: the optimizer keeps its params
+        elif "weights" in st:  # an in-memory snapshot
+            with torch.no_grad():
+                self.policy.load_state_dict(st["weights"])  # copies in place: the optimizer keeps its params
         elif weights_from is not None:
             loaded, _ = load_policy(str(weights_from), device=str(self.device), verbose=False)
             with torch.no_grad():
@@ -417,7 +427,8 @@ class Trainer:
         self.opt.load_state_dict(st["optimizer"])
         self.lr_scale = st["lr_scale"]
         self.kl_ctl.load_state_dict(st["kl_ctl"])
-        self.kl_guard.load_state_dict(st["kl_guard"])
+        self.guard.load_state_dict(st["guard"])
+        self.beta_scale, self.phase_key = st["beta_scale"], st["phase_key"]
         self.nan_guard.load_state_dict(st["nan_guard"])
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
@@ -459,7 +470,8 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint; collective under torchrun: rank 0 writes (with every rank's sampling stream),
-        the others wait until it is complete, so a rollback or resume finds it."""
+        the others wait until it is complete, so a rollback or resume finds it. In-memory snapshots
+        older than it are dropped: a run resumed from it has none, and both must roll back alike."""
         gens = dist.all_gather_object(self.gen.get_state())
         path = ckpt.checkpoint_dir(self.run_dir, self.step)
         if self.main:
@@ -467,23 +479,78 @@ class Trainer:
                                         {**self._state(), "generators": gens})
             keep = {self.best[1]} if self.best else set()
             ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s >= self.step}
         dist.barrier()
         return path
 
-    def rollback(self, reason: str) -> None:
-        """Restore the last good checkpoint (weights, optimizer, controllers) with a lower LR."""
+    def snapshot(self) -> None:
+        """Keep the state at this step in memory (every guard_snapshot_every steps): a rollback
+        target between checkpoints, restored without touching the disk. Only the newest snapshot
+        old enough for any future recovery (guard_patience + 1 steps back) and newer ones are kept."""
+        if self.step % self.cfg.guard_snapshot_every or self.step in self.snapshots:
+            return
+        state = copy.deepcopy(self._state())  # tensors cloned: later steps must not write into it
+        state["generator"] = self.gen.get_state()  # this rank's own sampling stream
+        if not self.cfg.lora_r:
+            state["weights"] = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+        self.snapshots[self.step] = state
+        old = [s for s in self.snapshots if s <= self.step - self.cfg.guard_patience]
+        if old:
+            self.snapshots = {s: v for s, v in self.snapshots.items() if s >= max(old)}
+
+    def rollback(self, reason: str, to_step: int | None = None, kl_factor: float = 1.0) -> int:
+        """Restore the newest good state at or before `to_step` (default: now), from memory or a
+        checkpoint: weights, optimizer, controllers, data and sampling streams; the guards keep their
+        counts. LR x rollback_lr_factor and beta x `kl_factor` from then on. Returns the step."""
         dist.barrier()  # every rank decided the same; no checkpoint is half-written while they read it
-        path = ckpt.latest_checkpoint(self.run_dir)
-        if path is None:
-            raise TrainingStopped(f"{reason}; no checkpoint to roll back to")
-        guards = (self.nan_guard.state_dict(), self.kl_guard.state_dict())
-        lr_scale = self.lr_scale * self.cfg.rollback_lr_factor
-        self._load_state(ckpt.load_state(path), weights_from=path)
-        self.nan_guard.load_state_dict(guards[0])  # the guards remember how often they fired
-        self.kl_guard.load_state_dict(guards[1])
-        self.lr_scale = lr_scale
+        to_step = self.step if to_step is None else to_step
+        disk = {s: p for s, p in ckpt.list_checkpoints(self.run_dir) if s <= to_step}
+        memory = [s for s in self.snapshots if s <= to_step]
+        if not disk and not memory:
+            raise TrainingStopped(f"{reason}; no saved state at or before step {to_step} to roll back to")
+        target = max(memory + list(disk))
+        nan_state, recoveries = self.nan_guard.state_dict(), self.guard.recoveries
+        lr_scale, beta_scale = self.lr_scale * self.cfg.rollback_lr_factor, self.beta_scale * kl_factor
+        now = self.step
+        if target in memory:
+            self._load_state(copy.deepcopy(self.snapshots[target]))
+            where = f"step_{target:06d} (in memory)"
+        else:
+            self._load_state(ckpt.load_state(disk[target]), weights_from=disk[target])
+            where = disk[target].name
+        self.nan_guard.load_state_dict(nan_state)  # the guards remember how often they fired
+        self.guard.recoveries = recoveries
+        self.lr_scale, self.beta_scale = lr_scale, beta_scale
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s <= target}
         self._truncate_logs()
-        self.log(f"step {self.step}: {reason}: rolled back to {path.name}, LR x{self.lr_scale:.3g}")
+        self.log(f"step {now}: {reason}: rolled back to {where}, LR x{self.lr_scale:.3g}"
+                 + (f", beta x{self.beta_scale:.3g}" if self.beta_scale != 1 else ""))
+        return target
+
+    def _event(self, event: GuardEvent, **more) -> None:
+        """Every guard event goes to events.jsonl (never truncated), the log and the summary."""
+        self.events.append({**event.record(), **more})
+        if self.main:
+            _append(self.run_dir / "events.jsonl", {**event.record(), **more})
+        self.log(event.message)
+
+    def _act(self, event: GuardEvent) -> None:
+        """Recover from a collapse event (or stop with its message). A step's samples come from the
+        weights before it, so the first bad record r0 shows the state after r0 - 1 updates: the last
+        good state is at step r0 - 2 or before (an evaluation event: the best evaluation's step)."""
+        if event.action == "stop":
+            self._event(event)
+            raise TrainingStopped(event.message)
+        to = self.best[1] if event.signal == "eval" and self.best else max(event.first_step - 2, 0)
+        target = self.rollback(f"{event.signal} out of bounds", to, self.cfg.rollback_kl_factor)
+        self._event(event, to_step=target, lr_scale=self.lr_scale, beta_scale=self.beta_scale)
+
+    def _phase(self, step: int) -> str:
+        """What the run samples and rewards at `step`: a change restarts the guard's medians."""
+        return json.dumps([self.cfg.sampling_for(t, step) for t in ("P", "A")]
+                          + [self.curriculum.weights(t, step, w) for t, w in (("P", self.cfg.policy_weights),
+                                                                              ("A", self.cfg.env_weights))],
+                          sort_keys=True)
 
     # -- rollout ---------------------------------------------------------------------------------
     def collect(self, step: int, timings: dict) -> list[list[Row]]:
@@ -686,7 +753,7 @@ class Trainer:
 
     def update(self, batch: Batch, step: int, timings: dict) -> dict:
         cfg = self.cfg
-        beta = self.kl_ctl.value(step)
+        beta = self.kl_ctl.value(step) * self.beta_scale
         exact = cfg.kl_estimator == "exact"
         slices = self._task_slices(batch)
         t0 = time.time()
@@ -817,9 +884,15 @@ class Trainer:
         return "\n".join(lines)
 
     def train_step(self) -> dict | None:
-        """One GRPO step: collect, score, update, controllers. Returns the step's metrics record,
-        or None when a guard rolled back to the last checkpoint (the caller just continues)."""
+        """One GRPO step: collect, score, update, controllers, guards. Returns the step's metrics
+        record, or None when a guard rolled back (the caller just continues from the restored step)."""
         cfg = self.cfg
+        self.snapshot()
+        phase = self._phase(self.step)
+        if phase != self.phase_key:
+            if self.phase_key is not None:
+                self.guard.reset_history()
+            self.phase_key = phase
         step = self.step
         t_step = time.time()
         timings: dict[str, float] = {}
@@ -827,22 +900,29 @@ class Trainer:
         m = self.update(batch, step, timings)
         status = m.pop("guard")
         if status == "stop":
+            self._event(GuardEvent("stop", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
+                                   self.nan_guard.rollbacks, self.nan_guard.message))
             raise TrainingStopped(self.nan_guard.message)
         if status == "rollback":
-            self.rollback("non-finite loss or gradient")
-            return None
-        kl_status = self.kl_guard.check(m.get("kl_mean", 0.0)) if self.use_ref else "ok"
-        if kl_status == "stop":
-            raise TrainingStopped(self.kl_guard.message)
-        if kl_status == "recover":
-            self.rollback(f"mean KL {m.get('kl_mean', 0):.4f} above threshold {cfg.kl_divergence_threshold}")
+            target = self.rollback("non-finite loss or gradient")
+            self._event(GuardEvent("recover", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
+                                   self.nan_guard.rollbacks, f"non-finite loss or gradient at step {step + 1}: "
+                                   f"rollback {self.nan_guard.rollbacks}/{self.nan_guard.max_rollbacks}"),
+                        to_step=target, lr_scale=self.lr_scale, beta_scale=self.beta_scale)
             return None
         if self.use_ref:
             self.kl_ctl.update(m.get("kl_mean", 0.0))
         self.step += 1
         if cfg.ref_refresh_every and self.ref is not None and self.step % cfg.ref_refresh_every == 0:
             self._refresh_reference()
-        return self._record(step, batch, m, timings, time.time() - t_step)
+        record = self._record(step, batch, m, timings, time.time() - t_step)
+        if "nonfinite" not in record:  # a skipped step says nothing about collapse
+            event = self.guard.observe(record["step"], record)
+            if event is not None:
+                self._act(event)
+                return None
+        record["guard/recoveries"] = self.guard.recoveries
+        return record
 
     def train(self, writer=None) -> dict:
         cfg = self.cfg
@@ -864,9 +944,9 @@ class Trainer:
                    dynamic_ncols=True)
         while self.step < cfg.steps:
             record = self.train_step()
-            if record is None:  # rolled back: the steps since the checkpoint are redone
+            if record is None:  # a guard rolled back: the steps since the restored state are redone
                 bar.n = self.step
-                bar.refresh()
+                bar.set_postfix(recovered=self.guard.recoveries, lr_scale=f"{self.lr_scale:.3g}")
                 continue
             for w in self.monitor.observe(record["step"] - 1, record):  # the same record on every rank
                 if self.main:
@@ -877,22 +957,33 @@ class Trainer:
                     writer(record)
             bar.update()
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
-                            s=f"{record['time/step']:.1f}")
+                            s=f"{record['time/step']:.1f}", **({"recovered": self.guard.recoveries}
+                                                              if self.guard.recoveries else {}))
             last = self.step >= cfg.steps
+            new_best = False
             if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
                 res = self.evaluate()
                 if res:
+                    score = _eval_score(res)
+                    event = self.guard.observe_eval(self.step, score, self.best[0]) if self.best else None
+                    if event is not None:  # back to the best evaluation's state (saved when it was the best)
+                        self._act(event)
+                        bar.n = self.step
+                        bar.refresh()
+                        continue
                     self.history_eval.append(res)
                     if self.main:
                         _append(self.run_dir / "eval.jsonl", res)
-                    score = _eval_score(res)
                     if self.best is None or score > self.best[0]:
-                        self.best = (score, self.step)
-            if self.step % cfg.save_every == 0 or last:
+                        self.best, new_best = (score, self.step), True
+            if self.step % cfg.save_every == 0 or last or (new_best and cfg.guard_eval_drop is not None):
                 self.save()
         bar.close()
+        events = self.run_dir / "events.jsonl"
         summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
-                   "best_step": self.best[1] if self.best else None, "steps": self.step}
+                   "best_step": self.best[1] if self.best else None, "steps": self.step,
+                   "guard": {"recoveries": self.guard.recoveries, "nan_rollbacks": self.nan_guard.rollbacks,
+                             "events": len(events.read_text().splitlines()) if self.main and events.exists() else 0}}
         if self.main:
             from rookworld_rlvr.data.io import atomic_write_text
             from rookworld_rlvr.model import save_pretrained_atomic
