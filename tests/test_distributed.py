@@ -82,7 +82,23 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     resampler.collect(0, {})
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
-            **_nan_on_rank_1(model_dir, data_dir, out)}
+            **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out)}
+
+
+def _guarded(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """A KL bound every update crosses: both ranks recover once, at the same step, to the same state,
+    then stop with the same message."""
+    from rookworld_rlvr.grpo.trainer import TrainingStopped
+
+    tr = _make(out / "guarded", model_dir, data_dir, steps=4, guard_kl_mean=1e-9, guard_patience=1,
+               guard_max_recoveries=1, guard_snapshot_every=1)
+    try:
+        tr.train()
+        stopped = None
+    except TrainingStopped as e:
+        stopped = str(e)
+    return {"guard_stop": stopped, "guard_step": tr.step, "guard_recoveries": tr.guard.recoveries,
+            "guard_lr_scale": tr.lr_scale, "guard_weights": _weights(tr)}
 
 
 def _nan_on_rank_1(model_dir: Path, data_dir: Path, out: Path) -> dict:
@@ -182,6 +198,17 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(two_ranks):
     _, ranks = two_ranks
     for r in ranks:
         assert r["nan_guard"] == "skip" and math.isnan(r["nan_loss"]) and not r["nan_moved"]
+
+
+def test_the_collapse_guard_decides_the_same_on_every_rank(two_ranks):
+    out, (r0, r1) = two_ranks
+    assert r0["guard_stop"] and r0["guard_stop"] == r1["guard_stop"] and "kl_mean" in r0["guard_stop"]
+    for k in ("guard_step", "guard_recoveries", "guard_lr_scale"):
+        assert r0[k] == r1[k], k
+    assert r0["guard_recoveries"] == 1 and r0["guard_lr_scale"] == 0.5
+    assert all(torch.equal(r0["guard_weights"][k], r1["guard_weights"][k]) for k in r0["guard_weights"])
+    events = [json.loads(x) for x in (out / "guarded" / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events] == ["recover", "stop"]  # written once, by rank 0
 
 
 def test_batch_that_cannot_be_split_over_ranks_is_a_clear_error(two_ranks):

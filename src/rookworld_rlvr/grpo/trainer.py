@@ -875,7 +875,8 @@ class Trainer:
         lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""
         lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
                  f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}{lora}"
-                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if not self.use_ref else 'on ' + str(self.ref_device)}"
+                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0, no KL guard)' if not self.use_ref else 'on ' + str(self.ref_device)}"
+                 f"{' (beta 0: for the KL guard only)' if self.use_ref and self.cfg.kl_coef == 0 else ''}"
                  f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
                  f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}; "
                  f"forward projections {self.record_note}",
