@@ -486,7 +486,8 @@ class Trainer:
     def snapshot(self) -> None:
         """Keep the state at this step in memory (every guard_snapshot_every steps): a rollback
         target between checkpoints, restored without touching the disk. Only the newest snapshot
-        old enough for any future recovery (guard_patience + 1 steps back) and newer ones are kept."""
+        old enough for any future recovery (a collapse guard's goes back guard_patience + 1 steps
+        before the record that acts, the NaN guard's nan_max_consecutive) and newer ones are kept."""
         if self.step % self.cfg.guard_snapshot_every or self.step in self.snapshots:
             return
         state = copy.deepcopy(self._state())  # tensors cloned: later steps must not write into it
@@ -494,7 +495,8 @@ class Trainer:
         if not self.cfg.lora_r:
             state["weights"] = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
         self.snapshots[self.step] = state
-        old = [s for s in self.snapshots if s <= self.step - self.cfg.guard_patience]
+        reach = max(self.cfg.guard_patience, self.cfg.nan_max_consecutive)
+        old = [s for s in self.snapshots if s <= self.step - reach]
         if old:
             self.snapshots = {s: v for s, v in self.snapshots.items() if s >= max(old)}
 
@@ -904,8 +906,8 @@ class Trainer:
             self._event(GuardEvent("stop", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
                                    self.nan_guard.rollbacks, self.nan_guard.message))
             raise TrainingStopped(self.nan_guard.message)
-        if status == "rollback":
-            target = self.rollback("non-finite loss or gradient")
+        if status == "rollback":  # skipped steps left the weights alone: go back to before the streak's first step
+            target = self.rollback("non-finite loss or gradient", max(step + 1 - cfg.nan_max_consecutive - 1, 0))
             self._event(GuardEvent("recover", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
                                    self.nan_guard.rollbacks, f"non-finite loss or gradient at step {step + 1}: "
                                    f"rollback {self.nan_guard.rollbacks}/{self.nan_guard.max_rollbacks}"),
