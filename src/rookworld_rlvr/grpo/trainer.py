@@ -427,8 +427,9 @@ class Trainer:
         self.opt.load_state_dict(st["optimizer"])
         self.lr_scale = st["lr_scale"]
         self.kl_ctl.load_state_dict(st["kl_ctl"])
-        self.guard.load_state_dict(st["guard"])
-        self.beta_scale, self.phase_key = st["beta_scale"], st["phase_key"]
+        if "guard" in st:  # checkpoints written before the collapse guard start it afresh
+            self.guard.load_state_dict(st["guard"])
+        self.beta_scale, self.phase_key = st.get("beta_scale", 1.0), st.get("phase_key")
         self.nan_guard.load_state_dict(st["nan_guard"])
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
