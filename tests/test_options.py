@@ -592,9 +592,13 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
     assert not load_config(None, {"clip_range": 0.1, "updates_per_batch": 2}).inert_settings()
     assert not load_config(None, {"mix_env_ratio": 0.0, "phases": [{"start": 1, "mix_env_ratio": 0.5}],
                                   "task_sampling": {"A": {"temperature": 0.7}}, "steps": 3}).inert_settings()
-    for preset in sorted((REPO / "configs").glob("*.yaml")):  # the shipped presets set nothing idle
+    bounds = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_entropy_factor",
+              "guard_truncation_rise", "guard_eval_drop")
+    for preset in sorted((REPO / "configs").glob("*.yaml")):  # the shipped presets set nothing idle ...
         given = yaml.safe_load(preset.read_text())
-        assert load_config(str(preset)).inert_settings(given) == [], preset.name
+        cfg = load_config(str(preset))
+        assert cfg.inert_settings(given) == [], preset.name
+        assert all(getattr(cfg, b) is not None for b in bounds) and cfg.guard_max_recoveries > 0, preset.name  # ... and guard
     logs: list[str] = []
     cfg = env.config({"clip_range": 0.1})
     Trainer(cfg, varied_reward, read_samples(cfg.data), None, log=logs.append)

@@ -2,7 +2,7 @@
 
     prompts -> G completions each -> verified rewards -> advantages
     -> μ passes (minibatches, gradient accumulation) -> optimizer step
-    -> controllers (β, KL threshold, non-finite guard) -> metrics, eval, checkpoint
+    -> controllers (β, non-finite guard, collapse guard: roll back or stop) -> metrics, eval, checkpoint
 
 The trainer receives a reward function (`reward_fn(prompts, completions, truths, weights)`),
 not the chess modules; `build_trainer` wires in the chess rewards.
