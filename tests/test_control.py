@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rookworld_rlvr.grpo.control import (
+    CollapseGuard,
     CurriculumSchedule,
     KLController,
-    KLThresholdGuard,
     NonFiniteGuard,
     RewardNormalizer,
     SymptomMonitor,
@@ -76,26 +76,92 @@ def test_kl_controller_state_round_trip():
 # ----------------------------------------------------------------------------- guards
 
 
-def test_kl_threshold_guard_recovers_then_stops():
-    guard = KLThresholdGuard(threshold=1.0, max_recoveries=2)
-    assert guard.check(0.5) == "ok"
-    assert guard.check(1.5) == "recover"
-    assert guard.check(0.2) == "ok"
-    assert guard.check(2.0) == "recover"
-    assert guard.check(3.0) == "stop"
-    msg = guard.message
-    assert "3" in msg and "threshold 1.0" in msg
-    for knob in ("learning rate", "beta", "clip"):
-        assert knob in msg
-    assert KLThresholdGuard(None).check(1e9) == "ok"
+HEALTHY = {"valid/P": 1.0, "valid/A": 0.9, "reward/P": 0.55, "reward/A": 0.8, "kl_mean": 0.02, "kl_seq_max": 0.3,
+           "entropy": 0.5, "truncation_rate": 0.0, "reward/mean": 0.6}
 
 
-def test_kl_threshold_guard_state_round_trip():
-    a = KLThresholdGuard(threshold=1.0, max_recoveries=1)
-    assert a.check(2.0) == "recover"
-    b = KLThresholdGuard(threshold=1.0, max_recoveries=1)
-    b.load_state_dict(a.state_dict())
-    assert b.check(2.0) == "stop"
+def _feed(guard, records, start=1):
+    """Records at steps start, start + 1, ...; returns (step, event) of every event."""
+    out = []
+    for i, rec in enumerate(records):
+        ev = guard.observe(start + i, rec)
+        if ev is not None:
+            out.append((start + i, ev))
+    return out
+
+
+@pytest.mark.parametrize("signal,bad,bound", [
+    ("valid/P", 0.6, 1.0 - 0.3), ("valid/A", 0.55, 0.9 - 0.3), ("reward/P", 0.3, 0.55 - 0.2),
+    ("reward/A", 0.5, 0.8 - 0.2), ("kl_mean", 1.5, 1.0), ("kl_seq_max", 6.0, 5.0), ("entropy", 1.2, 0.5 * 2.0),
+    ("entropy", 0.2, 0.5 / 2.0), ("truncation_rate", 0.5, 0.0 + 0.3),
+])
+def test_collapse_guard_fires_on_each_signal_after_patience(signal, bad, bound):
+    guard = CollapseGuard(patience=2, max_recoveries=1)
+    assert _feed(guard, [HEALTHY] * 5) == []
+    fired = _feed(guard, [{**HEALTHY, signal: bad}] * 3, start=6)
+    step, ev = fired[0]
+    assert step == 7 and ev.first_step == 6 and ev.signal == signal and ev.action == "recover"  # the 2nd bad step
+    assert ev.value == pytest.approx(bad) and ev.bound == pytest.approx(bound)
+    assert ev.reference == (None if signal.startswith("kl") else pytest.approx(HEALTHY[signal]))
+    assert signal in ev.message and "recovery 1/1" in ev.message
+    again = CollapseGuard(patience=2, max_recoveries=0)  # no recoveries left: stop, naming the knob
+    _feed(again, [HEALTHY] * 5)
+    (_, stop), = _feed(again, [{**HEALTHY, signal: bad}] * 2, start=6)
+    knob = {"valid": "guard_valid_drop", "reward": "guard_reward_drop", "kl_mean": "guard_kl_mean",
+            "kl_seq_max": "guard_kl_max", "entropy": "guard_entropy_factor", "truncation_rate": "guard_truncation_rise"}
+    assert stop.action == "stop" and knob[signal.split("/")[0]] in stop.message and "lower lr" in stop.message
+
+
+def test_collapse_guard_needs_history_keeps_bad_values_out_and_resets_on_a_good_one():
+    guard = CollapseGuard(patience=2)
+    # relative signals wait for 3 accepted values; the absolute KL bound does not
+    assert _feed(guard, [{**HEALTHY, "valid/P": 0.0}] * 2) == []
+    assert _feed(CollapseGuard(patience=2), [{**HEALTHY, "kl_mean": 2.0}] * 2)[0][0] == 2
+    guard = CollapseGuard(patience=3)
+    _feed(guard, [HEALTHY] * 4)
+    assert _feed(guard, [{**HEALTHY, "reward/P": 0.1}] * 2 + [HEALTHY] + [{**HEALTHY, "reward/P": 0.1}] * 2, 5) == []
+    assert list(guard.history["reward/P"]) == [0.55] * 5  # the four bad values never entered the median
+    assert guard.streaks == {"reward/P": [8, 2]}
+    # a slow drift moves the median along and never fires; reward/mean (task mix) is not a signal
+    slow = CollapseGuard(patience=1)
+    assert _feed(slow, [{**HEALTHY, "reward/P": 0.55 - 0.03 * i, "reward/mean": -5.0 * i} for i in range(15)]) == []
+
+
+def test_collapse_guard_names_the_earliest_streak_and_off_signals_never_fire():
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [HEALTHY] * 4)
+    fired = _feed(guard, [{**HEALTHY, "entropy": 5.0}, {**HEALTHY, "entropy": 5.0, "valid/P": 0.1},
+                          {**HEALTHY, "entropy": 5.0, "valid/P": 0.1}], start=5)
+    assert [(s, e.signal, e.first_step, e.also) for s, e in fired] == [(6, "entropy", 5, ["valid/P"])]
+    assert "also out of bounds: valid/P" in fired[0][1].message
+    off = CollapseGuard(valid_drop=None, reward_drop=None, kl_mean=None, kl_max=None, entropy_factor=None,
+                        truncation_rise=None, eval_drop=None, patience=1)
+    crazy = {"valid/P": 0.0, "reward/P": -1.0, "kl_mean": 99.0, "kl_seq_max": 99.0, "entropy": 99.0, "truncation_rate": 1.0}
+    assert _feed(off, [HEALTHY] * 5 + [crazy] * 5) == [] and off.observe_eval(10, 0.0, 1.0) is None
+    with pytest.raises(ValueError):
+        CollapseGuard(entropy_factor=1.0)
+
+
+def test_collapse_guard_evaluation_against_the_best_and_recoveries_then_stop():
+    guard = CollapseGuard(eval_drop=0.05, max_recoveries=1)
+    assert guard.observe_eval(10, 0.56, best=0.60) is None  # within 0.05 of the best
+    ev = guard.observe_eval(20, 0.54, best=0.60)
+    assert (ev.action, ev.signal, ev.reference, ev.bound) == ("recover", "eval", 0.60, pytest.approx(0.55))
+    assert "the best so far 0.6" in ev.message
+    stop = guard.observe_eval(30, 0.50, best=0.60)
+    assert stop.action == "stop" and "guard_eval_drop" in stop.message and "1/1 recoveries" in stop.message
+
+
+def test_collapse_guard_phase_reset_and_state_round_trip():
+    a = CollapseGuard(patience=2)
+    _feed(a, [HEALTHY] * 4 + [{**HEALTHY, "valid/P": 0.2}])
+    b = CollapseGuard(patience=2)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    rest = [{**HEALTHY, "valid/P": 0.2}, HEALTHY, {**HEALTHY, "kl_mean": 3.0}, {**HEALTHY, "kl_mean": 3.0}]
+    ea, eb = _feed(a, rest, 6), _feed(b, rest, 6)
+    assert [(s, e.record()) for s, e in ea] == [(s, e.record()) for s, e in eb] and len(ea) == 2
+    a.reset_history()
+    assert a.history == {} and a.streaks == {} and a.recoveries == 2  # the counts survive a phase change
 
 
 def test_non_finite_guard_skip_rollback_stop_sequence():
@@ -257,7 +323,7 @@ def test_symptom_monitor_messages_name_knobs():
     (msg,) = mon.observe(3, {"clip_frac": 0.9})
     assert msg.startswith("step 3 [clip_fraction]") and "learning rate" in msg
     (msg,) = mon.observe(4, {"truncation_rate": 0.9})
-    assert "max_completion_length" in msg
+    assert "max_new_tokens" in msg and "truncated_completions" in msg
 
 
 def test_symptom_monitor_rate_limits_and_resumes():

@@ -23,10 +23,11 @@ WORLD = 2
 # small but complete: 2 P: and 2 A: prompts x 4 completions per step, so each rank gets one group per task
 SMALL = dict(batch_positions=4, mix_env_ratio=0.5, group_size=4, max_new_tokens=16, steps=2)
 # the one-update equality is checked for these settings (the default loss, and the ones whose
-# normalisers span the whole batch: dapo's token count, dr_grpo's width, batch scaling, EMA norm;
+# normalisers span the whole batch: dapo's token count, dr_grpo's budget, batch scaling, EMA norm;
 # and the anchor loss, whose token mean spans every rank's ground-truth answers)
 VARIANTS = [dict(), dict(loss_type="dapo", updates_per_batch=2),
-            dict(loss_type="dr_grpo", scale_rewards="batch", reward_norm=True), dict(anchor_coef=1.0, anchor_batch=4)]
+            dict(loss_type="dr_grpo", scale_rewards="batch"), dict(scale_rewards="none", reward_norm=True),
+            dict(anchor_coef=1.0, anchor_batch=4)]
 
 
 def _make(run: Path, model_dir: Path, data_dir: Path, **over):
@@ -43,7 +44,7 @@ def _plain_sgd(tr):
 
 
 def _flat_on_p(prompts, completions, truths, weights):
-    """Every P: group is flat (so zero-variance resampling always has work), A: groups vary."""
+    """Every P: group is flat (so dynamic sampling always has work), A: groups vary."""
     scores = varied_reward(prompts, completions, truths, weights)
     return [r if p.startswith("A") else _Result(0.0) for p, r in zip(prompts, scores)]
 
@@ -77,12 +78,28 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     resumed = _make(out / "resumed", model_dir, data_dir, resume=True)
     start = resumed.step
     resumed.train()
-    resampler = make(out / "resample", model_dir, data_dir, None, _flat_on_p, **{**SMALL, "resample_zero_variance": 2})
+    resampler = make(out / "resample", model_dir, data_dir, None, _flat_on_p, **{**SMALL, "dynamic_sampling": 2})
     resampler.collect(0, {})
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
             "devices": [str(dist.local_device(torch.device(d))) for d in ("cuda", "cuda:0", "cpu")],
-            **_nan_on_rank_1(model_dir, data_dir, out)}
+            **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out)}
+
+
+def _guarded(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """A KL bound every update crosses: both ranks recover once, at the same step, to the same state,
+    then stop with the same message."""
+    from rookworld_rlvr.grpo.trainer import TrainingStopped
+
+    tr = _make(out / "guarded", model_dir, data_dir, steps=4, guard_kl_mean=1e-9, guard_patience=1,
+               guard_max_recoveries=1, guard_snapshot_every=1)
+    try:
+        tr.train()
+        stopped = None
+    except TrainingStopped as e:
+        stopped = str(e)
+    return {"guard_stop": stopped, "guard_step": tr.step, "guard_recoveries": tr.guard.recoveries,
+            "guard_lr_scale": tr.lr_scale, "guard_weights": _weights(tr)}
 
 
 def _nan_on_rank_1(model_dir: Path, data_dir: Path, out: Path) -> dict:
@@ -176,7 +193,7 @@ def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
     assert not list(out.glob("straight/run-*")), "nothing was moved aside"
 
 
-def test_zero_variance_resampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
+def test_dynamic_sampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
     _, (r0, r1) = two_ranks
     # 2 P: prompts, then 2 rounds x the 2 flat P: groups of the global batch (1 per rank): 6 drawn everywhere
     assert r0["sampler"] == r1["sampler"] and r0["sampler"]["P"]["cursor"] == 6
@@ -186,6 +203,17 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(two_ranks):
     _, ranks = two_ranks
     for r in ranks:
         assert r["nan_guard"] == "skip" and math.isnan(r["nan_loss"]) and not r["nan_moved"]
+
+
+def test_the_collapse_guard_decides_the_same_on_every_rank(two_ranks):
+    out, (r0, r1) = two_ranks
+    assert r0["guard_stop"] and r0["guard_stop"] == r1["guard_stop"] and "kl_mean" in r0["guard_stop"]
+    for k in ("guard_step", "guard_recoveries", "guard_lr_scale"):
+        assert r0[k] == r1[k], k
+    assert r0["guard_recoveries"] == 1 and r0["guard_lr_scale"] == 0.5
+    assert all(torch.equal(r0["guard_weights"][k], r1["guard_weights"][k]) for k in r0["guard_weights"])
+    events = [json.loads(x) for x in (out / "guarded" / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events] == ["recover", "stop"]  # written once, by rank 0
 
 
 def test_batch_that_cannot_be_split_over_ranks_is_a_clear_error(two_ranks):

@@ -451,3 +451,177 @@ def test_malformed_lines_fail_dry_run_and_build_with_file_line(tmp_path, tiny_mo
         assert sum(len(v) for v in trainer.prompts.pools.values()) == n_good
     finally:
         pool.close()
+
+
+# -- 5. collapse: a fault that does not make a NaN -----------------------------------------------------------
+# The shipped 4.85M chess model, real data rows, the real chess reward and Stockfish. Each fault is
+# transient (it stops once the guard has recovered), and the recovery factor is 1, so a recovered run
+# must end exactly as the run that never saw the fault: same records, same weights, bit for bit.
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "rookworld-tiny"
+FAULT_STEP = 4  # the 5th step: 4 healthy records first, more than the guard's 3 of history
+
+
+@pytest.fixture(scope="module")
+def chess_reward():
+    with StockfishPool(EngineConfig(path=STOCKFISH, depth=6, workers=1)) as pool:
+        yield RewardScorer(engine=pool)
+
+
+def _collapse_run(tmp_path, small_data, scorer, fault=None, **over):
+    fields = dict(model=str(SHIPPED), data=str(small_data / "train.jsonl"), eval_data="", output_dir=str(tmp_path / "run"),
+                  steps=8, batch_positions=2, group_size=4, mix_env_ratio=0.0, lr=1e-5, warmup_steps=0,
+                  task_sampling={"P": {"temperature": 0.8, "max_new_tokens": 80}}, save_every=100, seed=3,
+                  tensorboard=False, progress=False, report=False, engine_cache=None, device="cpu", threads=1,
+                  backward_dtype="float32", guard_snapshot_every=1, rollback_lr_factor=1.0,
+                  # 8 samples a step: a healthy step's reward mean moves by up to ~0.15 and one malformed
+                  # answer costs 1/8 of the valid share, so these bounds sit well above that noise and well
+                  # below what each fault does (reward -0.3 or lower, valid 0, truncation 1)
+                  guard_reward_drop=0.3, guard_valid_drop=0.5, guard_truncation_rise=0.5)
+    fields.update(over)
+    cfg = load_config(None, fields)
+    holder = {}
+
+    def reward(prompts, completions, truths, weights):
+        results = scorer.score_batch(prompts, completions, truths, weights)
+        tr = holder["tr"]
+        if fault == "format" and tr.step >= FAULT_STEP and tr.guard.recoveries == 0:  # pays malformed output
+            for r in results:
+                r.total = 1.0 if not r.valid_format else -r.total
+        return results
+
+    tr = Trainer(cfg, reward, read_samples(cfg.data), None, log=lambda *_: None)
+    holder["tr"] = tr
+    return tr
+
+
+def _inject(monkeypatch, tr, fault):
+    import rookworld_rlvr.grpo.trainer as trainer_mod
+
+    if fault == "lr":  # one update at 3000 x the learning rate
+        real_lr = trainer_mod.cosine_lr
+        monkeypatch.setattr(trainer_mod, "cosine_lr", lambda step, *a: real_lr(step, *a) * (
+            3000.0 if step == FAULT_STEP and tr.guard.recoveries == 0 else 1.0))
+    if fault == "temperature":  # the sampler runs at 3 x the temperature for two steps (the trainer does not know)
+        real_gen = trainer_mod.generate
+
+        def hot(*a, **k):
+            if tr.step in (FAULT_STEP, FAULT_STEP + 1) and tr.guard.recoveries == 0:
+                k["temperature"] = [3 * t for t in k["temperature"]]
+            return real_gen(*a, **k)
+
+        monkeypatch.setattr(trainer_mod, "generate", hot)
+
+
+def _comparable(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "guard/"))} for r in _records(run_dir)]
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory, small_data, chess_reward):
+    tmp = tmp_path_factory.mktemp("fault_free")
+    torch.set_num_threads(1)
+    tr = _collapse_run(tmp, small_data, chess_reward)
+    tr.train()
+    assert not (tmp / "run" / "events.jsonl").exists() and tr.guard.recoveries == 0, "the healthy run must not trip"
+    return _comparable(tmp / "run"), _snapshot(tr.policy)
+
+
+# first bad record: the reward and the sampler act on the samples of step FAULT_STEP (record FAULT_STEP + 1);
+# the spiked update of step FAULT_STEP shows in the samples of the next step
+@pytest.mark.parametrize("fault,first,expected", [
+    ("format", FAULT_STEP + 1, {"reward/P"}),
+    ("temperature", FAULT_STEP + 1, {"valid/P", "reward/P"}),
+    ("lr", FAULT_STEP + 2, {"kl_mean", "kl_seq_max", "entropy", "truncation_rate", "valid/P", "reward/P"}),
+])
+def test_a_collapse_is_caught_within_a_few_steps_and_undone(tmp_path, small_data, chess_reward, fault_free, monkeypatch,
+                                                            fault, first, expected):
+    tr = _collapse_run(tmp_path, small_data, chess_reward, fault)
+    _inject(monkeypatch, tr, fault)
+    summary = tr.train()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert len(events) == 1, events
+    ev = events[0]
+    # two out-of-bounds records in a row act (guard_patience 2); the state before the first one's samples is good
+    assert ev["action"] == "recover" and (ev["first_step"], ev["step"], ev["to_step"]) == (first, first + 1, first - 2), ev
+    assert {ev["signal"], *ev["also"]} == expected, ev  # every signal this fault moves saw it
+    assert summary["guard"] == {"recoveries": 1, "nan_rollbacks": 0, "events": 1}
+    records, weights = fault_free
+    assert _comparable(tmp_path / "run") == records  # the recovered run is the run without the fault ...
+    assert _same(_snapshot(tr.policy), weights)  # ... to the last bit
+
+
+def test_a_held_out_drop_rolls_back_to_the_best_evaluation(tmp_path, small_data, chess_reward, fault_free, monkeypatch):
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate
+
+    held_out = [s for s in read_samples(small_data / "eval.jsonl") if s.task == "P"][:8]
+    tr = _collapse_run(tmp_path, small_data, chess_reward, "lr", eval_every=1, guard_eval_drop=0.2)
+    tr.eval_fn = lambda model, tok: evaluate(model, tok, held_out, config=EvalConfig(max_new_tokens=80),
+                                             scorer=chess_reward)
+    _inject(monkeypatch, tr, "lr")
+    tr.train()
+    (ev,) = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    # the spiked update is step FAULT_STEP + 1; the evaluation right after it catches it, before any sample does
+    assert (ev["signal"], ev["step"], ev["action"]) == ("eval", FAULT_STEP + 1, "recover"), ev
+    assert ev["value"] < ev["reference"] - 0.2 and ev["to_step"] <= FAULT_STEP
+    evals = [json.loads(x) for x in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == list(range(9))  # the bad evaluation is gone with the steps it judged
+    records, weights = fault_free
+    assert _comparable(tmp_path / "run") == records and _same(_snapshot(tr.policy), weights)
+
+
+def test_repeated_collapse_stops_with_the_signal_value_and_knob(tmp_path, small_data, chess_reward, monkeypatch):
+    """A fault that comes back after every recovery: the guard stops after guard_max_recoveries."""
+    import rookworld_rlvr.grpo.trainer as trainer_mod
+
+    tr = _collapse_run(tmp_path, small_data, chess_reward, guard_max_recoveries=1, rollback_lr_factor=0.5)
+    real_lr = trainer_mod.cosine_lr
+    monkeypatch.setattr(trainer_mod, "cosine_lr", lambda step, *a: real_lr(step, *a) * (3000.0 if step == FAULT_STEP else 1))
+    with pytest.raises(TrainingStopped, match=r"collapse guard: kl_mean [\d.]+ crossed 1 .* after 1/1 recoveries\. "
+                                              r".*lower lr.*guard_kl_mean"):
+        tr.train()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["action"], e["signal"]) for e in events] == [("recover", "kl_mean"), ("stop", "kl_mean")]
+    assert events[0]["lr_scale"] == 0.5  # the second try ran at half the learning rate
+    assert not (tmp_path / "run" / "final").exists(), "a stopped run does not save its collapsed model as final"
+
+
+def test_a_guarded_run_resumed_mid_collapse_equals_the_straight_run(tmp_path, tiny_model_dir, small_data):
+    """Exact under resume: the guard's histories, counts and rollback targets come back with the
+    checkpoint (in-memory states older than a checkpoint are dropped in the straight run as well)."""
+    class Killed(Exception):
+        pass
+
+    def run(path, stop_at=None, resume=False):
+        holder = {}
+
+        def reward(prompts, completions, truths, weights):
+            tr = holder["tr"]
+            if tr.step in (5, 6) and tr.guard.recoveries == 0:  # a transient reward fault
+                return [_Result(-1.0) for _ in completions]
+            return varied_reward(prompts, completions, truths, weights)
+
+        tr = make(path, tiny_model_dir, small_data, reward_fn=reward, steps=10, save_every=4, guard_snapshot_every=1,
+                  resume=resume)
+        holder["tr"] = tr
+
+        def writer(rec):
+            if rec["step"] == stop_at:
+                raise Killed
+
+        try:
+            tr.train(writer=writer)
+        except Killed:
+            pass
+        return tr
+
+    straight = run(tmp_path / "a")
+    run(tmp_path / "b", stop_at=6)  # killed after the first bad record; the last checkpoint is step 4
+    resumed = run(tmp_path / "b", resume=True)
+    assert resumed.guard.recoveries == straight.guard.recoveries == 1
+    ea = [json.loads(x) for x in (tmp_path / "a" / "run" / "events.jsonl").read_text().splitlines()]
+    eb = [json.loads(x) for x in (tmp_path / "b" / "run" / "events.jsonl").read_text().splitlines()]
+    assert ea == eb and ea[0]["to_step"] == 4
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(_records(tmp_path / "b" / "run")) == strip(_records(tmp_path / "a" / "run"))
+    assert _same(_snapshot(resumed.policy), _snapshot(straight.policy))

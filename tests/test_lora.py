@@ -132,7 +132,7 @@ def test_rollback_restores_adapters(tmp_path, tiny_model_dir, small_data):
 
 
 def test_config_rejects_lora_dropout_and_conflicts():
-    with pytest.raises(ValueError, match="lora_dropout.*dropout is off"):
+    with pytest.raises(ValueError, match="lora_dropout' was removed: dropout is off"):  # its one legal value was 0
         load_config(None, {"lora_r": 4, "lora_dropout": 0.1})
     with pytest.raises(ValueError, match="lora_r"):
         load_config(None, {"lora_r": -1})

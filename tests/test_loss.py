@@ -165,16 +165,50 @@ def test_zero_variance_group_gets_exact_zero(scale):
     assert torch.equal(zero_variance_groups(rewards, 3), torch.tensor([True, True, False]))
 
 
-def test_std_floor_and_clip_hold():
+def test_std_floor_keeps_noise_from_blowing_up():
     rewards = torch.tensor([0.0, 1e-6, 0.0, 1e-6])  # tiny but non-zero variance
-    adv = group_advantages(rewards, 4, "group", std_floor=0.1)
-    assert adv.abs().max().item() <= 1e-5  # divided by the floor 0.1, not by ~6e-7
+    for mode in ("max", "add"):
+        adv = group_advantages(rewards, 4, "group", std_floor=0.1, floor_mode=mode)
+        assert adv.abs().max().item() <= 1e-5  # divided by ~the floor 0.1, not by ~6e-7
     no_floor = group_advantages(rewards, 4, "group", std_floor=0.0)
     assert no_floor.abs().max().item() > 0.5  # without it the noise is blown up to O(1)
-    clipped = group_advantages(torch.tensor([0.0, 0.0, 0.0, 10.0]), 4, "none", clip=2.0)
-    assert torch.allclose(clipped, torch.tensor([-2.0, -2.0, -2.0, 2.0]))
-    blown = group_advantages(rewards, 4, "group", std_floor=0.0, clip=1.0)
-    assert blown.abs().max().item() <= 1.0
+
+
+def test_std_floor_modes_by_hand():
+    """One of 8 rewards 0.1 above the others: mean 0.0125, unbiased std sqrt(0.00875 / 7) = 0.0354.
+    max(std, 0.05) divides by 0.05 and shrinks the advantages by 29%; std + eps by std + eps."""
+    rewards = torch.tensor([0.0] * 7 + [0.1], dtype=torch.float64)
+    centred = torch.tensor([-0.0125] * 7 + [0.0875], dtype=torch.float64)
+    std = math.sqrt(0.00875 / 7)
+    unfloored = centred / std
+    as_max = group_advantages(rewards, 8, "group", std_floor=0.05, floor_mode="max")
+    as_add = group_advantages(rewards, 8, "group", std_floor=1e-4, floor_mode="add")
+    assert torch.allclose(as_max, centred / 0.05, rtol=1e-12, atol=0)
+    assert torch.allclose(as_add, centred / (std + 1e-4), rtol=1e-12, atol=0)
+    assert as_max[-1] / unfloored[-1] == pytest.approx(std / 0.05)  # 0.707: 29% lost
+    assert as_add[-1] / unfloored[-1] == pytest.approx(std / (std + 1e-4))  # 0.997
+    # a group whose std is above the floor: "max" leaves it alone, "add" still adds the floor
+    wide = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    s = math.sqrt(1 / 3)
+    assert torch.allclose(group_advantages(wide, 4, "group", 0.05, "max"), (wide - 0.5) / s, rtol=1e-12, atol=0)
+    assert torch.allclose(group_advantages(wide, 4, "group", 0.05, "add"), (wide - 0.5) / (s + 0.05), rtol=1e-12, atol=0)
+    # batch scaling floors the batch std the same way
+    assert torch.allclose(group_advantages(rewards, 4, "batch", 1.0, "add"),
+                          (rewards - torch.tensor([0.0] * 4 + [0.025] * 4, dtype=torch.float64)) / (rewards.std() + 1.0),
+                          rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="std floor mode"):
+        group_advantages(rewards, 8, "group", 0.05, "min")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=8, max_size=8), st.sampled_from([2, 4, 8]),
+       st.sampled_from(["max", "add"]))
+def test_group_scaled_advantages_are_bounded_so_they_need_no_clip(values, group, mode):
+    """|A| <= (G - 1) / sqrt(G) under group scaling, for any rewards: the largest deviation from a
+    group mean is at most sqrt((G - 1) / G) * sqrt(sum of squared deviations), and that sum is
+    (G - 1) * std^2. 2.47 at G = 8, 1.5 at G = 4: an advantage clip at 3 or 5 never binds."""
+    adv = group_advantages(torch.tensor(values, dtype=torch.float64), group, "group", 1e-12, mode)
+    assert adv.abs().max().item() <= (group - 1) / math.sqrt(group) + 1e-9
 
 
 def test_group_advantages_rejects_bad_shapes():
@@ -217,7 +251,7 @@ def _example():
     old = torch.full((2, 3), -1.0)
     ratios = torch.tensor([[1.0, 1.5, 0.5], [0.5, 1.5, 1.0]])
     logp = (old + ratios.log()).requires_grad_(True)
-    ref = logp.detach() - torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.0]])  # k1 per token
+    ref = logp.detach() - torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.0]])  # logp - ref per token
     adv = torch.tensor([1.0, -1.0])
     return logp, old, ref, adv
 
@@ -239,12 +273,13 @@ def test_clipped_surrogate_by_hand():
     assert torch.allclose(logp.grad, torch.tensor([[-1.0, 0.0, -0.5], [0.0, 1.5, 0.0]]), atol=1e-6)
 
 
-# pg sums per row: -2.7 (3 tokens), 2.3 (2 tokens); k1 sums: 0.6 (3), 0.9 (2); beta = 0.1
+# pg sums per row: -2.7 (3 tokens), 2.3 (2 tokens); k2 = d^2 / 2 per token: 0.005, 0.02, 0.045 (sum
+# 0.07) and 0.08, 0.125 (sum 0.205); beta = 0.1
 HAND = {
-    "grpo": dict(pg=(-2.7 / 3 + 2.3 / 2) / 2, kl=(0.6 / 3 + 0.9 / 2) / 2, kw={}),
-    "bnpo": dict(pg=-0.4 / 5, kl=1.5 / 5, kw={}),
-    "dr_grpo": dict(pg=-0.4 / 6, kl=1.5 / 6, kw={"max_completion_length": 3}),
-    "dapo": dict(pg=-0.4 / 8, kl=1.5 / 8, kw={"num_items_in_batch": 8}),
+    "grpo": dict(pg=(-2.7 / 3 + 2.3 / 2) / 2, kl=(0.07 / 3 + 0.205 / 2) / 2, kw={}),
+    "bnpo": dict(pg=-0.4 / 5, kl=0.275 / 5, kw={}),
+    "dr_grpo": dict(pg=-0.4 / 6, kl=0.275 / 6, kw={"max_completion_length": 3}),
+    "dapo": dict(pg=-0.4 / 8, kl=0.275 / 8, kw={"num_items_in_batch": 8}),
 }
 
 
@@ -252,13 +287,15 @@ HAND = {
 def test_grpo_loss_by_hand(loss_type):
     logp, old, ref, adv = _example()
     h = HAND[loss_type]
-    out = grpo_loss(logp, old, ref, adv, MASK, beta=0.1, kl_kind="k1", loss_type=loss_type, **h["kw"])
+    out = grpo_loss(logp, old, ref, adv, MASK, beta=0.1, kl_kind="k2", loss_type=loss_type, **h["kw"])
     assert out.policy_loss == pytest.approx(h["pg"], abs=1e-6)
     assert out.kl_loss == pytest.approx(0.1 * h["kl"], abs=1e-6)
     assert out.loss.item() == pytest.approx(h["pg"] + 0.1 * h["kl"], abs=1e-6)
-    assert out.kl_mean == pytest.approx(0.3, abs=1e-6)
-    assert out.kl_max == pytest.approx(0.5, abs=1e-6)
-    assert out.kl_min == pytest.approx(0.1, abs=1e-6)
+    assert out.kl_mean == pytest.approx(0.055, abs=1e-6)
+    assert out.kl_max == pytest.approx(0.125, abs=1e-6)
+    assert out.kl_min == pytest.approx(0.005, abs=1e-6)
+    assert out.kl_seq_max == pytest.approx(0.205 / 2, abs=1e-6)  # the second completion's mean
+    assert out.kl_clamped == 0.0
     # the policy term's scale is the aggregate of |per-token surrogate| (its value is ~0 by construction)
     per_token, _ = clipped_surrogate(logp, old, adv, 0.2, 0.2, MASK)
     scale = aggregate(per_token.abs(), MASK, loss_type, **h["kw"]).item()
@@ -312,3 +349,166 @@ def test_precomputed_exact_kl_is_used_and_beta_zero_drops_kl():
     zero = grpo_loss(logp, old, ref, adv, MASK, beta=0.0, loss_type="bnpo")
     assert zero.loss.item() == pytest.approx(zero.policy_loss)
     assert zero.kl_mean > 0 and zero.kl_share == 0.0  # still measured, not penalised
+
+
+# ----------------------------------------------------------------- KL gradients in the loss
+
+
+def _categorical(seed: int = 3, size: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    theta = (1.5 * torch.randn(size, generator=g, dtype=torch.float64)).requires_grad_(True)
+    ref = torch.log_softmax(1.5 * torch.randn(size, generator=g, dtype=torch.float64), -1)
+    return theta, ref
+
+
+def _grad(fn, theta):
+    theta.grad = None
+    fn().backward()
+    return theta.grad.clone()
+
+
+def test_expected_gradient_of_each_kl_estimator_in_the_loss():
+    """On a categorical pi = softmax(theta), the loss differentiates each estimator through log pi of
+    tokens drawn from pi (no score-function term). Exactly, over the whole support:
+    E_pi[grad k1] = 0, E_pi[grad k2] = grad KL(pi || ref), E_pi[grad k3] = grad KL(ref || pi)."""
+    theta, ref = _categorical()
+    p = lambda: torch.softmax(theta, -1)  # noqa: E731
+    logp = lambda: torch.log_softmax(theta, -1)  # noqa: E731
+    reverse = _grad(lambda: (p() * (logp() - ref)).sum(), theta)  # grad KL(pi || ref)
+    forward = _grad(lambda: (ref.exp() * (ref - logp())).sum(), theta)  # grad KL(ref || pi)
+    assert (reverse - forward).norm() > 0.2 * reverse.norm()  # the two gradients clearly differ here
+
+    def expected(kind):  # sum_x pi(x) grad k(x), weights held fixed: the expectation over sampled tokens
+        # (no clamp: one token here has k3 = 15, and the clamp, tested below, zeroes its gradient)
+        return _grad(lambda: (p().detach() * kl_estimate(logp(), ref, kind, clamp=None)).sum(), theta)
+
+    # kl_estimate works in float32 (eps 6e-8) on log-ratios below 4 and values below 16, summed over
+    # 6 terms: 1e-6 bounds that rounding; the gradients themselves are of size 0.1-0.4
+    assert expected("k1").abs().max().item() < 1e-6
+    torch.testing.assert_close(expected("k2"), reverse, rtol=0, atol=1e-6)
+    torch.testing.assert_close(expected("k3"), forward, rtol=0, atol=1e-6)
+
+
+def test_the_loss_kl_term_has_that_gradient_on_sampled_tokens():
+    """grpo_loss itself, on tokens sampled from pi (advantages 0, beta 1, token mean): its gradient is
+    a Monte-Carlo estimate of E_pi[grad k]; it lands within 5 standard errors of grad KL(ref || pi)
+    for k3 and of grad KL(pi || ref) for k2. The standard error comes from the exact per-token
+    gradients (their variance under pi over n samples), so the bound is the sampling arithmetic."""
+    theta, ref = _categorical()
+    n = 100_000
+    idx = torch.multinomial(torch.softmax(theta.detach(), -1), n, replacement=True,
+                            generator=torch.Generator().manual_seed(5))
+    p = torch.softmax(theta.detach(), -1)
+    targets = {"k2": lambda: (torch.softmax(theta, -1) * (torch.log_softmax(theta, -1) - ref)).sum(),
+               "k3": lambda: (ref.exp() * (ref - torch.log_softmax(theta, -1))).sum()}
+    for kind, exact in targets.items():
+        per_token = torch.stack([_grad(lambda x=x: kl_estimate(torch.log_softmax(theta, -1)[x], ref[x], kind, None), theta)
+                                 for x in range(len(p))])  # grad of k at each support point
+        mean = (p[:, None] * per_token).sum(0)
+        se = ((p[:, None] * (per_token - mean) ** 2).sum(0) / n).sqrt()
+        logp = torch.log_softmax(theta, -1)[idx].float()[None]
+        out = grpo_loss(logp, logp.detach(), ref[idx].float()[None], torch.zeros(1), torch.ones(1, n),
+                        beta=1.0, kl_kind=kind, kl_clamp=None, loss_type="bnpo")
+        got = _grad(lambda: out.loss, theta)
+        # 5 standard errors (a 6e-7 chance per component); + 1e-5 for the float32 sum of 1e5 terms
+        assert ((got - _grad(exact, theta)).abs() <= 5 * se + 1e-5).all(), (kind, got, se)
+
+
+def test_k1_as_a_penalty_is_refused_but_can_still_be_measured():
+    logp, old, ref, adv = _example()
+    with pytest.raises(ValueError, match="k1.*zero expected gradient"):
+        grpo_loss(logp, old, ref, adv, MASK, beta=0.1, kl_kind="k1")
+    out = grpo_loss(logp, old, ref, adv, MASK, beta=0.0, kl_kind="k1")  # measured only
+    assert out.kl_mean == pytest.approx(0.3, abs=1e-6) and out.kl_loss == 0.0
+
+
+def test_tokens_at_the_kl_clamp_are_counted_and_get_no_kl_gradient():
+    logp = torch.tensor([[-0.1, -0.2, -12.0, -0.3]], requires_grad=True)
+    ref = torch.tensor([[-0.1, -0.25, -0.1, -5.3]])  # r = 0, -0.05, 11.9, -5: k3 = 0, 0.001, ~1.5e5, 4.0
+    mask = torch.ones(1, 4)
+    out = grpo_loss(logp, None, ref, torch.zeros(1), mask, beta=1.0, kl_kind="k3", kl_clamp=10.0, loss_type="bnpo")
+    assert out.kl_clamped == pytest.approx(1 / 4) and out.kl_max == 10.0
+    out.loss.backward()
+    assert logp.grad[0, 2].item() == 0.0  # clamped: no gradient at all
+    assert logp.grad[0, 1].item() != 0.0
+    k2 = grpo_loss(logp, None, ref, torch.zeros(1), mask, beta=1.0, kl_kind="k2", kl_clamp=10.0, loss_type="bnpo")
+    assert k2.kl_clamped == pytest.approx(2 / 4)  # k2 = r^2 / 2 = 70.8 and 12.5 on tokens 2 and 3
+
+
+# ------------------------------------------------------------------ aggregation: dr_grpo
+
+
+def test_dr_grpo_weighs_every_token_the_same_whatever_the_longest_completion():
+    """Dr. GRPO divides by the generation budget, a constant: a batch whose longest completion is
+    3 tokens and one whose longest is 6 give the first row's tokens the same weight 1 / (N * budget)."""
+    weights = []
+    for mask in (torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+                 torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])):
+        per_token = torch.ones_like(mask, requires_grad=True)
+        aggregate(per_token, mask, "dr_grpo", max_completion_length=8).backward()
+        weights.append(per_token.grad[0, :2])
+    assert torch.equal(weights[0], weights[1]) and weights[0][0].item() == 1 / (2 * 8)
+    per_token = torch.ones(2, 3, requires_grad=True)  # per-row budgets (tasks with their own limits)
+    aggregate(per_token, MASK, "dr_grpo", max_completion_length=torch.tensor([4.0, 8.0])).backward()
+    assert torch.equal(per_token.grad, torch.tensor([[1 / 8, 1 / 8, 1 / 8], [1 / 16, 1 / 16, 0.0]]))
+
+
+# --------------------------------------------------------- GSPO, two-sided clip, sampler IS
+
+
+def test_sequence_level_ratio_and_clip_by_hand():
+    """GSPO: one ratio per completion, exp(mean log ratio), clipped as a whole. Row 0: log ratios
+    0.1, 0.2, 0.3 -> s = e^0.2 = 1.2214 > 1.2 with A = +1: clipped, loss -1.2 per token, no gradient.
+    Row 1: -0.1, 0.1 -> s = 1 with A = -1: loss 1 per token; the token sum -|y| s A has gradient
+    -A s = 1 at each token (each token moves s by s / |y|)."""
+    old = torch.full((2, 3), -1.0)
+    logp = (old + torch.tensor([[0.1, 0.2, 0.3], [-0.1, 0.1, 0.0]])).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0])
+    per_token, stats = clipped_surrogate(logp, old, adv, 0.2, 0.2, MASK, level="sequence")
+    s0 = math.exp(0.2)
+    assert torch.allclose(per_token[0], torch.full((3,), -1.2), atol=1e-6)
+    assert torch.allclose(per_token[1, :2], torch.ones(2), atol=1e-6)
+    assert stats["clip_high"] == pytest.approx(3 / 5) and stats["clip_low"] == 0.0
+    assert stats["ratio_mean"] == pytest.approx((3 * s0 + 2 * 1.0) / 5, rel=1e-6)
+    assert stats["ratio_max"] == pytest.approx(s0, rel=1e-6)
+    (per_token * MASK).sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]), atol=1e-6)
+    token, _ = clipped_surrogate(logp.detach(), old, adv, 0.2, 0.2, MASK, level="token")
+    assert not torch.allclose(token[0], per_token[0].detach())  # token level clips only the 0.3 token
+    with pytest.raises(ValueError, match="importance sampling level"):
+        clipped_surrogate(logp, old, adv, mask=MASK, level="group")
+
+
+def test_two_sided_clip_bounds_negative_advantages_by_hand():
+    """delta caps the ratio of A < 0 tokens (PPO's clip leaves -rA unbounded above 1 + eps).
+    A = -1, eps 0.2, delta 2: r = 0.5 -> 0.8 (low clip), r = 1.5 -> 1.5 (free), r = 3 -> 2 (cut)."""
+    old = torch.zeros(2, 3)
+    ratios = torch.tensor([[0.5, 1.5, 3.0], [0.5, 1.5, 3.0]])
+    logp = ratios.log().requires_grad_(True)
+    adv = torch.tensor([-1.0, 1.0])
+    ones = torch.ones(2, 3)
+    per_token, stats = clipped_surrogate(logp, old, adv, 0.2, 0.2, ones, delta=2.0)
+    assert torch.allclose(per_token[0], torch.tensor([0.8, 1.5, 2.0]), atol=1e-6)
+    assert torch.allclose(per_token[1], torch.tensor([-0.5, -1.2, -1.2]), atol=1e-6)  # A > 0: as plain PPO
+    assert stats["clip_delta"] == pytest.approx(1 / 6) and stats["clip_frac"] == pytest.approx(4 / 6)
+    per_token.sum().backward()
+    assert torch.allclose(logp.grad[0], torch.tensor([0.0, 1.5, 0.0]), atol=1e-6)  # -A * r where free
+    plain, _ = clipped_surrogate(logp.detach(), old, adv, 0.2, 0.2, ones)
+    assert plain[0, 2].item() == pytest.approx(3.0)  # without delta: unbounded
+
+
+def test_sampler_correction_by_hand():
+    """TIS: w = min(exp(old - sampler), cap) on the policy term only; equal log-probs give w = 1."""
+    logp, old, ref, adv = _example()
+    sampler = old - torch.tensor([[0.5, -0.1, 0.0], [0.0, 0.0, 0.0]])  # raw weights e^0.5, e^-0.1, 1, 1, 1
+    w = torch.tensor([[1.2, math.exp(-0.1), 1.0], [1.0, 1.0, 0.0]])
+    out = grpo_loss(logp, old, ref, adv, MASK, beta=0.1, kl_kind="k3", loss_type="bnpo", sampler_logp=sampler,
+                    tis_cap=1.2)
+    plain = grpo_loss(logp, old, ref, adv, MASK, beta=0.1, kl_kind="k3", loss_type="bnpo")
+    per_token, _ = clipped_surrogate(logp, old, adv, 0.2, 0.2, MASK)
+    assert out.policy_loss == pytest.approx(float((per_token.detach() * w).sum() / 5), abs=1e-6)
+    assert out.kl_loss == pytest.approx(plain.kl_loss, abs=1e-7)  # the KL term is not re-weighted
+    assert out.tis_capped == pytest.approx(1 / 5) and out.tis_weight_max == pytest.approx(math.exp(0.5), rel=1e-6)
+    assert out.tis_weight_mean == pytest.approx(float(w.sum() / 5), rel=1e-6)
+    same = grpo_loss(logp, old, ref, adv, MASK, beta=0.1, loss_type="bnpo", sampler_logp=old.clone(), tis_cap=2.0)
+    assert same.loss.item() == plain.loss.item() and same.tis_weight_mean == 1.0  # no mismatch, no change

@@ -233,3 +233,21 @@ def test_report_renders_in_headless_chromium(single, tmp_path, chromium_path):
     flat = pixels[..., :3].reshape(-1, 3)
     assert (flat.max(axis=0) - flat.min(axis=0)).max() > 0.5  # not one uniform colour
     assert (flat.std(axis=0) > 0.05).any()
+
+
+def test_guard_events_are_listed_and_a_stopped_run_says_why(tmp_path):
+    run = make_run(tmp_path, "guarded", steps=12)
+    (run / "summary.json").unlink()  # a stopped run writes no summary
+    events = [{"action": "recover", "signal": "valid/P", "value": 0.1, "reference": 0.95, "bound": 0.65, "step": 9,
+               "first_step": 8, "recoveries": 1, "message": "...", "also": ["reward/P"], "to_step": 6,
+               "lr_scale": 0.5, "beta_scale": 2.0},
+              {"action": "stop", "signal": "kl_mean", "value": 3.2, "reference": None, "bound": 1.0, "step": 11,
+               "first_step": 10, "recoveries": 1, "message": "...", "also": []}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    page = rp.write_report([str(run)]).read_text()
+    section = page.split("<h2>Guard events</h2>")[1].split("</section>")[0]
+    assert "valid/P" in section and "rolled back to step 6, LR x0.5, beta x2" in section and "reward/P" in section
+    assert "kl_mean" in section and "stopped the run" in section
+    assert "stopped by the guard at step 11: kl_mean" in page.split("<h2>Runs</h2>")[1].split("</section>")[0]
+    quiet = rp.write_report([str(make_run(tmp_path, "quiet"))]).read_text()
+    assert "No guard event" in quiet and "stopped by the guard" not in quiet

@@ -70,22 +70,52 @@ def test_every_swept_parameter_reaches_the_trainer_config(tmp_path, tiny_model_d
 def test_a_trial_stopped_by_a_guard_is_failed_with_its_reason_and_the_sweep_goes_on(tmp_path, tiny_model_dir, small_data):
     # a high LR with a tiny KL threshold and no recoveries: the real KL guard stops the run
     base = tiny_base(tiny_model_dir, small_data, steps=3, group_size=4, max_new_tokens=16, lr=0.05, kl_coef=0.01,
-                     kl_max_recoveries=0, save_every=100)
+                     guard_max_recoveries=0, save_every=100)
     space = write_space(tmp_path / "guard.yaml", base=base,
-                        params={"kl_divergence_threshold": {"choices": [1e-9, 1000.0]}})
+                        params={"guard_kl_mean": {"choices": [1e-9, 1000.0]}})
     out = tmp_path / "out"
     summary = run_sweep(space, out=out, seed=1, reward_fn=varied_reward, log=QUIET)
     trials = trials_of(out, "guard")
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE], \
         "sampler seed 1 puts the failing point first, so the sweep must continue after it"
     failed, ok = trials
-    assert failed.params["kl_divergence_threshold"] == 1e-9
-    assert "KL" in failed.user_attrs["failure"] and "threshold" in failed.user_attrs["failure"]
-    assert failed.user_attrs["status"] == "failed" and failed.user_attrs["base_reward"] is not None
+    assert failed.params["guard_kl_mean"] == 1e-9
+    assert "kl_mean" in failed.user_attrs["failure"] and "guard_kl_mean" in failed.user_attrs["failure"]
+    assert failed.user_attrs["status"] == "stopped" and failed.user_attrs["base_reward"] is not None
     assert ok.user_attrs["steps"] == 3
     assert summary["failed"] == 1 and summary["complete"] == 1 and summary["success_rate"] == 0.5
     assert summary["best"]["trial"] == ok.number
-    assert "KL" in summary["failures"][0]["reason"]
+    assert "kl_mean" in summary["failures"][0]["reason"]
+    # the stability report: the stopped run names its cause; the other (a random model's held-out reward
+    # does not move in 3 steps) is intact
+    assert (failed.user_attrs["outcome"], failed.user_attrs["guard_signals"]) == ("stopped", ["kl_mean"])
+    assert ok.user_attrs["outcome"] == "intact" and ok.user_attrs["guard_events"] == 0
+    o = summary["outcomes"]
+    assert (o["intact"], o["stopped"], o["silent_collapse"], o["stop_causes"], o["counted"]) == (1, 1, 0, ["kl_mean"], 2)
+
+
+def test_outcomes_count_intact_stopped_and_silent_collapses():
+    from rookworld_rlvr.sweep import _outcome_counts, format_summary, outcome
+
+    assert outcome("COMPLETE", 0.50, 0.49, 0, False) == "intact"  # within 0.02 of the base
+    assert outcome("COMPLETE", 0.50, 0.60, 2, False) == "intact"  # recovered and fine
+    assert outcome("COMPLETE", 0.50, 0.44, 0, False) == "silent_collapse"  # 0.06 below, nobody noticed
+    assert outcome("COMPLETE", 0.50, 0.44, 1, False) == "degraded"  # the guards saw it but did not undo it
+    assert outcome("COMPLETE", 0.50, 0.47, 0, False) == "degraded"  # between the two bounds
+    assert outcome("FAIL", 0.50, None, 2, True) == "stopped"
+    assert outcome("FAIL", 0.50, None, 0, False) == "error"
+    rows = [{"trial": i, "state": st, "outcome": oc, "guard_events": ev, "guard_signals": sig}
+            for i, (st, oc, ev, sig) in enumerate([("COMPLETE", "intact", 0, []), ("COMPLETE", "intact", 1, ["valid/P"]),
+                                                   ("FAIL", "stopped", 3, ["valid/P", "kl_mean"]),
+                                                   ("COMPLETE", "silent_collapse", 0, []), ("RUNNING", None, 0, [])])]
+    counts = _outcome_counts(rows)
+    assert counts == {"intact": 2, "stopped": 1, "silent_collapse": 1, "degraded": 0, "error": 0,
+                      "intact_after_recovery": 1, "stop_causes": ["kl_mean"], "counted": 4}
+    text = format_summary({"study": "s", "finished": 4, "trials": 5, "complete": 3, "failed": 1, "running": 1,
+                           "waiting": 0, "success_rate": 0.75, "best": None, "gain": None, "duplicates": [],
+                           "outcomes": counts, "trial_table": []})
+    assert "outcomes of 4 runs: 2 intact (1 after a guard recovery), 1 stopped with a named cause (kl_mean), " \
+           "1 silent collapses" in text
 
 
 def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(tmp_path, tiny_model_dir, small_data):
@@ -199,3 +229,43 @@ def test_editing_the_config_file_mid_sweep_does_not_change_later_trials(tmp_path
     assert yaml.safe_load(config.read_text())["temperature"] == 0.5
     for t in trials_of(out, "edit"):
         assert yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())["temperature"] == 0.9
+
+
+def test_the_std_floor_comparison_runs_each_mode_at_three_seeds_on_the_shipped_task(monkeypatch):
+    from conftest import REPO
+
+    from rookworld_rlvr.config import load_config
+
+    monkeypatch.chdir(REPO)
+    space = load_space("configs/sweeps/std_floor.yaml")
+    configs = [load_config(space.config, {**space.base, **c}) for c in space.grid_overrides()]
+    assert sorted((c.std_floor_mode, c.std_floor, c.seed) for c in configs) == \
+        [("add", 1e-4, s) for s in range(3)] + [("max", 0.05, s) for s in range(3)]
+    assert all(c.steps == 150 and c.model == "models/rookworld-tiny" for c in configs)  # make train's run
+
+
+def test_the_collapse_preset_reaches_the_settings_that_break_runs_with_the_guards_on(monkeypatch):
+    from conftest import REPO
+
+    from rookworld_rlvr.config import TrainConfig, load_config
+
+    monkeypatch.chdir(REPO)
+    space = load_space("configs/sweeps/collapse.yaml")
+    configs = [load_config(space.config, {**space.base, **c}) for c in space.grid_overrides()]
+    assert len(configs) == 24  # 30 steps x 4 prompts each: about an hour with two one-thread workers
+    assert {c.lr for c in configs} == {1e-5, 1e-4, 1e-3} and {c.kl_coef for c in configs} == {0.0, 0.04, 0.2}
+    assert {c.clip_range for c in configs} == {0.2, 0.3} and {c.group_size for c in configs} == {4, 8}
+    assert {c.loss_type for c in configs} == {"grpo", "bnpo", "dr_grpo", "dapo"}
+    for lr in (1e-5, 1e-4, 1e-3):  # every learning rate meets both clip ranges and both group sizes
+        at = [c for c in configs if c.lr == lr]
+        assert {c.clip_range for c in at} == {0.2, 0.3} and {c.group_size for c in at} == {4, 8}
+    default = TrainConfig()
+    guards = [f for f in vars(default) if f.startswith("guard_")]
+    for c in configs:
+        assert (c.steps, c.batch_positions, c.eval_every) == (30, 4, 10) and c.updates_per_batch == 2
+        assert all(getattr(c, f) == getattr(default, f) for f in guards), "the guards run as shipped"
+        assert c.inert_settings() == []
+    trust = [load_config(space.config, {**load_space("configs/sweeps/trust_region.yaml").base, **c})
+             for c in load_space("configs/sweeps/trust_region.yaml").grid_overrides()]
+    assert {(c.importance_sampling_level, c.clip_delta) for c in trust} == {
+        ("token", None), ("token", 1.5), ("sequence", None), ("sequence", 1.5)}

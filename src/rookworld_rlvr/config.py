@@ -12,15 +12,26 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
 from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardConfig
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3", "exact")
 SCALES = ("group", "batch", "none")
+# Fields that were removed, and why: an old preset or command line gets this instead of "unknown field".
+REMOVED = {
+    "adv_clip": "removed: with group scaling |advantage| <= (G - 1) / sqrt(G) (2.47 at G = 8), so a clip at 3 or 5 "
+                "never bound",
+    "lora_dropout": "removed: dropout is off in every GRPO forward pass (sampler, policy and reference log-probs "
+                    "must agree), so 0 was its only legal value",
+    "resample_zero_variance": "replaced by dynamic_sampling (DAPO: the same rounds, with oversampling and its cost logged)",
+    "kl_divergence_threshold": "renamed guard_kl_mean: one signal of the collapse guard",
+    "kl_max_recoveries": "renamed guard_max_recoveries: shared by every collapse guard signal",
+}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -71,7 +82,8 @@ class TrainConfig:
     temperature: float = _f(1.0, "sampling temperature (the trainer's log-probs use the same temperature)")
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
-    max_new_tokens: int = _f(100, "completion length limit (tokens)")
+    max_new_tokens: int = _f(100, "completion length limit (tokens): of the samples (where task_sampling and phases do "
+                                  "not set one per task) and of the held-out evaluation")
     task_sampling: dict = _f({}, "per-task overrides, e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
     phases: list = _f([], "task phases: [{start: 0, mix_env_ratio: 0.0, temperature: ...}, {start: 30, ...}]")
     # -- optimisation --------------------------------------------------------------------------
@@ -86,18 +98,36 @@ class TrainConfig:
     lora_r: int = _f(0, "LoRA rank: train low-rank adapters instead of every weight (0 = off, full fine-tuning; needs peft). "
                         "The reference is the base with adapters disabled; checkpoints are saved merged")
     lora_alpha: float = _f(16.0, "LoRA scale numerator: adapter output x lora_alpha / lora_r")
-    lora_dropout: float = _f(0.0, "LoRA dropout; must be 0 (every GRPO forward pass runs without dropout)")
     lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names that get adapters (GPT-2: c_attn,c_proj,c_fc; a weight tied to another module, like lm_head, is refused)")
     # -- GRPO loss ------------------------------------------------------------------------------
-    loss_type: str = _f("grpo", "grpo | bnpo | dr_grpo | dapo (how token losses are averaged)")
-    clip_range: float = _f(0.2, "ε: clip the ratio to [1-ε_low, 1+ε_high]; sets both unless given")
+    loss_type: str = _f("grpo", "how token losses are averaged: grpo (each completion's token mean, then the mean over "
+                                "completions) | bnpo (token mean of the batch) | dr_grpo (token sum / (completions x the "
+                                "task's max_new_tokens): a constant, no length bias) | dapo (token mean of the global batch)")
+    importance_sampling_level: str = _f("token", "token | sequence: the ratio to the sampling policy and its clip per token "
+                                                 "(PPO, GRPO) or per completion, exp of the mean per-token log ratio "
+                                                 "(GSPO, Zheng et al. 2025, who clip at 3e-4 / 4e-4). Needs updates_per_batch > 1")
+    clip_range: float = _f(0.2, "ε: clip the ratio to [1-ε_low, 1+ε_high]; sets both unless given. Needs updates_per_batch > 1 "
+                                "(with one update per batch the ratio is exactly 1)")
     clip_low: float | None = _f(None, "ε_low (default: clip_range)")
     clip_high: float | None = _f(None, "ε_high (default: clip_range; DAPO uses 0.28)")
+    clip_delta: float | None = _f(None, "two-sided clipping (TRL delta): cap the ratio at delta for tokens with negative "
+                                        "advantage, whose loss the PPO clip leaves unbounded; > 1 + ε_high (null = off). "
+                                        "Needs updates_per_batch > 1")
+    tis_cap: float | None = _f(None, "sampler correction (truncated importance sampling): weight each token's policy loss by "
+                                     "min(π_old / π_sampler, tis_cap), where the sampler's log-probs can differ from the "
+                                     "trainer's (bf16 autocast, recorded rollouts, another inference engine); logged as "
+                                     "tis_weight_mean / tis_weight_max / tis_capped next to logp_sampler_diff (null = off)")
     scale_rewards: str = _f("group", "advantage scaling: group | batch | none")
-    std_floor: float = _f(0.05, "minimum std when scaling advantages")
-    adv_clip: float | None = _f(5.0, "clip advantages to [-adv_clip, adv_clip] (null = off)")
-    reward_norm: bool = _f(False, "EMA reward normalisation before advantages")
+    std_floor: float = _f(0.05, "floor of the std that scales advantages (see std_floor_mode)")
+    std_floor_mode: str = _f("max", "max: divide by max(std, std_floor), which shrinks groups whose std is below the floor "
+                                    "(one of 8 rewards 0.1 apart: -29% at 0.05) | add: divide by std + std_floor (TRL, "
+                                    "with std_floor 1e-4)")
+    reward_norm: bool = _f(False, "divide advantages by an EMA of the reward std (needs scale_rewards none: group or batch "
+                                  "scaling would cancel it)")
     reward_norm_momentum: float = _f(0.9, "EMA momentum of the reward normaliser")
+    truncated_completions: str = _f("score", "completions that hit max_new_tokens: score (rewarded like any other) | mask "
+                                             "(left out of the loss, still in their group's advantages; TRL "
+                                             "mask_truncated_completions) | malformed (rewarded malformed_penalty)")
     entropy_coef: float = _f(0.0, "entropy bonus coefficient")
     anchor_coef: float = _f(0.0, "weight of a supervised loss on ground-truth training answers next to the GRPO loss "
                                  "(InstructGPT's PPO-ptx): holds tasks the rewards would erode; 0 = off")
@@ -105,8 +135,13 @@ class TrainConfig:
     anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks)")
     # -- KL control ------------------------------------------------------------------------------
     kl_coef: float = _f(0.04, "β: weight of KL(policy || reference); 0 skips the reference pass")
-    kl_estimator: str = _f("k3", "k1 | k2 | k3 on sampled tokens, or exact (full vocabulary)")
-    kl_clamp: float = _f(10.0, "clamp per-token KL values to this bound before averaging")
+    kl_estimator: str = _f("k3", "KL on sampled tokens, r = log(ref / policy): k3 = e^r - r - 1 (DeepSeekMath, TRL: its "
+                                 "value estimates KL(policy || ref) without bias; its gradient in the loss is that of "
+                                 "KL(ref || policy)) | k2 = r^2 / 2 (its gradient is that of KL(policy || ref)) | k1 = -r "
+                                 "(zero expected gradient: only with kl_coef 0, to log and guard KL) | exact (the "
+                                 "full-vocabulary KL(policy || ref), value and gradient)")
+    kl_clamp: float = _f(10.0, "clamp per-token KL values to this bound before averaging; clamped tokens get no KL "
+                               "gradient (their share is logged as kl_clamped)")
     kl_mode: str = _f("fixed", "fixed | adaptive β")
     kl_target: float = _f(0.05, "adaptive: target KL")
     kl_horizon: int = _f(100, "adaptive: controller horizon in steps")
@@ -114,15 +149,41 @@ class TrainConfig:
     kl_coef_max: float = _f(1.0, "adaptive: upper clamp of β")
     kl_warmup_steps: int = _f(0, "steps during which β is multiplied by kl_warmup_factor")
     kl_warmup_factor: float = _f(0.0, "β multiplier during warm-up (0 = no KL penalty)")
-    kl_divergence_threshold: float | None = _f(None, "mean KL above this triggers recovery (rollback + lower LR), then a stop")
-    kl_max_recoveries: int = _f(2, "recoveries before a KL stop")
     ref_refresh_every: int = _f(0, "copy the policy into the reference every K steps (0 = never)")
     ref_mix_alpha: float = _f(0.0, "with ref_refresh_every: ref = α·policy + (1-α)·ref (0 = plain copy)")
     # -- stability guards ----------------------------------------------------------------------
     nan_max_consecutive: int = _f(3, "non-finite steps in a row before a rollback")
     nan_max_rollbacks: int = _f(2, "rollbacks before the run stops")
-    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite or KL recovery)")
-    resample_zero_variance: int = _f(0, "rounds of replacing groups whose rewards are all equal (0 = off)")
+    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite, or a collapse guard's recovery)")
+    rollback_kl_factor: float = _f(1.0, "β multiplier after each collapse guard recovery (1 = unchanged; β 0 stays 0)")
+    guard_valid_drop: float | None = _f(0.3, "collapse guard: a task's sampled well-formed share (valid/P, valid/A) more "
+                                             "than this below its recent median (null = off)")
+    guard_reward_drop: float | None = _f(0.2, "collapse guard: a task's training reward (reward/P, reward/A) more than "
+                                              "this below its recent median (null = off)")
+    guard_kl_mean: float | None = _f(1.0, "collapse guard: mean per-token KL to the reference above this (null = off; "
+                                          "with kl_coef 0 the reference pass runs for it unless both KL bounds are null)")
+    guard_kl_max: float | None = _f(5.0, "collapse guard: the largest per-completion mean KL (kl_seq_max) above this "
+                                         "(null = off)")
+    guard_entropy_factor: float | None = _f(2.0, "collapse guard: policy entropy more than this factor above or below "
+                                                 "its recent median (null = off)")
+    guard_truncation_rise: float | None = _f(0.3, "collapse guard: the share of completions cut at the length limit "
+                                                  "more than this above its recent median (null = off)")
+    guard_eval_drop: float | None = _f(0.05, "collapse guard: a held-out evaluation more than this below the best so "
+                                             "far (rolls back to the best one; with eval_every 0 only the final "
+                                             "evaluation is checked; null = off)")
+    guard_window: int = _f(10, "steps of accepted history whose median the relative collapse signals compare with "
+                               "(they start after 3)")
+    guard_patience: int = _f(2, "steps in a row a signal must be out of bounds before the guard acts")
+    guard_max_recoveries: int = _f(2, "collapse recoveries (roll back to the last good state before the signal went "
+                                      "out of bounds, LR x rollback_lr_factor) before the run stops with the cause")
+    guard_snapshot_every: int = _f(5, "keep the training state in memory every N steps as a rollback target (between "
+                                      "checkpoints; about 3 x the trainable weights' size each, at most "
+                                      "guard_patience / N + 2 kept)")
+    dynamic_sampling: int = _f(0, "DAPO dynamic sampling: at most this many rounds of replacing groups whose rewards "
+                                  "are all equal with groups of fresh prompts, until every group differs (0 = off); "
+                                  "its cost is logged (dynamic/extra_per_kept: extra completions per kept group)")
+    dynamic_sampling_oversample: float = _f(1.0, "fresh prompts drawn per missing group in each dynamic sampling round "
+                                                 "(> 1: fewer rounds, more discarded groups)")
     # -- rewards ---------------------------------------------------------------------------------
     reward_shaping: str = _f("linear", "linear | graduated (5 levels) | binary")
     malformed_penalty: float = _f(-0.3, "reward of unreadable output")
@@ -205,23 +266,27 @@ class TrainConfig:
         need(self.minibatch_size >= 0, "minibatch_size", "must be >= 0")
         need(self.lora_r >= 0, "lora_r", "must be >= 0 (0 = off)")
         need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
-        # Sampler, old-policy, policy and reference log-probs of a token must agree exactly before an
-        # update (ratio 1, KL 0), so the model stays in eval mode; dropout would add noise to both.
-        need(self.lora_dropout == 0, "lora_dropout", "must be 0: dropout is off in every GRPO forward pass "
-             "(the policy stays in eval mode so sampler, policy and reference log-probs agree)")
         need(any(t.strip() for t in self.lora_targets.split(",")), "lora_targets", "must name at least one module")
         need(self.lora_r == 0 or self.ref_refresh_every == 0, "ref_refresh_every",
              "must be 0 with LoRA (the reference is the base model with the adapters disabled)")
         need(self.lora_r == 0 or self.ref_device is None, "ref_device",
              "must be null with LoRA (the reference is the policy's own base model, on device)")
         need(self.loss_type in LOSS_TYPES, "loss_type", f"must be one of {LOSS_TYPES}")
+        need(self.importance_sampling_level in LEVELS, "importance_sampling_level", f"must be one of {LEVELS}")
         need(0 < self.clip_range < 1, "clip_range", "must be in (0, 1)")
         need(self.clip_low is None or 0 < self.clip_low < 1, "clip_low", "must be in (0, 1)")
         need(self.clip_high is None or self.clip_high > 0, "clip_high", "must be > 0")
         need(self.scale_rewards in SCALES, "scale_rewards", f"must be one of {SCALES}")
+        need(self.clip_delta is None or self.clip_delta > 1 + self.eps_high, "clip_delta",
+             f"must be > 1 + ε_high ({1 + self.eps_high}) or null")
+        need(self.tis_cap is None or self.tis_cap >= 1, "tis_cap", "must be >= 1 or null")
         need(self.std_floor > 0, "std_floor", "must be > 0")
-        need(self.adv_clip is None or self.adv_clip > 0, "adv_clip", "must be > 0 or null")
+        need(self.std_floor_mode in ("max", "add"), "std_floor_mode", "must be max or add")
+        need(not self.reward_norm or self.scale_rewards == "none", "reward_norm",
+             "needs scale_rewards none: under group or batch scaling the EMA's mean and std cancel out")
         need(0 <= self.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
+        need(self.truncated_completions in ("score", "mask", "malformed"), "truncated_completions",
+             "must be score, mask or malformed")
         need(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
         need(self.anchor_coef >= 0 and math.isfinite(self.anchor_coef), "anchor_coef", "must be finite and >= 0")
         need(self.anchor_tasks in ("A", "P", "PA"), "anchor_tasks", "must be A, P or PA")
@@ -229,6 +294,9 @@ class TrainConfig:
              "anchor_batch", f"must be a positive multiple of the number of anchor_tasks ({len(self.anchor_tasks)})")
         need(self.kl_coef >= 0, "kl_coef", "must be >= 0")
         need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
+        need(self.kl_estimator != "k1" or (self.kl_coef == 0 and self.kl_coef_min == 0), "kl_estimator",
+             "k1 has a zero expected gradient: as a penalty (kl_coef > 0) it pulls toward nothing; use k3 (the "
+             "gradient of KL(ref || policy), DeepSeekMath/TRL) or k2 (of KL(policy || ref))")
         need(self.kl_clamp > 0, "kl_clamp", "must be > 0")
         need(self.kl_mode in ("fixed", "adaptive"), "kl_mode", "must be fixed or adaptive")
         need(self.kl_target > 0, "kl_target", "must be > 0")
@@ -236,15 +304,24 @@ class TrainConfig:
         need(0 <= self.kl_coef_min <= self.kl_coef_max, "kl_coef_min", "must be in [0, kl_coef_max]")
         need(self.kl_warmup_steps >= 0, "kl_warmup_steps", "must be >= 0")
         need(self.kl_warmup_factor >= 0, "kl_warmup_factor", "must be >= 0")
-        need(self.kl_divergence_threshold is None or self.kl_divergence_threshold > 0, "kl_divergence_threshold", "must be > 0 or null")
-        need(self.kl_max_recoveries >= 0, "kl_max_recoveries", "must be >= 0")
         need(self.ref_refresh_every >= 0, "ref_refresh_every", "must be >= 0")
         need(0 <= self.ref_mix_alpha <= 1, "ref_mix_alpha", "must be in [0, 1]")
         need(self.ref_mix_alpha == 0 or self.ref_refresh_every > 0, "ref_mix_alpha", "needs ref_refresh_every > 0")
         need(self.nan_max_consecutive >= 1, "nan_max_consecutive", "must be >= 1")
         need(self.nan_max_rollbacks >= 0, "nan_max_rollbacks", "must be >= 0")
         need(0 < self.rollback_lr_factor <= 1, "rollback_lr_factor", "must be in (0, 1]")
-        need(self.resample_zero_variance >= 0, "resample_zero_variance", "must be >= 0")
+        need(self.rollback_kl_factor >= 1 and math.isfinite(self.rollback_kl_factor), "rollback_kl_factor", "must be >= 1")
+        for name in ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_truncation_rise",
+                     "guard_eval_drop"):
+            need(getattr(self, name) is None or getattr(self, name) > 0, name, "must be > 0 or null")
+        need(self.guard_entropy_factor is None or self.guard_entropy_factor > 1, "guard_entropy_factor",
+             "must be > 1 or null")
+        need(self.guard_window >= 3, "guard_window", "must be >= 3")
+        need(self.guard_patience >= 1, "guard_patience", "must be >= 1")
+        need(self.guard_max_recoveries >= 0, "guard_max_recoveries", "must be >= 0")
+        need(self.guard_snapshot_every >= 1, "guard_snapshot_every", "must be >= 1")
+        need(self.dynamic_sampling >= 0, "dynamic_sampling", "must be >= 0")
+        need(self.dynamic_sampling_oversample >= 1, "dynamic_sampling_oversample", "must be >= 1")
         need(self.layout in ("compact", "padded"), "layout", "must be compact or padded")
         need(self.autocast in ("none", "bf16", "auto"), "autocast", "must be none, bf16 or auto")
         need(self.backward_dtype in ("auto", "float32", "bf16"), "backward_dtype", "must be auto, float32 or bf16")
@@ -279,8 +356,54 @@ class TrainConfig:
             CurriculumSchedule(self.curriculum).check({"P": self.policy_weights, "A": self.env_weights})
         except ValueError as e:
             raise ValueError(f"config field 'curriculum': {e}") from None
-        if self.kl_estimator == "exact" and self.kl_coef == 0:
-            pass  # exact KL is still logged
+
+    @property
+    def uses_reference(self) -> bool:
+        """The reference pass runs for the KL penalty, or for the collapse guard's KL signals."""
+        return self.kl_coef > 0 or self.guard_kl_mean is not None or self.guard_kl_max is not None
+
+    def sampled_tasks(self) -> set[str]:
+        """Tasks that get prompts at some step (the mix at step 0 and at every phase start)."""
+        out = set()
+        for step in [0] + [p["start"] for p in self.phases if p["start"] < self.steps]:
+            n_env = round(self.batch_positions * self.sampling_for("A", step)["mix_env_ratio"])
+            out |= ({"A"} if n_env else set()) | ({"P"} if n_env < self.batch_positions else set())
+        return out
+
+    def inert_settings(self, names: Iterable[str] | None = None) -> list[str]:
+        """Settings among `names` (default: every field away from its default) that cannot take effect
+        under the rest of this configuration, each with the reason. The trainer logs them as warnings."""
+        defaults = TrainConfig()
+        names = set(names) if names is not None else {f for f in FIELDS if getattr(self, f) != getattr(defaults, f)}
+        tasks = self.sampled_tasks()
+        rules: list[tuple[tuple[str, ...], bool, str]] = [
+            (("clip_range", "clip_low", "clip_high", "clip_delta", "importance_sampling_level"),
+             self.updates_per_batch == 1, "with updates_per_batch 1 the ratio to the sampling policy is exactly 1: "
+                                          "no clip binds and the sequence-level ratio gives the token-level gradient"),
+            (("kl_target", "kl_horizon", "kl_coef_min", "kl_coef_max"), self.kl_mode == "fixed",
+             "adaptive-KL settings with kl_mode fixed"),
+            (("kl_warmup_factor",), self.kl_warmup_steps == 0, "kl_warmup_steps is 0"),
+            (("kl_mode", "kl_warmup_steps", "ref_refresh_every", "ref_mix_alpha", "rollback_kl_factor"),
+             self.kl_coef == 0, "kl_coef 0: no KL penalty"),
+            (("kl_estimator", "kl_clamp", "ref_device"), not self.uses_reference,
+             "no reference pass (kl_coef 0 and no KL guard)"),
+            (("guard_eval_drop",), not self.eval_data, "eval_data is empty (no evaluation)"),
+            (("anchor_tasks", "anchor_batch"), self.anchor_coef == 0, "anchor_coef is 0"),
+            (("lora_alpha", "lora_targets"), self.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
+            (("reward_norm_momentum",), not self.reward_norm, "reward_norm is off"),
+            (("std_floor", "std_floor_mode"), self.scale_rewards == "none", "scale_rewards none divides by nothing"),
+            (("dynamic_sampling_oversample",), self.dynamic_sampling == 0, "dynamic_sampling is 0"),
+            (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
+            (("eval_limit", "eval_every"), not self.eval_data, "eval_data is empty (no evaluation)"),
+        ]
+        out = [f"{name}: {reason}" for fields, cond, reason in rules if cond for name in fields if name in names]
+        for task, over in self.task_sampling.items():
+            if task not in tasks and "task_sampling" in names:
+                out.append(f"task_sampling: {task}: {sorted(over)} has no effect: no {task}: prompts are sampled")
+        for key in ("temperature", "top_p", "top_k"):
+            if key in names and tasks and all(key in self.task_sampling.get(t, {}) for t in tasks):
+                out.append(f"{key}: every sampled task sets its own {key} in task_sampling")
+        return out
 
     # -- io ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -295,11 +418,18 @@ class TrainConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
+def unknown_field(name: str) -> str:
+    """The error for a name that is not a field: why it was removed, or the closest fields."""
+    if name in REMOVED:
+        return f"config field '{name}' was {REMOVED[name]}"
+    close = [n for n in FIELDS if n.split("_")[0] == name.split("_")[0]][:5]
+    return f"unknown config field '{name}'" + (f"; did you mean one of {close}?" if close else "")
+
+
 def coerce(name: str, text: str) -> Any:
     """Parse a command-line / environment string for field `name` (YAML syntax: 1e-5, true, null, {a: 1})."""
     if name not in FIELDS:
-        close = [n for n in FIELDS if n.split("_")[0] == name.split("_")[0]][:5]
-        raise ValueError(f"unknown config field '{name}'" + (f"; did you mean one of {close}?" if close else ""))
+        raise ValueError(unknown_field(name))
     value = yaml.safe_load(text) if text != "" else None
     default = TrainConfig().__getattribute__(name)
     if isinstance(value, str) and FIELDS[name].type in ("float", "float | None", "int", "int | None"):
@@ -330,12 +460,12 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
         for k in loaded:
             if k not in FIELDS:
-                raise ValueError(f"{path}: unknown config field '{k}'")
+                raise ValueError(f"{path}: {unknown_field(k)}")
         data.update(loaded)
     for k, v in (overrides or {}).items():
-        data[k] = coerce(k, v) if isinstance(v, str) else v
         if k not in FIELDS:
-            raise ValueError(f"unknown config field '{k}'")
+            raise ValueError(unknown_field(k))
+        data[k] = coerce(k, v) if isinstance(v, str) else v
     cfg = TrainConfig(**data)
     _check_types(cfg)
     cfg.validate()

@@ -39,6 +39,12 @@ class Run:
     evals: list[dict] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)  # guard events (events.jsonl): recoveries and stops
+
+    @property
+    def stop(self) -> dict | None:
+        """The guard event that stopped the run, if one did."""
+        return next((e for e in reversed(self.events) if e.get("action") == "stop"), None)
 
     @property
     def base_eval(self) -> dict | None:
@@ -94,7 +100,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         raise FileNotFoundError(f"{metrics_path}: {what}")
     return Run(path=path, name=name or path.resolve().name, metrics=_read_jsonl(metrics_path),
                evals=_read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
-               summary=_read_json(path / "summary.json"))
+               summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"))
 
 
 def _unique_names(paths: Sequence[Path]) -> list[str]:
@@ -478,19 +484,46 @@ def _last_step(run: Run) -> Any:
     return int(max(steps)) if steps else None
 
 
+def _status(r: Run) -> str:
+    if r.stop:
+        return f"stopped by the guard at step {r.stop.get('step')}: {r.stop.get('signal')}"
+    return "finished" if r.summary else "in progress (no summary.json)"
+
+
 def runs_table(runs: Sequence[Run]) -> str:
-    """One line per run: where it is, how far it got, its best evaluation step."""
+    """One line per run: where it is, how far it got, its best evaluation step, what the guards did."""
     rows = []
     for r in runs:
         last_reward = series(r.metrics, "reward/mean")[1][-1:] or [None]
+        recoveries = sum(e.get("action") == "recover" for e in r.events)
         rows.append(f"<tr><td>{_e(r.name)}</td><td><code>{_e(r.path)}</code></td>"
                     f'<td class="num">{_e(fmt_number(r.summary.get("steps", _last_step(r))))}</td>'
                     f'<td class="num">{_e(fmt_number(r.summary.get("best_step")))}</td>'
                     f'<td class="num">{len(r.evals)}</td><td class="num">{_e(fmt_number(last_reward[0]))}</td>'
-                    f"<td>{'finished' if r.summary else 'in progress (no summary.json)'}</td></tr>")
+                    f'<td class="num">{recoveries}</td><td>{_e(_status(r))}</td></tr>')
     return ('<table class="runs"><thead><tr><th>run</th><th>directory</th><th class="num">steps</th>'
             '<th class="num">best eval step</th><th class="num">evaluations</th><th class="num">last reward/mean</th>'
-            f'<th>status</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+            f'<th class="num">guard recoveries</th><th>status</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def events_table(runs: Sequence[Run]) -> str:
+    """Every guard event of every run: what crossed which bound, and what the trainer did."""
+    rows = []
+    for r in runs:
+        for e in r.events:
+            action = "stopped the run" if e.get("action") == "stop" else (
+                f"rolled back to step {e.get('to_step')}, LR x{e.get('lr_scale', 1):.3g}"
+                + (f", beta x{e.get('beta_scale', 1):.3g}" if e.get("beta_scale", 1) != 1 else ""))
+            rows.append(f"<tr><td>{_e(r.name)}</td><td class=\"num\">{_e(fmt_number(e.get('step')))}</td>"
+                        f"<td><code>{_e(e.get('signal'))}</code></td><td class=\"num\">{_e(fmt_number(e.get('value')))}</td>"
+                        f"<td class=\"num\">{_e(fmt_number(e.get('bound')))}</td>"
+                        f"<td class=\"num\">{_e(fmt_number(e.get('reference')))}</td><td>{_e(action)}</td>"
+                        f"<td>{_e(', '.join(e.get('also') or []))}</td></tr>")
+    if not rows:
+        return '<p class="muted">No guard event: no collapse signal crossed its bound, no non-finite step.</p>'
+    return ('<table class="events"><thead><tr><th>run</th><th class="num">step</th><th>signal</th>'
+            '<th class="num">value</th><th class="num">bound</th><th class="num">reference</th><th>action</th>'
+            f'<th>also out of bounds</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
 def plots_section(plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
@@ -681,6 +714,7 @@ def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir:
     title = f"GRPO run {names}" if len(runs) == 1 else f"GRPO runs compared: {names}"
     sections = [
         ("Runs", runs_table(runs)),
+        ("Guard events", events_table(runs)),
         ("Config", config_table(runs)),
         ("Evaluation: base → final", eval_table(runs)),
         ("Training curves", plots_section(plots, out_dir)),

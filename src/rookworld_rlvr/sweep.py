@@ -26,8 +26,13 @@ sweep checks that every swept value is in the trainer's saved `config.yaml`.
 Each trial is an isolated training run. Objective (maximised): the held-out greedy reward at the
 end, the mean of `policy` and `environment` `mean_reward` of the final evaluation. User attrs:
 `base_reward`, `final_reward`, `gain`, `steps`, `seconds`, `status`, `overrides`,
-`output_dir`, `worker`, and `failure` (the reason) for failed trials. A run that a guard stops
-(non-finite loss, KL, see `TrainingStopped`) or that raises is a FAILED trial; the sweep goes on.
+`output_dir`, `worker`, `failure` (the reason) for failed trials, `guard_events` and `guard_signals`
+(from the run's events.jsonl) and `outcome`. A run that a guard stops (non-finite loss, a collapse
+signal, see `TrainingStopped`) or that raises is a FAILED trial; the sweep goes on.
+
+The stability report counts outcomes: intact (every step ran, held-out reward >= base - 0.02),
+stopped (a guard stopped it and named the cause), silent collapse (finished, held-out reward
+< base - 0.05, no guard event), degraded (finished, neither) and error (any other failure).
 
 Storage and several workers. The study lives in an Optuna RDB storage: by default SQLite at
 `sqlite:///<out>/study.db`. Every worker started with the same `--storage URL --study NAME`
@@ -395,6 +400,32 @@ def held_out_reward(res: dict | None) -> float | None:
     return float(sum(vals) / len(vals)) if vals else None
 
 
+# A run is intact when every step ran and its held-out reward did not fall more than INTACT_MARGIN
+# below the base; a silent collapse finished more than COLLAPSE_MARGIN below it without a guard event.
+INTACT_MARGIN, COLLAPSE_MARGIN = 0.02, 0.05
+OUTCOMES = ("intact", "stopped", "silent_collapse", "degraded", "error")
+
+
+def outcome(state: str, base: float | None, final: float | None, guard_events: int, stopped: bool) -> str:
+    """intact | stopped (a guard stopped it, naming the cause) | silent_collapse (finished, held-out
+    reward below base - COLLAPSE_MARGIN, no guard event) | degraded (finished, neither: a smaller loss,
+    or a larger one the guards saw but did not undo) | error (any other failure)."""
+    if stopped:
+        return "stopped"
+    if state != "COMPLETE" or base is None or final is None:
+        return "error"
+    if final >= base - INTACT_MARGIN:
+        return "intact"
+    if final < base - COLLAPSE_MARGIN and not guard_events:
+        return "silent_collapse"
+    return "degraded"
+
+
+def _guard_events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
 def _real(t) -> bool:
     return not t.user_attrs.get("surplus") and not t.user_attrs.get("requeued")
 
@@ -449,7 +480,12 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
             attrs.setdefault("steps", trainer.step)
             if trainer.base_eval is not None:
                 attrs.setdefault("base_reward", held_out_reward(trainer.base_eval))
+        events = _guard_events(run_dir)
+        attrs["guard_events"] = len(events)
+        attrs["guard_signals"] = sorted({e["signal"] for e in events})
         attrs.update(more)
+        attrs["outcome"] = outcome("COMPLETE" if state == TrialState.COMPLETE else "FAIL", attrs.get("base_reward"),
+                                   attrs.get("final_reward"), len(events), attrs.get("status") == "stopped")
         attrs["seconds"] = round(time.time() - t0, 1)
         attrs.setdefault("status", "complete" if state == TrialState.COMPLETE else "failed")
         for k, v in attrs.items():
@@ -499,7 +535,7 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
             a = finish(TrialState.COMPLETE, final_r, base_reward=base_r, final_reward=final_r,
                        gain=final_r - base_r if base_r is not None else None, steps=summary["steps"])
     except TrainingStopped as e:
-        a = finish(TrialState.FAIL, failure=f"stopped at step {trainer.step if trainer else 0}: {e}")
+        a = finish(TrialState.FAIL, failure=f"stopped at step {trainer.step if trainer else 0}: {e}", status="stopped")
     except KeyboardInterrupt:
         log(f"trial {trial.number}: interrupted; its configuration is queued again")
         trial.set_user_attr("seconds", round(time.time() - t0, 1))
@@ -513,7 +549,8 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
         gain = a.get("gain")
         log(f"trial {trial.number}: held-out reward {a['final_reward']:.4f}"
             + (f" (base {a['base_reward']:.4f}, gain {gain:+.4f})" if gain is not None else "")
-            + f" in {a['seconds'] / 60:.1f} min")
+            + f" in {a['seconds'] / 60:.1f} min: {a['outcome']}"
+            + (f" after {a['guard_events']} guard event(s)" if a["guard_events"] else ""))
     else:
         log(f"trial {trial.number}: FAILED after {a['seconds'] / 60:.1f} min: {a['failure']}")
     return a
@@ -607,7 +644,9 @@ def summarize(study, out: str | Path | None = None, log: Callable[[str], None] |
         return {"trial": t.number, "state": t.state.name, "value": t.value, "base_reward": a.get("base_reward"),
                 "final_reward": a.get("final_reward"), "gain": a.get("gain"), "steps": a.get("steps"),
                 "seconds": a.get("seconds"), "overrides": a.get("overrides", dict(t.params)),
-                "failure": a.get("failure"), "output_dir": a.get("output_dir"), "worker": a.get("worker")}
+                "failure": a.get("failure"), "output_dir": a.get("output_dir"), "worker": a.get("worker"),
+                "outcome": a.get("outcome"), "guard_events": a.get("guard_events"),
+                "guard_signals": a.get("guard_signals")}
 
     rows = [row(t) for t in trials]
     gains = [r["gain"] for r in rows if r["state"] == "COMPLETE" and r["gain"] is not None]
@@ -631,6 +670,7 @@ def summarize(study, out: str | Path | None = None, log: Callable[[str], None] |
                  "mean": statistics.fmean(gains), "improved": sum(g > 0 for g in gains),
                  "share_improved": sum(g > 0 for g in gains) / len(gains)} if gains else None,
         "duplicates": [v for v in seen.values() if len(v) > 1],
+        "outcomes": _outcome_counts(rows),
         "failures": [{"trial": r["trial"], "overrides": r["overrides"], "reason": r["failure"]}
                      for r in rows if r["state"] == "FAIL"],
         "trial_table": rows,
@@ -648,6 +688,16 @@ def summarize(study, out: str | Path | None = None, log: Callable[[str], None] |
     return summary
 
 
+def _outcome_counts(rows: list[dict]) -> dict:
+    """The stability report: how many finished trials ended each way (and intact after a recovery)."""
+    done = [r for r in rows if r["state"] in ("COMPLETE", "FAIL") and r.get("outcome")]
+    counts = {o: sum(r["outcome"] == o for r in done) for o in OUTCOMES}
+    counts["intact_after_recovery"] = sum(r["outcome"] == "intact" and bool(r.get("guard_events")) for r in done)
+    counts["stop_causes"] = sorted({(r.get("guard_signals") or ["?"])[-1] for r in done if r["outcome"] == "stopped"})
+    counts["counted"] = len(done)
+    return counts
+
+
 def format_summary(s: dict) -> str:
     lines = [f"sweep '{s['study']}': {s['finished']} finished of {s['trials']} trials "
              f"({s['complete']} complete, {s['failed']} failed, {s['running']} running, {s['waiting']} queued)"]
@@ -661,39 +711,57 @@ def format_summary(s: dict) -> str:
         g = s["gain"]
         lines.append(f"gain (final - base held-out reward): min {g['min']:+.4f}  median {g['median']:+.4f}  "
                      f"max {g['max']:+.4f}; improved {g['improved']}/{g['n']} ({g['share_improved']:.0%})")
+    o = s.get("outcomes")
+    if o and o["counted"]:
+        lines.append(f"outcomes of {o['counted']} runs: {o['intact']} intact"
+                     + (f" ({o['intact_after_recovery']} after a guard recovery)" if o["intact_after_recovery"] else "")
+                     + f", {o['stopped']} stopped with a named cause"
+                     + (f" ({', '.join(o['stop_causes'])})" if o["stop_causes"] else "")
+                     + f", {o['silent_collapse']} silent collapses, {o['degraded']} degraded, {o['error']} errors "
+                     f"(intact: held-out >= base - {INTACT_MARGIN}; silent collapse: < base - {COLLAPSE_MARGIN} "
+                     "without a guard event)")
     if s["duplicates"]:
         lines.append(f"warning: configurations completed more than once: {s['duplicates']}")
     if s["trial_table"]:
-        lines.append(f"{'trial':>5}  {'state':<8} {'base':>7} {'final':>7} {'gain':>8} {'mins':>5}  configuration / failure")
+        lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} {'mins':>5}  "
+                     "configuration / guard events / failure")
         for r in s["trial_table"]:
             num = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
-            tail = _fmt(r["overrides"]) + (f"  [{r['failure']}]" if r["failure"] else "")
-            lines.append(f"{r['trial']:>5}  {r['state']:<8} {num(r['base_reward'], '7.4f'):>7} "
+            tail = _fmt(r["overrides"]) + (f"  guard: {', '.join(r['guard_signals'])}" if r.get("guard_signals") else "") \
+                + (f"  [{r['failure']}]" if r["failure"] else "")
+            lines.append(f"{r['trial']:>5}  {r['state']:<8} {r.get('outcome') or '-':<15} "
+                         f"{num(r['base_reward'], '7.4f'):>7} "
                          f"{num(r['final_reward'], '7.4f'):>7} {num(r['gain'], '+8.4f'):>8} "
                          f"{num(r['seconds'] / 60 if r['seconds'] is not None else None, '5.1f'):>5}  {tail}")
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: Path, title: str, best: int | None) -> str | None:
-    """Gain per trial, coloured by status (failed runs without a final evaluation sit at 0 as x)."""
+    """Gain per trial, coloured by outcome (runs without a final evaluation sit at 0 as x); dashed lines:
+    the intact and silent-collapse bounds."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    colors = {"COMPLETE": "tab:green", "FAIL": "tab:red", "RUNNING": "tab:gray", "WAITING": "tab:gray"}
+    colors = {"intact": "tab:green", "stopped": "tab:orange", "silent_collapse": "tab:red", "degraded": "gold",
+              "error": "darkred", "running": "tab:gray"}
     fig = Figure(figsize=(max(6.0, 0.35 * len(rows) + 2), 4.0))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for state, label in (("COMPLETE", "complete"), ("FAIL", "failed"), ("RUNNING", "running")):
-        sel = [r for r in rows if r["state"] == state]
+    kind = lambda r: r.get("outcome") or ("running" if r["state"] in ("RUNNING", "WAITING") else "error")  # noqa: E731
+    for name, color in colors.items():
+        sel = [r for r in rows if kind(r) == name]
+        label = name.replace("_", " ")
         with_gain = [r for r in sel if r["gain"] is not None]
         if with_gain:
-            ax.bar([r["trial"] for r in with_gain], [r["gain"] for r in with_gain], color=colors[state], label=label)
+            ax.bar([r["trial"] for r in with_gain], [r["gain"] for r in with_gain], color=color, label=label)
         without = [r for r in sel if r["gain"] is None]
         if without:
-            ax.scatter([r["trial"] for r in without], [0.0] * len(without), marker="x", color=colors[state],
-                       label=f"{label} (no final eval)" if state == "FAIL" else label, zorder=3)
+            ax.scatter([r["trial"] for r in without], [0.0] * len(without), marker="x", color=color,
+                       label=f"{label} (no final eval)", zorder=3)
+    for margin in (INTACT_MARGIN, COLLAPSE_MARGIN):  # the outcome bounds, as gains
+        ax.axhline(-margin, color="gray", linewidth=0.6, linestyle="--")
     if best is not None:
         b = next(r for r in rows if r["trial"] == best)
         ax.annotate("best", (best, b["gain"] or 0.0), textcoords="offset points", xytext=(0, 6), ha="center")

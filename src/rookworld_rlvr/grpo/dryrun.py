@@ -48,6 +48,8 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     """Validate config, data and model location; print counts and the plan. Returns an exit code."""
     problems = []
     out("config: valid")
+    for note in cfg.inert_settings():
+        out(f"warning: setting without effect: {note}")
     for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data)):
         if not path:
             continue

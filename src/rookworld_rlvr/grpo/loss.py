@@ -7,6 +7,29 @@ completion tokens that count. Per-token maths is done in float32.
 Padding never contributes: every input is passed through ``torch.where(mask, x, 0)``
 *before* any arithmetic, so -inf/NaN log-probs under padding can produce neither NaN
 values nor NaN gradients (multiplying by the mask would: 0 * inf = NaN).
+
+The loss, top to bottom:
+
+    A_i      = (r_i - mean_group(r)) / scale          group_advantages (scale: group std, batch std, 1)
+    rho      = exp(logp - old_logp)                    per token, or per sequence (GSPO):
+               exp(mean_t(logp - old_logp))            importance_sampling_level
+    pg_t     = -min(min(rho, delta) A, clip(rho, 1 - eps_low, 1 + eps_high) A) * w_t
+               (delta: two-sided clip for A < 0; w_t: sampler correction, min(pi_old / pi_sampler, cap))
+    total    = agg(pg) + beta * agg(KL estimate) - entropy_coef * agg(entropy)
+
+KL estimators and their gradients. Tokens are sampled from the policy pi and the loss
+differentiates the estimate through log pi only (no score-function term), so an estimator's
+*value* and its *gradient in the loss* answer different questions. With r = log(ref / pi):
+
+    estimator          E_pi[value]          E_pi[gradient of value in the loss]
+    k1 = -r            KL(pi || ref)        0: a k1 penalty pulls toward nothing on average
+    k2 = r^2 / 2       ~KL(pi || ref)       grad KL(pi || ref)   (reverse KL, mode-seeking)
+    k3 = e^r - r - 1   KL(pi || ref)        grad KL(ref || pi)   (forward KL, mass-covering)
+
+k3 is the default because DeepSeekMath's GRPO and TRL use it (an unbiased, non-negative,
+low-variance *value*); its gradient keeps the policy covering what the reference covers.
+k2 is the one whose gradient is that of the KL it reports. k1 is refused with beta > 0
+(tests/test_loss.py computes each expectation exactly on a small categorical).
 """
 
 from __future__ import annotations
@@ -20,11 +43,15 @@ from torch import Tensor
 
 KLKind = Literal["k1", "k2", "k3"]
 ScaleMode = Literal["group", "batch", "none"]
+FloorMode = Literal["max", "add"]
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+Level = Literal["token", "sequence"]
 
 KL_KINDS = ("k1", "k2", "k3")
 SCALE_MODES = ("group", "batch", "none")
+FLOOR_MODES = ("max", "add")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LEVELS = ("token", "sequence")
 
 
 # --------------------------------------------------------------------------- masking
@@ -49,9 +76,10 @@ def _masked_stats(x: Tensor, mask: Tensor) -> tuple[float, float, float]:
 
 # ------------------------------------------------------------------------ KL estimators
 # Schulman, "Approximating KL divergence" (2020). Tokens are sampled from the policy, so
-# with r = ref_logp - logp = log(ref/policy) each k estimates KL(policy || ref):
+# with r = ref_logp - logp = log(ref/policy) each k's *value* estimates KL(policy || ref):
 # k1 is unbiased but high-variance and can be negative, k2 is biased but low-variance,
-# k3 is unbiased, non-negative and low-variance (the DeepSeekMath/TRL choice).
+# k3 is unbiased, non-negative and low-variance (the DeepSeekMath/TRL choice). Their
+# *gradients* in the loss differ: see the module docstring.
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -134,29 +162,38 @@ def group_advantages(
     group_size: int,
     scale: ScaleMode = "group",
     std_floor: float = 1e-4,
-    clip: float | None = None,
+    floor_mode: FloorMode = "max",
 ) -> Tensor:
-    """Advantages [N] = (reward - group mean) / max(std, std_floor), then clipped to [-clip, clip].
+    """Advantages [N] = (reward - group mean) / scale.
 
     scale: "group" divides by each group's std (DeepSeekMath GRPO), "batch" by the std of the
     whole batch (TRL scale_rewards="batch"), "none" only centres (Dr. GRPO). Std is the
-    unbiased sample std, as in TRL. Groups whose rewards are all equal get exactly 0.
+    unbiased sample std, as in TRL. The floor keeps a tiny std from blowing noise up:
+    floor_mode "max" divides by max(std, std_floor), "add" by std + std_floor (TRL: std + 1e-4).
+    "max" leaves groups with std >= std_floor untouched but shrinks those below it (one of 8
+    rewards 0.1 apart: std 0.035, the advantages shrink by 29% under a 0.05 floor); "add"
+    shrinks every group by std / (std + std_floor), hardly at all for a small std_floor.
+    Groups whose rewards are all equal get exactly 0. With group scaling |A| <= (G - 1) / sqrt(G)
+    (2.47 at G = 8) whatever the rewards, so advantages need no clip.
     """
     if scale not in SCALE_MODES:
         raise ValueError(f"unknown advantage scale {scale!r}; expected one of {SCALE_MODES}")
+    if floor_mode not in FLOOR_MODES:
+        raise ValueError(f"unknown std floor mode {floor_mode!r}; expected one of {FLOOR_MODES}")
     grouped = _groups(rewards, group_size).double()
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     correction = 1 if group_size > 1 else 0
+
+    def floored(std: Tensor) -> Tensor:
+        return std.clamp(min=std_floor) if floor_mode == "max" else std + std_floor
+
     if scale == "group":
-        centred = centred / grouped.std(dim=1, keepdim=True, correction=correction).clamp(min=std_floor)
+        centred = centred / floored(grouped.std(dim=1, keepdim=True, correction=correction))
     elif scale == "batch":
-        batch_std = grouped.std(correction=1 if grouped.numel() > 1 else 0)
-        centred = centred / batch_std.clamp(min=std_floor)
+        centred = centred / floored(grouped.std(correction=1 if grouped.numel() > 1 else 0))
     # Centring equal floats can leave rounding dust; a flat group must give exactly zero.
     flat = zero_variance_groups(rewards, group_size).unsqueeze(1)
     adv = torch.where(flat, torch.zeros_like(centred), centred)
-    if clip is not None:
-        adv = adv.clamp(-clip, clip)
     return adv.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
@@ -164,16 +201,30 @@ def group_advantages(
 
 
 def clip_fractions(
-    ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
-) -> tuple[float, float]:
-    """Share of masked tokens where the clip is active (the clipped term wins and the
-    gradient is cut): low = ratio < 1 - eps_low with A < 0; high = ratio > 1 + eps_high with A > 0."""
+    ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float, delta: float | None = None
+) -> tuple[float, float, float]:
+    """Share of masked tokens where a clip is active (the gradient is cut): low = ratio < 1 - eps_low
+    with A < 0; high = ratio > 1 + eps_high with A > 0; delta = ratio > delta with A < 0."""
     m = _as_bool(mask)
     n = m.sum().clamp(min=1)
     adv = advantages.detach().unsqueeze(1)
-    low = (ratio.detach() < 1 - eps_low) & (adv < 0) & m
-    high = (ratio.detach() > 1 + eps_high) & (adv > 0) & m
-    return (low.sum() / n).item(), (high.sum() / n).item()
+    r = ratio.detach().expand_as(m)
+    low = (r < 1 - eps_low) & (adv < 0) & m
+    high = (r > 1 + eps_high) & (adv > 0) & m
+    cut = (r > delta) & (adv < 0) & m if delta is not None else torch.zeros_like(m)
+    return (low.sum() / n).item(), (high.sum() / n).item(), (cut.sum() / n).item()
+
+
+def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: Level = "token") -> Tensor:
+    """pi / pi_old: per token [N, C], or per sequence [N, 1] as GSPO (Zheng et al. 2025) defines it,
+    exp of the mean per-token log ratio over the sequence's tokens (length-normalised)."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown importance sampling level {level!r}; expected one of {LEVELS}")
+    log_ratio = _masked(logp, mask) - _masked(old_logp, mask)
+    if level == "sequence":
+        lengths = _as_bool(mask).sum(dim=1, keepdim=True).clamp(min=1)
+        log_ratio = log_ratio.sum(dim=1, keepdim=True) / lengths
+    return torch.exp(log_ratio)
 
 
 def clipped_surrogate(
@@ -183,30 +234,56 @@ def clipped_surrogate(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     mask: Tensor | None = None,
+    level: Level = "token",
+    delta: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped objective per token: -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A),
-    ratio = exp(logp - old_logp) against the *sampling* policy (not the reference).
-    Separate low/high ranges are DAPO's clip-higher. Returns (loss [N, C], stats) with
-    stats clip_low, clip_high, clip_frac, ratio_mean, ratio_max over masked tokens."""
+    """PPO clipped objective per token: -min(min(ratio, delta) * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A),
+    ratio = importance_ratio against the *sampling* policy (not the reference). Separate low/high
+    ranges are DAPO's clip-higher; `delta` (> 1 + eps_high, TRL's two-sided clipping) caps the
+    ratio of tokens with A < 0, whose loss PPO's clip leaves unbounded. At level "sequence" each
+    token carries its sequence's ratio and clip (GSPO). Returns (loss [N, C], stats) with stats
+    clip_low, clip_high, clip_delta, clip_frac, ratio_mean, ratio_max over masked tokens."""
     if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
         raise ValueError(f"advantages must be [N={logp.shape[0]}], got {tuple(advantages.shape)}")
     if mask is None:
         mask = torch.ones_like(logp, dtype=torch.bool)
-    ratio = torch.exp(_masked(logp, mask) - _masked(old_logp, mask))
+    ratio = importance_ratio(logp, old_logp, mask, level)
     adv = advantages.float().unsqueeze(1)
-    unclipped = ratio * adv
+    capped = ratio if delta is None else ratio.clamp(max=delta)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    clip_low, clip_high = clip_fractions(ratio, advantages, mask, eps_low, eps_high)
-    ratio_mean, ratio_max, _ = _masked_stats(ratio, mask)
+    per_token = -torch.minimum(capped * adv, clipped).expand_as(logp)
+    clip_low, clip_high, clip_delta = clip_fractions(ratio, advantages, mask, eps_low, eps_high, delta)
+    ratio_mean, ratio_max, _ = _masked_stats(ratio.expand_as(logp), mask)
     stats = {
         "clip_low": clip_low,
         "clip_high": clip_high,
-        "clip_frac": clip_low + clip_high,
+        "clip_delta": clip_delta,
+        "clip_frac": clip_low + clip_high + clip_delta,
         "ratio_mean": ratio_mean,
         "ratio_max": ratio_max,
     }
     return per_token, stats
+
+
+def sampler_correction(
+    old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance sampling (TIS, Yao et al. 2025) between the sampler and the trainer:
+    per-token weights w = min(pi_old / pi_sampler, cap) [N, C] (no gradient) for the policy term.
+    The tokens were drawn from the sampler's distribution; where it differs from the trainer's
+    old policy (bf16 sampling, recorded rollouts, another inference engine) w re-weights them
+    toward the trainer's, and the cap bounds the variance. Stats: tis_weight_mean (after the cap),
+    tis_weight_max (before it), tis_capped (share of tokens at the cap)."""
+    m = _as_bool(mask)
+    raw = torch.exp(_masked(old_logp.detach(), m) - _masked(sampler_logp.detach(), m))
+    weights = torch.where(m, raw.clamp(max=cap), torch.zeros_like(raw))
+    n = m.sum().clamp(min=1)
+    stats = {
+        "tis_weight_mean": _masked_stats(weights, m)[0],
+        "tis_weight_max": _masked_stats(raw, m)[1],
+        "tis_capped": (((raw > cap) & m).sum() / n).item(),
+    }
+    return weights, stats
 
 
 # ---------------------------------------------------------------------------- aggregation
@@ -216,7 +293,7 @@ def aggregate(
     per_token: Tensor,
     mask: Tensor,
     loss_type: LossType = "grpo",
-    max_completion_length: int | None = None,
+    max_completion_length: int | Tensor | None = None,
     num_items_in_batch: int | float | Tensor | None = None,
 ) -> Tensor:
     """Reduce a per-token quantity [N, C] over masked tokens to a scalar (TRL names):
@@ -224,8 +301,10 @@ def aggregate(
     - "grpo": mean over sequences of (token sum / sequence length) (DeepSeekMath). Long
       completions weigh each token less, a length bias Dr. GRPO points out.
     - "bnpo": token sum / number of masked tokens in the local batch (token-level mean).
-    - "dr_grpo": token sum / (N * max_completion_length) (Dr. GRPO, Liu et al. 2025): a
-      constant normaliser, no length bias. Falls back to C when max_completion_length is None.
+    - "dr_grpo": token sum / (N * max_completion_length) (Dr. GRPO, Liu et al. 2025; TRL): a
+      constant normaliser, the generation budget, so no length bias and every token weighs the
+      same whatever the batch's longest completion. A tensor [N] gives each row its own budget
+      (rows of tasks with different token limits). Falls back to C when it is None.
     - "dapo": token sum / number of masked tokens in the *global* batch (DAPO, Yu et al. 2025),
       given as num_items_in_batch so gradient-accumulation micro-batches and processes sum
       to the right token mean; falls back to the local count. If DDP averages gradients over
@@ -240,8 +319,10 @@ def aggregate(
     if loss_type == "bnpo":
         return total / m.sum().clamp(min=1)
     if loss_type == "dr_grpo":
-        length = per_token.shape[1] if max_completion_length is None else max_completion_length
-        return total / (per_token.shape[0] * length)
+        budget = per_token.shape[1] if max_completion_length is None else max_completion_length
+        if isinstance(budget, Tensor):
+            return (values.sum(dim=1) / budget.to(values)).sum() / per_token.shape[0]
+        return total / (per_token.shape[0] * budget)
     if loss_type == "dapo":
         if num_items_in_batch is None:
             return total / m.sum().clamp(min=1)
@@ -264,13 +345,19 @@ class LossOutput:
     kl_mean: float
     kl_max: float
     kl_min: float
+    kl_seq_max: float  # the largest per-completion mean KL: one runaway completion, not one token
+    kl_clamped: float  # share of tokens whose KL reached kl_clamp: their KL gradient is zero
     kl_share: float
     clip_low: float
     clip_high: float
+    clip_delta: float
     clip_frac: float
     ratio_mean: float
     ratio_max: float
     entropy: float | None = None
+    tis_weight_mean: float | None = None
+    tis_weight_max: float | None = None
+    tis_capped: float | None = None
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics (no loss tensor), ready for a logger."""
@@ -292,29 +379,46 @@ def grpo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     loss_type: LossType = "grpo",
-    max_completion_length: int | None = None,
+    max_completion_length: int | Tensor | None = None,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     num_items_in_batch: int | float | Tensor | None = None,
     kl: Tensor | None = None,
+    level: Level = "token",
+    delta: float | None = None,
+    sampler_logp: Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> LossOutput:
     """Total = policy term + beta * KL term - entropy_coef * entropy term, each aggregated by
     ``loss_type``. ``old_logp`` None means one update per batch (old = logp.detach()).
-    KL comes from ``kl`` if given (e.g. exact_kl), else from ``ref_logp`` with ``kl_kind``;
-    with neither the KL term is 0. KL/entropy metrics are token means over the mask."""
+    KL comes from ``kl`` if given (e.g. exact_kl, already clamped), else from ``ref_logp`` with
+    ``kl_kind``; with neither the KL term is 0. k1 with beta != 0 is refused: its gradient is zero
+    in expectation (module docstring). ``sampler_logp`` with ``tis_cap`` weights the policy term by
+    `sampler_correction` (not the KL or entropy terms). KL/entropy metrics are token means over the mask."""
+    if kl is None and kl_kind == "k1" and beta != 0.0:
+        raise ValueError("the k1 KL estimator has a zero expected gradient: as a penalty (beta > 0) it "
+                         "pulls toward nothing; use k3 (gradient of KL(ref || policy)) or k2 (of KL(policy || ref))")
     m = _as_bool(mask)
     if old_logp is None:
         old_logp = logp.detach()
-    per_token_pg, stats = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, m)
+    per_token_pg, stats = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, m, level, delta)
+    if sampler_logp is not None and tis_cap is not None:
+        weights, tis_stats = sampler_correction(old_logp, sampler_logp, m, tis_cap)
+        per_token_pg = per_token_pg * weights
+        stats.update(tis_stats)
     policy_term = aggregate(per_token_pg, m, loss_type, max_completion_length, num_items_in_batch)
     loss = policy_term
 
-    kl_term_value, kl_mean, kl_max, kl_min = 0.0, 0.0, 0.0, 0.0
+    kl_term_value, kl_mean, kl_max, kl_min, kl_seq_max, kl_clamped = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     if kl is None and ref_logp is not None:
         kl = kl_estimate(_masked(logp, m), _masked(ref_logp, m), kl_kind, kl_clamp)
     if kl is not None:
         kl = _masked(kl, m)
         kl_mean, kl_max, kl_min = _masked_stats(kl, m)
+        per_seq = kl.detach().sum(dim=1) / m.sum(dim=1).clamp(min=1)
+        kl_seq_max = per_seq[m.any(dim=1)].max().item() if m.any() else 0.0
+        if kl_clamp is not None:
+            kl_clamped = (((kl.detach().abs() >= kl_clamp) & m).sum() / m.sum().clamp(min=1)).item()
         if beta != 0.0:  # skip 0 * kl so an unclamped inf cannot become NaN
             kl_term = beta * aggregate(kl, m, loss_type, max_completion_length, num_items_in_batch)
             loss = loss + kl_term
@@ -339,6 +443,8 @@ def grpo_loss(
         kl_mean=kl_mean,
         kl_max=kl_max,
         kl_min=kl_min,
+        kl_seq_max=kl_seq_max,
+        kl_clamped=kl_clamped,
         kl_share=abs(kl_term_value) / denom if denom > 0 else 0.0,  # |β·KL| / (|β·KL| + policy scale)
         entropy=entropy_mean,
         **stats,

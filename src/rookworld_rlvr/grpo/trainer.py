@@ -2,7 +2,7 @@
 
     prompts -> G completions each -> verified rewards -> advantages
     -> μ passes (minibatches, gradient accumulation) -> optimizer step
-    -> controllers (β, KL threshold, non-finite guard) -> metrics, eval, checkpoint
+    -> controllers (β, non-finite guard, collapse guard: roll back or stop) -> metrics, eval, checkpoint
 
 The trainer receives a reward function (`reward_fn(prompts, completions, truths, weights)`),
 not the chess modules; `build_trainer` wires in the chess rewards.
@@ -27,7 +27,7 @@ from rookworld_rlvr import __version__
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
-from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, KLThresholdGuard, NonFiniteGuard,
+from rookworld_rlvr.grpo.control import (CollapseGuard, CurriculumSchedule, GuardEvent, KLController, NonFiniteGuard,
                                          RewardNormalizer, SymptomMonitor, adamw, cosine_lr)
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import bf16_grad, generate, gpt2_segments, load_policy, resolve_device, token_logprobs
@@ -166,7 +166,7 @@ def wrap_lora(model, cfg: TrainConfig):
     peft = _peft()
     targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
-    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
                            fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
     return peft.get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
 
@@ -289,6 +289,8 @@ class Trainer:
         self.eval_fn = eval_fn
         self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
         self.log = log if self.main else (lambda *_: None)
+        for note in cfg.inert_settings():
+            self.log(f"warning: setting without effect: {note}")
         self.run_dir = Path(cfg.output_dir)
         self._check_shardable()
         if self.main and not cfg.resume and ((self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()):
@@ -313,7 +315,7 @@ class Trainer:
         self.policy, self.tokenizer = load_policy(source, device=str(self.device), verbose=False)
         self.policy.eval()  # dropout off in every forward pass, training included
         self.policy.requires_grad_(True)
-        self.use_ref = cfg.kl_coef > 0 or cfg.kl_divergence_threshold is not None
+        self.use_ref = cfg.uses_reference  # the KL penalty, or the collapse guard's KL signals
         self.ref = None
         self._sampler = None
         if cfg.lora_r:  # the reference is this model with its adapters disabled: no second copy
@@ -341,8 +343,13 @@ class Trainer:
         self.opt = adamw(trainable, cfg.lr, (0.9, 0.99), cfg.weight_decay)
         self.kl_ctl = KLController(cfg.kl_coef, cfg.kl_mode, cfg.kl_target, cfg.kl_horizon, cfg.kl_coef_min,
                                    max(cfg.kl_coef_max, cfg.kl_coef_min), cfg.kl_warmup_steps, cfg.kl_warmup_factor)
-        self.kl_guard = KLThresholdGuard(cfg.kl_divergence_threshold, cfg.kl_max_recoveries)
+        self.guard = CollapseGuard(cfg.guard_valid_drop, cfg.guard_reward_drop, cfg.guard_kl_mean, cfg.guard_kl_max,
+                                   cfg.guard_entropy_factor, cfg.guard_truncation_rise, cfg.guard_eval_drop,
+                                   cfg.guard_window, cfg.guard_patience, cfg.guard_max_recoveries)
         self.nan_guard = NonFiniteGuard(cfg.nan_max_consecutive, cfg.nan_max_rollbacks, cfg.rollback_lr_factor)
+        self.snapshots: dict[int, dict] = {}  # in-memory rollback targets since the last checkpoint (see snapshot)
+        self.beta_scale = 1.0  # rollback_kl_factor ** recoveries
+        self.phase_key: str | None = None  # sampling settings and reward weights in force (guard histories reset)
         self.normalizer = RewardNormalizer(cfg.reward_norm_momentum, cfg.reward_norm)
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
@@ -353,6 +360,8 @@ class Trainer:
         self.anchor = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
+        self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)
+        self.collect_stats: dict[str, float] = {}
         self.lr_scale = 1.0
         self.base_eval: dict | None = None
         self.best: tuple[float, int] | None = None
@@ -390,7 +399,8 @@ class Trainer:
     def _state(self) -> dict:
         st = {
             "step": self.step, "optimizer": self.opt.state_dict(), "lr_scale": self.lr_scale,
-            "kl_ctl": self.kl_ctl.state_dict(), "kl_guard": self.kl_guard.state_dict(),
+            "kl_ctl": self.kl_ctl.state_dict(), "guard": self.guard.state_dict(), "beta_scale": self.beta_scale,
+            "phase_key": self.phase_key,
             "nan_guard": self.nan_guard.state_dict(), "normalizer": self.normalizer.state_dict(),
             "monitor": self.monitor.state_dict(), "prompts": copy.deepcopy(self.prompts.state),
             "anchor": copy.deepcopy(self.anchor.state) if self.anchor else None,
@@ -411,6 +421,9 @@ class Trainer:
                 raise ValueError("this checkpoint has no LoRA adapters (saved with lora_r 0): resume it with lora_r 0")
             with torch.no_grad():
                 _peft().set_peft_model_state_dict(self.policy, st["lora"])  # copies in place: the optimizer keeps its params
+        elif "weights" in st:  # an in-memory snapshot
+            with torch.no_grad():
+                self.policy.load_state_dict(st["weights"])  # copies in place: the optimizer keeps its params
         elif weights_from is not None:
             loaded, _ = load_policy(str(weights_from), device=str(self.device), verbose=False)
             with torch.no_grad():
@@ -425,7 +438,9 @@ class Trainer:
         self.opt.load_state_dict(st["optimizer"])
         self.lr_scale = st["lr_scale"]
         self.kl_ctl.load_state_dict(st["kl_ctl"])
-        self.kl_guard.load_state_dict(st["kl_guard"])
+        if "guard" in st:  # checkpoints written before the collapse guard start it afresh
+            self.guard.load_state_dict(st["guard"])
+        self.beta_scale, self.phase_key = st.get("beta_scale", 1.0), st.get("phase_key")
         self.nan_guard.load_state_dict(st["nan_guard"])
         self.normalizer.load_state_dict(st["normalizer"])
         self.monitor.load_state_dict(st["monitor"])
@@ -467,7 +482,8 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint; collective under torchrun: rank 0 writes (with every rank's sampling stream),
-        the others wait until it is complete, so a rollback or resume finds it."""
+        the others wait until it is complete, so a rollback or resume finds it. In-memory snapshots
+        older than it are dropped: a run resumed from it has none, and both must roll back alike."""
         gens = dist.all_gather_object(self.gen.get_state())
         path = ckpt.checkpoint_dir(self.run_dir, self.step)
         if self.main:
@@ -475,48 +491,131 @@ class Trainer:
                                         {**self._state(), "generators": gens})
             keep = {self.best[1]} if self.best else set()
             ckpt.prune(self.run_dir, self.cfg.keep_last, keep)
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s >= self.step}
         dist.barrier()
         return path
 
-    def rollback(self, reason: str) -> None:
-        """Restore the last good checkpoint (weights, optimizer, controllers) with a lower LR."""
+    def snapshot(self) -> None:
+        """Keep the state at this step in memory (every guard_snapshot_every steps): a rollback
+        target between checkpoints, restored without touching the disk. Only the newest snapshot
+        old enough for any future recovery (a collapse guard's goes back guard_patience + 1 steps
+        before the record that acts, the NaN guard's nan_max_consecutive) and newer ones are kept."""
+        if self.step % self.cfg.guard_snapshot_every or self.step in self.snapshots:
+            return
+        state = copy.deepcopy(self._state())  # tensors cloned: later steps must not write into it
+        state["generator"] = self.gen.get_state()  # this rank's own sampling stream
+        if not self.cfg.lora_r:
+            state["weights"] = {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+        self.snapshots[self.step] = state
+        reach = max(self.cfg.guard_patience, self.cfg.nan_max_consecutive)
+        old = [s for s in self.snapshots if s <= self.step - reach]
+        if old:
+            self.snapshots = {s: v for s, v in self.snapshots.items() if s >= max(old)}
+
+    def rollback(self, reason: str, to_step: int | None = None, kl_factor: float = 1.0) -> int:
+        """Restore the newest good state at or before `to_step` (default: now), from memory or a
+        checkpoint: weights, optimizer, controllers, data and sampling streams; the guards keep their
+        counts. LR x rollback_lr_factor and beta x `kl_factor` from then on. Returns the step."""
         dist.barrier()  # every rank decided the same; no checkpoint is half-written while they read it
-        path = ckpt.latest_checkpoint(self.run_dir)
-        if path is None:
-            raise TrainingStopped(f"{reason}; no checkpoint to roll back to")
-        guards = (self.nan_guard.state_dict(), self.kl_guard.state_dict())
-        lr_scale = self.lr_scale * self.cfg.rollback_lr_factor
-        self._load_state(ckpt.load_state(path), weights_from=path)
-        self.nan_guard.load_state_dict(guards[0])  # the guards remember how often they fired
-        self.kl_guard.load_state_dict(guards[1])
-        self.lr_scale = lr_scale
+        to_step = self.step if to_step is None else to_step
+        disk = {s: p for s, p in ckpt.list_checkpoints(self.run_dir) if s <= to_step}
+        memory = [s for s in self.snapshots if s <= to_step]
+        if not disk and not memory:
+            raise TrainingStopped(f"{reason}; no saved state at or before step {to_step} to roll back to")
+        target = max(memory + list(disk))
+        nan_state, recoveries = self.nan_guard.state_dict(), self.guard.recoveries
+        lr_scale, beta_scale = self.lr_scale * self.cfg.rollback_lr_factor, self.beta_scale * kl_factor
+        now = self.step
+        if target in memory:
+            self._load_state(copy.deepcopy(self.snapshots[target]))
+            where = f"step_{target:06d} (in memory)"
+        else:
+            self._load_state(ckpt.load_state(disk[target]), weights_from=disk[target])
+            where = disk[target].name
+        self.nan_guard.load_state_dict(nan_state)  # the guards remember how often they fired
+        self.guard.recoveries = recoveries
+        self.lr_scale, self.beta_scale = lr_scale, beta_scale
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s <= target}
         self._truncate_logs()
-        self.log(f"step {self.step}: {reason}: rolled back to {path.name}, LR x{self.lr_scale:.3g}")
+        self.log(f"step {now}: {reason}: rolled back to {where}, LR x{self.lr_scale:.3g}"
+                 + (f", beta x{self.beta_scale:.3g}" if self.beta_scale != 1 else ""))
+        return target
+
+    def _event(self, event: GuardEvent, **more) -> None:
+        """Every guard event goes to events.jsonl (never truncated), the log and the summary."""
+        self.events.append({**event.record(), **more})
+        if self.main:
+            _append(self.run_dir / "events.jsonl", {**event.record(), **more})
+        self.log(event.message)
+
+    def _act(self, event: GuardEvent) -> None:
+        """Recover from a collapse event (or stop with its message). A step's samples come from the
+        weights before it, so the first bad record r0 shows the state after r0 - 1 updates: the last
+        good state is at step r0 - 2 or before (an evaluation event: the best evaluation's step)."""
+        if event.action == "stop":
+            self._event(event)
+            raise TrainingStopped(event.message)
+        to = self.best[1] if event.signal == "eval" and self.best else max(event.first_step - 2, 0)
+        target = self.rollback(f"{event.signal} out of bounds", to, self.cfg.rollback_kl_factor)
+        self._event(event, to_step=target, lr_scale=self.lr_scale, beta_scale=self.beta_scale)
+
+    def _phase(self, step: int) -> str:
+        """What the run samples and rewards at `step`: a change restarts the guard's medians."""
+        return json.dumps([self.cfg.sampling_for(t, step) for t in ("P", "A")]
+                          + [self.curriculum.weights(t, step, w) for t, w in (("P", self.cfg.policy_weights),
+                                                                              ("A", self.cfg.env_weights))],
+                          sort_keys=True)
 
     # -- rollout ---------------------------------------------------------------------------------
     def collect(self, step: int, timings: dict) -> list[list[Row]]:
         """B prompts (mixed by the phase's ratio) x G completions, scored. Returns groups.
 
         Under torchrun every rank draws the same global prompts (so the sampler, and its resume
-        state, is the same everywhere) and rolls out only its contiguous share of each task."""
+        state, is the same everywhere) and rolls out only its contiguous share of each task.
+
+        Dynamic sampling (DAPO): up to `dynamic_sampling` rounds replace groups whose rewards are all
+        equal (no learning signal) with groups of fresh prompts of the same task: each round draws
+        ceil(missing x dynamic_sampling_oversample) prompts (a multiple of the world size), every rank
+        rolls out its share and fills its own flat places with its groups that differ, in order;
+        groups left over are discarded. What it cost goes in `self.collect_stats`."""
         cfg = self.cfg
+        G, w = cfg.group_size, dist.world()
         counts = self._task_counts(step)
         groups = self._rollout({task: dist.shard(self.prompts.take(task, counts[task])) for task in ("P", "A")},
                                step, timings)
         n, lo = len(groups), dist.rank() * len(groups)  # this rank's groups in the global, rank-major order
-        for _ in range(cfg.resample_zero_variance):
-            # all ranks see the global list of flat groups and draw the same fresh prompts for it
-            is_flat = torch.tensor([_flat(g) for g in groups], dtype=torch.float32)
-            flat = dist.all_gather_tensor(is_flat).nonzero().flatten().tolist()
+
+        def global_flat(gs: list[list[Row]]) -> list[int]:
+            return dist.all_gather_tensor(torch.tensor([_flat(g) for g in gs], dtype=torch.float32)).nonzero().flatten().tolist()
+
+        flat = global_flat(groups)
+        sampled, sampled_flat, rounds = n * w, len(flat), 0
+        for _ in range(cfg.dynamic_sampling):
             if not flat:
                 break
+            rounds += 1
             for task in ("P", "A"):
                 idx = [i for i in flat if groups[i % n][0].task == task]  # every rank has the same task layout
-                mine = [(i - lo, s) for i, s in zip(idx, self.prompts.take(task, len(idx))) if lo <= i < lo + n]
-                fresh = self._rollout({task: [s for _, s in mine]}, step, timings)
-                for (i, _), g in zip(mine, fresh):
-                    if not _flat(g):
-                        groups[i] = g
+                if not idx:
+                    continue
+                k = -(-math.ceil(len(idx) * cfg.dynamic_sampling_oversample) // w) * w
+                fresh = self._rollout({task: dist.shard(self.prompts.take(task, k))}, step, timings)
+                sampled += k
+                sampled_flat += len(global_flat(fresh))
+                kept = iter(g for g in fresh if not _flat(g))
+                for i in idx:
+                    if lo <= i < lo + n:
+                        g = next(kept, None)
+                        if g is None:
+                            break
+                        groups[i - lo] = g
+            flat = global_flat(groups)
+        kept = n * w - len(flat)
+        self.collect_stats = {"zero_var_share_sampled": sampled_flat / sampled}
+        if cfg.dynamic_sampling:
+            extra = (sampled - n * w) * G
+            self.collect_stats.update({"dynamic/rounds": rounds, "dynamic/extra_samples": extra,
+                                       "dynamic/extra_per_kept": extra / max(kept, 1), "dynamic/unfilled": len(flat)})
         return groups
 
     def _rollout(self, by_task: dict[str, list], step: int, timings: dict) -> list[list[Row]]:
@@ -562,10 +661,13 @@ class Trainer:
         for i in range(n):
             pm, cm = g.prompt_mask[i].bool(), g.completion_mask[i].bool()
             r = results[i]
-            rows.append(Row(items[i // G][0], row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
-                            g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
-                            g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format),
-                            g.recorded_row(i) if self.record else None))
+            row = Row(items[i // G][0], row_prompts[i], truths[i], g.prompt_ids[i][pm].tolist(),
+                      g.completion_ids[i][cm].tolist(), g.logprobs[i][cm].tolist(), g.texts[i],
+                      g.finish_reasons[i], float(r.total), dict(r.components), bool(r.valid_format),
+                      g.recorded_row(i) if self.record else None)
+            if row.finish == "length" and cfg.truncated_completions == "malformed":
+                row.reward, row.valid = cfg.malformed_penalty, False  # an answer cut off is not an answer
+            rows.append(row)
         return rows
 
     def assemble(self, groups: list[list[Row]]) -> Batch:
@@ -583,9 +685,12 @@ class Trainer:
         everyone = dist.all_gather_tensor(rewards)
         shaped = self.normalizer.normalize(everyone) if self.cfg.reward_norm else everyone
         adv = dist.shard(group_advantages(shaped, self.cfg.group_size, self.cfg.scale_rewards, self.cfg.std_floor,
-                                          self.cfg.adv_clip).float())
+                                          self.cfg.std_floor_mode).float())
+        completion = mask[:, P:].float()
+        if self.cfg.truncated_completions == "mask":  # still in their groups' advantages, out of the loss
+            completion[[i for i, r in enumerate(rows) if r.finish == "length"]] = 0.0
         d = self.device
-        return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), mask[:, P:].to(d).float(),
+        return Batch(rows, ids.to(d), mask.to(d), positions_from_mask(mask).to(d), completion.to(d),
                      slogp.to(d), rewards, adv.to(d), C)
 
     def anchor_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -662,7 +767,7 @@ class Trainer:
 
     def update(self, batch: Batch, step: int, timings: dict) -> dict:
         cfg = self.cfg
-        beta = self.kl_ctl.value(step)
+        beta = self.kl_ctl.value(step) * self.beta_scale
         exact = cfg.kl_estimator == "exact"
         slices = self._task_slices(batch)
         t0 = time.time()
@@ -685,7 +790,9 @@ class Trainer:
         # one-process loss, and summing the gradients over ranks gives the one-process gradient.
         total_rows = len(batch.rows) * dist.world()  # ranks hold equal numbers of rows
         total_tokens = dist.all_gather_tensor(batch.completion_mask.sum().reshape(1)).sum()  # dapo
-        width = int(dist.all_gather_tensor(torch.tensor([batch.n_completion])).max())  # dr_grpo's padded length
+        # dr_grpo divides by the generation budget, a constant: each row's task's token limit at this step
+        budget = torch.tensor([float(cfg.sampling_for(r.task, step)["max_new_tokens"]) for r in batch.rows],
+                              device=self.device)
         metrics: dict[str, float] = {}
         timings["policy"] = timings["optimizer"] = 0.0
         anchor = self.anchor_batch() if self.anchor else None
@@ -705,8 +812,10 @@ class Trainer:
                 out = grpo_loss(o["logprobs"], old.get(k), ref_out.get(k, {}).get("logprobs"), batch.advantages[sl], mask,
                                 beta=beta, kl_kind=cfg.kl_estimator if not exact else "k3", kl_clamp=cfg.kl_clamp,
                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_type=cfg.loss_type,
-                                max_completion_length=width, entropy=o.get("entropy"),
-                                entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl)
+                                max_completion_length=budget[sl], entropy=o.get("entropy"),
+                                entropy_coef=cfg.entropy_coef, num_items_in_batch=total_tokens, kl=kl,
+                                level=cfg.importance_sampling_level, delta=cfg.clip_delta,
+                                sampler_logp=batch.sampler_logp[sl], tis_cap=cfg.tis_cap)
                 share = (sl.stop - sl.start) / total_rows
                 loss = out.loss if cfg.loss_type == "dapo" else out.loss * share
                 if not torch.isfinite(loss):
@@ -715,7 +824,7 @@ class Trainer:
                 loss.backward()
                 local_share = (sl.stop - sl.start) / len(batch.rows)  # metrics: means over this rank's rows,
                 for key, v in out.metrics().items():                  # then over ranks (reduce_metrics)
-                    if key in ("kl_max", "ratio_max"):
+                    if key.endswith("_max"):
                         agg[key] = max(agg.get(key, -math.inf), v)
                     elif key == "kl_min":
                         agg[key] = min(agg.get(key, math.inf), v)
@@ -780,7 +889,8 @@ class Trainer:
         lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""
         lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
                  f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}{lora}"
-                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0)' if not self.use_ref else 'on ' + str(self.ref_device)}"
+                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0, no KL guard)' if not self.use_ref else 'on ' + str(self.ref_device)}"
+                 f"{' (beta 0: for the KL guard only)' if self.use_ref and self.cfg.kl_coef == 0 else ''}"
                  f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
                  f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}; "
                  f"forward projections {self.record_note}",
@@ -789,9 +899,15 @@ class Trainer:
         return "\n".join(lines)
 
     def train_step(self) -> dict | None:
-        """One GRPO step: collect, score, update, controllers. Returns the step's metrics record,
-        or None when a guard rolled back to the last checkpoint (the caller just continues)."""
+        """One GRPO step: collect, score, update, controllers, guards. Returns the step's metrics
+        record, or None when a guard rolled back (the caller just continues from the restored step)."""
         cfg = self.cfg
+        self.snapshot()
+        phase = self._phase(self.step)
+        if phase != self.phase_key:
+            if self.phase_key is not None:
+                self.guard.reset_history()
+            self.phase_key = phase
         step = self.step
         t_step = time.time()
         timings: dict[str, float] = {}
@@ -799,22 +915,29 @@ class Trainer:
         m = self.update(batch, step, timings)
         status = m.pop("guard")
         if status == "stop":
+            self._event(GuardEvent("stop", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
+                                   self.nan_guard.rollbacks, self.nan_guard.message))
             raise TrainingStopped(self.nan_guard.message)
-        if status == "rollback":
-            self.rollback("non-finite loss or gradient")
-            return None
-        kl_status = self.kl_guard.check(m.get("kl_mean", 0.0)) if self.use_ref else "ok"
-        if kl_status == "stop":
-            raise TrainingStopped(self.kl_guard.message)
-        if kl_status == "recover":
-            self.rollback(f"mean KL {m.get('kl_mean', 0):.4f} above threshold {cfg.kl_divergence_threshold}")
+        if status == "rollback":  # skipped steps left the weights alone: go back to before the streak's first step
+            target = self.rollback("non-finite loss or gradient", max(step + 1 - cfg.nan_max_consecutive - 1, 0))
+            self._event(GuardEvent("recover", "nonfinite", math.nan, None, math.nan, step + 1, step + 1,
+                                   self.nan_guard.rollbacks, f"non-finite loss or gradient at step {step + 1}: "
+                                   f"rollback {self.nan_guard.rollbacks}/{self.nan_guard.max_rollbacks}"),
+                        to_step=target, lr_scale=self.lr_scale, beta_scale=self.beta_scale)
             return None
         if self.use_ref:
             self.kl_ctl.update(m.get("kl_mean", 0.0))
         self.step += 1
         if cfg.ref_refresh_every and self.ref is not None and self.step % cfg.ref_refresh_every == 0:
             self._refresh_reference()
-        return self._record(step, batch, m, timings, time.time() - t_step)
+        record = self._record(step, batch, m, timings, time.time() - t_step)
+        if "nonfinite" not in record:  # a skipped step says nothing about collapse
+            event = self.guard.observe(record["step"], record)
+            if event is not None:
+                self._act(event)
+                return None
+        record["guard/recoveries"] = self.guard.recoveries
+        return record
 
     def train(self, writer=None) -> dict:
         cfg = self.cfg
@@ -836,9 +959,9 @@ class Trainer:
                    dynamic_ncols=True)
         while self.step < cfg.steps:
             record = self.train_step()
-            if record is None:  # rolled back: the steps since the checkpoint are redone
+            if record is None:  # a guard rolled back: the steps since the restored state are redone
                 bar.n = self.step
-                bar.refresh()
+                bar.set_postfix(recovered=self.guard.recoveries, lr_scale=f"{self.lr_scale:.3g}")
                 continue
             for w in self.monitor.observe(record["step"] - 1, record):  # the same record on every rank
                 if self.main:
@@ -849,22 +972,33 @@ class Trainer:
                     writer(record)
             bar.update()
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
-                            s=f"{record['time/step']:.1f}")
+                            s=f"{record['time/step']:.1f}", **({"recovered": self.guard.recoveries}
+                                                              if self.guard.recoveries else {}))
             last = self.step >= cfg.steps
+            new_best = False
             if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
                 res = self.evaluate()
                 if res:
+                    score = _eval_score(res)
+                    event = self.guard.observe_eval(self.step, score, self.best[0]) if self.best else None
+                    if event is not None:  # back to the best evaluation's state (saved when it was the best)
+                        self._act(event)
+                        bar.n = self.step
+                        bar.refresh()
+                        continue
                     self.history_eval.append(res)
                     if self.main:
                         _append(self.run_dir / "eval.jsonl", res)
-                    score = _eval_score(res)
                     if self.best is None or score > self.best[0]:
-                        self.best = (score, self.step)
-            if self.step % cfg.save_every == 0 or last:
+                        self.best, new_best = (score, self.step), True
+            if self.step % cfg.save_every == 0 or last or (new_best and cfg.guard_eval_drop is not None):
                 self.save()
         bar.close()
+        events = self.run_dir / "events.jsonl"
         summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
-                   "best_step": self.best[1] if self.best else None, "steps": self.step}
+                   "best_step": self.best[1] if self.best else None, "steps": self.step,
+                   "guard": {"recoveries": self.guard.recoveries, "nan_rollbacks": self.nan_guard.rollbacks,
+                             "events": len(events.read_text().splitlines()) if self.main and events.exists() else 0}}
         if self.main:
             from rookworld_rlvr.data.io import atomic_write_text
             from rookworld_rlvr.model import save_pretrained_atomic
@@ -891,10 +1025,11 @@ class Trainer:
         G = self.cfg.group_size
         flat = zero_variance_groups(batch.rewards, G)
         rec["zero_var_share"] = float(flat.float().mean())
+        rec.update(self.collect_stats)  # what the sampler drew: all of it, and dynamic sampling's cost
         rec["adv/mean"], rec["adv/std"] = float(batch.advantages.mean()), float(batch.advantages.std())
         rec["adv/min"], rec["adv/max"] = float(batch.advantages.min()), float(batch.advantages.max())
-        lengths = batch.completion_mask.sum(1)
-        rec["completion_len/mean"], rec["completion_len/max"] = float(lengths.mean()), float(lengths.max())
+        lengths = [len(r.completion_ids) for r in rows]  # what was sampled (truncated_completions mask hides some)
+        rec["completion_len/mean"], rec["completion_len/max"] = sum(lengths) / len(lengths), float(max(lengths))
         rec["truncation_rate"] = sum(r.finish == "length" for r in rows) / len(rows)
         for task in ("P", "A"):
             tr = [r for r in rows if r.task == task]
