@@ -20,7 +20,7 @@ import torch
 
 from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import DataError, read_samples
-from rookworld_rlvr.engine import EngineConfig, StockfishPool
+from rookworld_rlvr.engine import EngineConfig, StockfishPool, find_stockfish
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 from rookworld_rlvr.tasks import policy as pol_task
@@ -361,7 +361,7 @@ def test_a_crafted_checkpoint_cannot_run_code_and_a_bad_state_file_is_named(tmp_
     good = {name: (latest / name).read_bytes() for name in ckpt.STATE_FILES}
     tensors, tree = (latest / name for name in ckpt.STATE_FILES)
     cases = [
-        (tensors, _bait(marker), "not a safetensors file"),  # a pickle as the state
+        (tensors, _bait(marker), "not a complete safetensors state"),  # a pickle as the state
         (tree, _bait(marker, binary=False), "not a state file"),  # a text pickle as the JSON
         (tree, good[tree.name][: len(good[tree.name]) // 2], "not a state file"),  # cut short
         (tree, b'{"step": 1, "optimizer": {"__tensor__": "nowhere"}}', "does not match"),
@@ -464,7 +464,7 @@ FAULT_STEP = 4  # the 5th step: 4 healthy records first, more than the guard's 3
 
 @pytest.fixture(scope="module")
 def chess_reward():
-    with StockfishPool(EngineConfig(path=STOCKFISH, depth=6, workers=1)) as pool:
+    with StockfishPool(EngineConfig(path=find_stockfish(), depth=6, workers=1)) as pool:
         yield RewardScorer(engine=pool)
 
 

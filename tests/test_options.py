@@ -24,7 +24,7 @@ from rookworld_rlvr.config import FIELDS, TrainConfig, load_config
 from rookworld_rlvr.data.io import DataError, read_samples
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped, ends_game
 
-BASE = dict(eval_data="", steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
+BASE = dict(eval_data="", strength_data=None, puzzle_eval_data=None, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
             save_every=100, tensorboard=False, progress=False, report=False, seed=1, engine_cache=None, device="cpu",
             backward_dtype="float32", mix_env_ratio=0.5)
 
@@ -236,6 +236,20 @@ def _cuda_or_error(field_name):
     return probe, check
 
 
+def _built_collect(env: Env, over: dict) -> list:
+    """The truths of one collected batch of the trainer `rookworld train` builds (puzzles included)."""
+    from rookworld_rlvr.grpo.cli import build
+
+    try:
+        tr, pool = build(env.config(over), log=lambda *_: None)
+    except ValueError as e:
+        return e
+    try:
+        return [type(r.truth).__name__ for g in tr.collect(0, {}) for r in g]
+    finally:
+        pool.close()
+
+
 ROWS = [
     # -- model ---------------------------------------------------------------------------------------------
     Row("model", {"model": "OTHER"}, COLLECT, lambda b, o: differ(b["logp"], o["logp"])),
@@ -257,6 +271,18 @@ ROWS = [
     Row("eval_limit", {"eval_limit": 1}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: (o["policy"]["n"], o["environment"]["n"]) == (1, 1) and b["policy"]["n"] == 2,
         base={"eval_data": "EVALFILE", "eval_limit": 2}),
+    Row("strength_data", {"strength_data": "JUDGEDFILE"}, P(lambda env, over: _evaluate(env, over)),
+        lambda b, o: "strength" not in b and o["strength"]["n"] == 2 and "random" in o["strength"],
+        base={"eval_data": "EVALFILE", "eval_limit": 1}),
+    Row("puzzle_eval_data", {"puzzle_eval_data": "PUZZLEFILE"}, P(lambda env, over: _evaluate(env, over)),
+        lambda b, o: "puzzles" not in b and o["puzzles"]["mate1"]["n"] == 1,
+        base={"eval_data": "EVALFILE", "eval_limit": 1}),
+    Row("puzzle_data", {"puzzle_data": "PUZZLEFILE"}, P(_built_collect),
+        lambda b, o: isinstance(b, ValueError) and "no training puzzles" in str(b) and "Puzzle" in o,
+        base={"mix_puzzle_ratio": 0.5, "puzzle_data": "EMPTYPUZZLES", "mix_env_ratio": 0.0}),
+    Row("mix_puzzle_ratio", {"mix_puzzle_ratio": 0.5}, P(_built_collect),
+        lambda b, o: "Puzzle" not in b and o.count("Puzzle") == o.count("PolicyTruth"),
+        base={"puzzle_data": "PUZZLEFILE", "mix_env_ratio": 0.0}),
     Row("skip_invalid", {"skip_invalid": True}, P(lambda env, over: _build(env, over)),
         lambda b, o: isinstance(b, DataError) and o == "built", base={"data": "BADFILE"}),
     Row("layout", {"layout": "padded"}, COLLECT,
@@ -373,7 +399,9 @@ ROWS = [
     *[Row("reward_shaping", {"reward_shaping": s}, P(rewards), lambda b, o: b[:2] != o[:2]) for s in ("graduated", "binary")],
     Row("malformed_penalty", {"malformed_penalty": -0.9}, P(rewards), lambda b, o: (b[2], o[2]) == (-0.3, -0.9)),
     Row("next_state_partial", {"next_state_partial": 0.0}, P(rewards), lambda b, o: o[3] < b[3] and o[4] == b[4]),
-    Row("policy_weights", {"policy_weights": {"format": 1.0, "best_legal": 0.0, "best_rank": 0.0, "best_cp": 0.0,
+    # the legal non-best move loses little: a smaller scale takes more of its quality credit
+    Row("quality_scale", {"quality_scale": 0.01}, P(rewards), lambda b, o: o[1] < b[1] and o[0] == b[0]),
+    Row("policy_weights", {"policy_weights": {"format": 1.0, "best_legal": 0.0, "quality": 0.0,
                                               "candidates": 0.0, "evals": 0.0}}, P(rewards), lambda b, o: o[:2] != b[:2]),
     Row("env_weights", {"env_weights": {"format": 1.0, "next_state": 0.0, "reward": 0.0, "terminated": 0.0,
                                         "truncated": 0.0}}, P(rewards), lambda b, o: o[3] != b[3]),
@@ -524,8 +552,36 @@ def _bar(env: Env, over: dict) -> str:
 def _resolve(env: Env, over: dict) -> dict:
     names = {"OTHER": str(env.other_model), "EVALFILE": str(env.data / "eval.jsonl"),
              "BADFILE": str(_bad_data(env)), "OUTDIR": str(env.tmp / "chosen"),
+             "JUDGEDFILE": str(_judged_file(env)), "PUZZLEFILE": str(_puzzle_file(env)),
+             "EMPTYPUZZLES": str(_puzzle_file(env, empty=True)),
              "NTHREADS": torch.get_num_threads() + 1}
     return {k: names.get(v, v) if isinstance(v, str) else v for k, v in over.items()}
+
+
+MATE = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # a1a8 mates
+
+
+def _judged_file(env: Env) -> Path:
+    """Two judged positions (every legal move at 0.0 pawns, the best one higher)."""
+    import chess
+
+    from rookworld_rlvr.data.judged import write_rows
+
+    path = env.tmp / "judged.jsonl"
+    if not path.exists():
+        rows = [{"fen": fen, "evals": {m.uci(): (5.0 if m.uci() == best else 0.0) for m in chess.Board(fen).legal_moves}}
+                for fen, best in ((MATE, "a1a8"), (chess.STARTING_FEN, "e2e4"))]
+        write_rows(path, rows)
+    return path
+
+
+def _puzzle_file(env: Env, empty: bool = False) -> Path:
+    from rookworld_rlvr.data.judged import write_rows
+
+    path = env.tmp / ("no_puzzles.jsonl" if empty else "puzzles.jsonl")
+    if not path.exists():
+        write_rows(path, [] if empty else [{"fen": MATE, "solutions": ["a1a8"], "kind": "mate1"}])
+    return path
 
 
 def _bad_data(env: Env) -> Path:

@@ -64,7 +64,7 @@ def _examples() -> dict:
     completion = f"M: a4a3 c8f5 h7f6 h7g5 h7f8 E: -3.1 -2.8 -3.2 -3.2 -2.3 B: c8f5 {MARKUP}"
     policy = [{"prompt": P_PROMPT, "completion": completion,
                "truth": p_truth, "reward": 0.42, "correct": False, "notes": ["B: not best"],
-               "components": {"format": 1.0, "best_legal": 1.0, "best_rank": 0.5, "best_cp": 0.3,
+               "components": {"format": 1.0, "best_legal": 1.0, "quality": 0.5,
                               "candidates": 1.0, "evals": 0.8}}]
     env = [{"prompt": A_PROMPT, "completion": f"{A_NEW_FEN}+0.001+0+0", "truth": a_truth, "reward": 1.0,
             "correct": True, "notes": [],
@@ -76,7 +76,7 @@ def _eval(step: int, quality: float, examples: bool) -> dict:
     res = {"step": step, "seconds": 3.2,
            "policy": {"n": 50, "invalid": 0.2 - 0.1 * quality, "legal_best": 0.7 + 0.2 * quality,
                       "best_acc": 0.2 + 0.1 * quality, "best_acc_raw_labels": None, "top5_overlap": 0.5,
-                      "legal_candidates": 0.9, "mean_reward": 0.4 + 0.2 * quality, "hit_max_tokens": 0.0,
+                      "distinct_legal_candidates": 4.5, "mean_reward": 0.4 + 0.2 * quality, "hit_max_tokens": 0.0,
                       "components": {"format": 0.9, "best_legal": 0.8}},
            "environment": {"n": 50, "invalid": 0.1, "next_state_acc": 0.5 + 0.3 * quality, "nls": 0.95,
                            "reward_acc": 0.9, "reward_mae": 0.1 - 0.05 * quality, "terminated_acc": 1.0,

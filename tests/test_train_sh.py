@@ -27,6 +27,7 @@ def script(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkout")
     shutil.copy(REPO / "train.sh", root / "train.sh")
     (root / ".venv").symlink_to(sys.prefix)
+    (root / "data").symlink_to(REPO / "data")  # the presets' held-out sets (strength, puzzles) live there
     return root / "train.sh"
 
 

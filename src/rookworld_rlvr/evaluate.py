@@ -163,7 +163,7 @@ def environment_metrics(samples: Sequence[Sample], completions: Sequence[str],
 
 
 def needs_engine(samples: Sequence[Sample], completions: Sequence[str]) -> bool:
-    """True when a P: completion names a legal B: outside the truth's moves (best_cp needs Stockfish)."""
+    """True when a P: completion names a legal B: outside the truth's moves (its quality needs Stockfish)."""
     for s, c in zip(samples, completions):
         if s.task != "P":
             continue
@@ -376,7 +376,7 @@ def selfplay_metrics(gen: _Generator, games: int, progress: bool) -> dict:
 
 def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], completions: Sequence[str],
                         depth: int, stack: ExitStack) -> RewardScorer:
-    """The given scorer, or one with a Stockfish pool (closed by `stack`) when best_cp needs it."""
+    """The given scorer, or one with a Stockfish pool (closed by `stack`) when a move's quality needs it."""
     if scorer is not None and scorer.engine is not None:
         return scorer
     if not needs_engine(samples, completions):

@@ -63,7 +63,11 @@ def build(cfg: TrainConfig, log=print):
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
                         puzzles=held_out_puzzles, return_examples=3)
 
-    trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
+    try:
+        trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
+    except BaseException:
+        pool.close()  # no engine outlives a failed start
+        raise
     if trainer.device.type == "cpu":  # where the steps' big tensors live in host memory
         log(keep_freed_memory())
     return trainer, pool
