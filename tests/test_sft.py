@@ -30,7 +30,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
     model.train()
     set_dropout(model, 0.0)
     rows = _encode(tok, read_samples(small_data / "eval.jsonl"), "compact")[::3]
-    assert len({len(ids) for ids, _ in rows}) > 5  # P: and A: lengths mixed
+    assert len({len(ids) for ids, *_ in rows}) > 5  # P: and A: lengths mixed
     for loss_on in ("full", "completion"):
         model.zero_grad()
         ids, mask, labels = make_batch(rows, tok.pad_token_id, loss_on)
@@ -38,11 +38,47 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
         whole.backward()
         expected = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
-        split = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
+        split, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
         n = gradient_terms(model, mask)  # the loss and every weight gradient sum over the batch's tokens
         assert_rounding_close(torch.tensor(split), whole.detach(), n, f"{loss_on} loss")
         for (name, p), g in zip(model.named_parameters(), expected):
             assert_rounding_close(p.grad, g, n, f"{loss_on} gradient of {name}")
+
+
+def test_repeat_bans_teach_that_no_move_is_written_twice():
+    """The unlikelihood targets: where a later M: move shares all but its last token with an earlier
+    one, that earlier move's last token is banned; with distinct_coef the loss pushes it down."""
+    import contextlib
+
+    from rookworld_rlvr.model import build_board_tokenizer, build_chess_tokenizer
+    from rookworld_rlvr.sft import repeat_bans
+
+    text = "M: g7h7 g7f7 e2e4 g7g6 E: 1.0 0.5 0.2 0.1 B: g7h7"
+    for tok in (build_board_tokenizer(), build_chess_tokenizer()):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        bans = repeat_bans(text, enc["input_ids"], enc["offset_mapping"])
+        pieces = tok.convert_ids_to_tokens(enc["input_ids"])
+        named = [(text[enc["offset_mapping"][k][0]:enc["offset_mapping"][k][1]], tok.convert_ids_to_tokens(t))
+                 for k, t in bans]
+        if len(tok) > 98:  # square tokens: g7f7's "f7" must not be "h7"; g7g6's "g6" neither "h7" nor "f7"
+            assert named == [("f7", "h7"), ("g6", "h7"), ("g6", "f7")], (pieces, named)
+        else:  # characters: the banned char is the last of the earlier move (same first three chars)
+            assert named == [], named  # g7h7 / g7f7 differ at the third char, not only the last
+    model, tok = load_policy(str(__import__("conftest").REPO / "models" / "rookworld-tiny"), device="cpu",
+                             verbose=False)
+    text = "M: g7h7 g7h8 E: 1.0 0.5 B: g7h7"  # char model: g7h8 shares "g7h" with g7h7
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert [(k, tok.convert_ids_to_tokens(t)) for k, t in repeat_bans(text, enc["input_ids"], enc["offset_mapping"])] \
+        == [(text.index("g7h8") + 3, "7")]
+    row = (enc["input_ids"] + [0], 0, tuple(repeat_bans(text, enc["input_ids"], enc["offset_mapping"])))
+    _, ul = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0)
+    ids = torch.tensor([row[0]])
+    logits = model(input_ids=ids).logits[0]
+    k, t = row[2][0]
+    p = torch.softmax(logits[k - 1], -1)[t]
+    assert ul == pytest.approx(float(-torch.log1p(-p)) / (len(row[0]) - 1), rel=1e-4)
+    _, none = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=0.0)
+    assert none == 0.0
 
 
 def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_data, tiny_model_dir):

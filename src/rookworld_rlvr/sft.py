@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import random
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ class SFTConfig:
     layout: str = "compact"
     order: str = "best-first"  # P: candidates in the target: best-first | given (see tasks.policy.ORDERS)
     loss_on: str = "full"  # full | completion
+    # weight of the unlikelihood of writing an M: move twice (repeat_bans); 0 = likelihood only
+    distinct_coef: float = 1.0
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
     max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
@@ -61,6 +64,8 @@ class SFTConfig:
             raise ValueError("sft.autocast must be 'none' or 'bf16'")
         if not 0 <= self.dropout < 1:
             raise ValueError("sft.dropout must be in [0, 1)")
+        if not 0 <= self.distinct_coef or not math.isfinite(self.distinct_coef):
+            raise ValueError(f"sft.distinct_coef must be finite and >= 0, got {self.distinct_coef}")
         if not 0 <= self.env_share <= 1:
             raise ValueError("sft.env_share must be in [0, 1]")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -75,24 +80,52 @@ class SFTConfig:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
-def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[tuple[list[int], int]]:
-    """(ids with EOS, prompt length). Prompt and completion are tokenized apart, as at generation."""
+def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[tuple]:
+    """(ids with EOS, prompt length, repeat bans). Prompt and completion are tokenized apart, as at
+    generation. The bans are (position, token) pairs where that token would repeat an M: move."""
     pairs = [s.render(layout, order) for s in samples]
     prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
-    comps = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
+    enc = tokenizer([c for _, c in pairs], add_special_tokens=False, return_offsets_mapping=True)
     eos = tokenizer.eos_token_id
-    return [(p + c + [eos], len(p)) for p, c in zip(prompts, comps)]
+    rows = []
+    for (_, text), p, c, offsets in zip(pairs, prompts, enc["input_ids"], enc["offset_mapping"]):
+        bans = tuple((len(p) + k, tok) for k, tok in repeat_bans(text, c, offsets))
+        rows.append((p + c + [eos], len(p), bans))
+    return rows
+
+
+def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where a P: target's M: list teaches "never write a move twice": (token index, token id) pairs.
+
+    A later move that shares all but the last token of an earlier one (the same from-square, say)
+    must not end with that earlier move's last token; the unlikelihood loss pushes that token's
+    probability down there. A model trained on lists alone still repeats its top move under greedy
+    decoding: nothing in the likelihood says the second slot must differ from the first."""
+    if "M:" not in text or "E:" not in text:
+        return []
+    start, stop = text.index("M:") + 2, text.index("E:")
+    moves = []
+    for m in re.finditer(r"\S+", text[start:stop]):
+        a, b = start + m.start(), start + m.end()
+        moves.append([k for k, (x, y) in enumerate(offsets) if y > x and x >= a and y <= b])
+    bans = []
+    for i, cur in enumerate(moves):
+        for prev in moves[:i]:
+            n = len(prev) - 1
+            if n < len(cur) and [ids[k] for k in cur[:n]] == [ids[k] for k in prev[:n]] and ids[cur[n]] != ids[prev[n]]:
+                bans.append((cur[n], ids[prev[n]]))
+    return bans
 
 
 def make_batch(rows: list[tuple[list[int], int]], pad_id: int, loss_on: str):
     """Right-padded batch; labels -100 on padding (and on the prompt for completion-only loss)."""
     import torch
 
-    width = max(len(ids) for ids, _ in rows)
+    width = max(len(r[0]) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (ids, n_prompt) in enumerate(rows):
+    for i, (ids, n_prompt, *_) in enumerate(rows):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = 1
         start = n_prompt if loss_on == "completion" else 1
@@ -112,26 +145,45 @@ def set_dropout(model, p: float) -> None:
             m.p = p
 
 
-def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device):
+def _unlikelihood(logits, rows) -> "torch.Tensor":
+    """Sum over the rows' repeat bans of -log(1 - p(banned token)) (Welleck et al. 2019)."""
+    import torch
+
+    where = [(i, pos - 1, tok) for i, r in enumerate(rows) for pos, tok in (r[2] if len(r) > 2 else ())]
+    if not where:
+        return logits.new_zeros(())
+    i, t, tok = (torch.tensor(x, device=logits.device) for x in zip(*where))
+    p = torch.softmax(logits[i, t].float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
+    return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
+
+
+def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distinct_coef: float = 0.0):
     """Forward and backward one step's rows as two micro-batches, the shorter half and the longer.
 
     P: and A: samples differ in length (about 120 vs 180 characters); padding them to a
     common width wastes a fifth of the step. The loss is the token mean over the whole
-    step, so the gradient equals that of the single mixed batch.
+    step, so the gradient equals that of the single mixed batch. `distinct_coef` adds the
+    unlikelihood of repeating an M: move (see repeat_bans), per token like the likelihood.
+    Returns (likelihood loss, unlikelihood loss).
     """
     rows = sorted(rows, key=lambda r: len(r[0]))
     half = len(rows) // 2
     buckets = [b for b in (rows[:half], rows[half:]) if b]
-    batches = [make_batch(b, pad_id, loss_on) for b in buckets]
-    n_tokens = sum(int((labels != -100).sum()) for _, _, labels in batches)
-    total = 0.0
-    for input_ids, mask, labels in batches:
+    batches = [(b, make_batch(b, pad_id, loss_on)) for b in buckets]
+    n_tokens = sum(int((labels != -100).sum()) for _, (_, _, labels) in batches)
+    total, total_ul = 0.0, 0.0
+    for bucket, (input_ids, mask, labels) in batches:
         with autocast:
-            loss = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), labels=labels.to(device),
-                         num_items_in_batch=n_tokens).loss
+            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), labels=labels.to(device),
+                        num_items_in_batch=n_tokens)
+        loss = out.loss
+        if distinct_coef:
+            ul = _unlikelihood(out.logits, bucket) / n_tokens
+            loss = loss + distinct_coef * ul
+            total_ul += ul.item()
         loss.backward()
-        total += loss.item()
-    return total
+        total += out.loss.item()
+    return total, total_ul
 
 
 def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
@@ -171,7 +223,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     by_task = {t: _encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order) for t in ("P", "A")}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
-        too_long = sum(len(ids) > limit for ids, _ in rows)
+        too_long = sum(len(ids) > limit for ids, *_ in rows)
         if too_long:
             raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
     eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
@@ -224,13 +276,14 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
         rows += rng.choices(by_task["P"], k=cfg.batch_size - len(rows)) if by_task["P"] else []
         opt.zero_grad(set_to_none=True)
-        loss = _accumulate(model, rows, tokenizer.pad_token_id, cfg.loss_on, autocast, device)
+        loss, ul = _accumulate(model, rows, tokenizer.pad_token_id, cfg.loss_on, autocast, device, cfg.distinct_coef)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
-        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+        record = {"step": step, "loss": loss, **({"unlikelihood": ul} if cfg.distinct_coef else {}), "lr": lr,
+                  "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
         done = step >= cfg.steps or progress_frac() >= 1.0
         if step % cfg.eval_every == 0 or done:
@@ -265,7 +318,7 @@ def _evaluate(model, tokenizer, eval_rows, eval_samples, cfg: SFTConfig, device)
                 out[f"eval_loss_{t}"] = loss
                 # per character (EOS counts as one), comparable across tokenizers
                 n_tokens = int((labels[:, 1:] != -100).sum())
-                n_chars = sum(len(tokenizer.decode(x[n:], skip_special_tokens=True)) + 1 for x, n in rows[:128])
+                n_chars = sum(len(tokenizer.decode(x[n:], skip_special_tokens=True)) + 1 for x, n, *_ in rows[:128])
                 out[f"eval_nats_per_char_{t}"] = loss * n_tokens / n_chars
     if cfg.eval_samples and eval_samples:
         from rookworld_rlvr.evaluate import EvalConfig, evaluate
@@ -298,6 +351,7 @@ def _scorer():
 _HELP = {
     "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
                  "(square, and FEN boards written square by square); fresh models only, default board",
+    "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
     "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
              "or given (as stored; upstream shuffled them)",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
