@@ -27,6 +27,7 @@ from rookworld_rlvr.engine import (
     find_stockfish,
     score_to_pawns,
 )
+from rookworld_rlvr.tasks.strength import best_of
 
 from conftest import find_stockfish_or_none  # noqa: E402
 
@@ -148,8 +149,8 @@ def test_mate_scores_match_the_data_format(n):
 
 def test_best_moves_are_all_moves_sharing_the_top_eval():
     a = Analysis("x", ("e2e4", "d2d4", "g1f3"), (0.3, 0.3, 0.1))
-    assert a.best_moves() == ("e2e4", "d2d4")
-    assert Analysis("x", (), ()).best_moves() == ()
+    assert best_of(a.moves, a.evals) == ("e2e4", "d2d4")
+    assert best_of((), ()) == ()
 
 
 # -- analyses against the real engine ------------------------------------------------
@@ -162,13 +163,13 @@ def test_startpos(pool):
     assert set(a.moves) <= legal and len(set(a.moves)) == 5
     assert all(abs(e) < 1.5 for e in a.evals)
     assert list(a.evals) == sorted(a.evals, reverse=True)
-    assert a.best_moves()[0] == a.moves[0]
+    assert best_of(a.moves, a.evals)[0] == a.moves[0]
 
 
 def test_mate_in_one_is_999_99(pool):
     a = pool.analyse(MATE_IN_1)
     assert a.moves[0] == "a1a8" and a.evals[0] == 999.99
-    assert a.best_moves() == ("a1a8",)
+    assert best_of(a.moves, a.evals) == ("a1a8",)
     assert all(e < 100 for e in a.evals[1:])
 
 
@@ -188,7 +189,7 @@ def test_game_over_positions_need_no_engine(pool):
     before = pool.stats["engine_calls"]
     for fen in (STALEMATE, CHECKMATE):
         a = pool.analyse(fen)
-        assert a == Analysis(fen, (), ()) and a.best_moves() == ()
+        assert a == Analysis(fen, (), ()) and best_of(a.moves, a.evals) == ()
     assert pool.stats["engine_calls"] == before
 
 
@@ -231,7 +232,7 @@ def test_move_eval_conventions(pool):
 def test_move_eval_of_a_mate_in_two_counts_from_the_reply(pool):
     fen = "7k/8/8/8/8/8/R7/1R4K1 w - - 0 1"  # b1b7 then a2a8#
     a = pool.analyse(fen)
-    assert a.best_moves() == ("b1b7",) and a.evals[0] == 999.98
+    assert best_of(a.moves, a.evals) == ("b1b7",) and a.evals[0] == 999.98
     assert pool.move_eval(fen, "b1b7") == 999.99  # the reply position is mated in 1
 
 
@@ -272,7 +273,7 @@ def test_sqlite_cache_makes_a_rerun_free(tmp_path, reference):
         assert again.analyse_many(VARIED[:4]) == got
         assert again.move_evals(START, ["e2e4", "a2a3"]) == evals
         assert again.stats == {"hits": 6, "misses": 0, "restarts": 0, "engine_calls": 0}
-        assert again._engine_pids() == []  # engines start lazily: none were needed
+        assert again.pids == []  # engines start lazily: none were needed
 
 
 def _worker(cache_path: str, fens: list[str]) -> list[tuple]:
@@ -300,7 +301,7 @@ def _kill_engine_after_calls(pool: StockfishPool, calls: list[int], killed: list
     for target in calls:
         while pool.stats["engine_calls"] < target:
             time.sleep(0.0005)
-        pid = pool._engine_pids()[0]
+        pid = pool.pids[0]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
@@ -319,13 +320,13 @@ def test_killed_engine_is_restarted_and_the_answer_is_still_right(reference):
         assert 1 <= pool.stats["restarts"] == len(set(killed))
         assert pool.stats["engine_calls"] == len(VARIED)
         assert all(wait_gone(pid) for pid in killed)
-        assert pool._engine_pids() and pool._engine_pids()[0] not in killed
+        assert pool.pids and pool.pids[0] not in killed
 
 
 def test_hung_engine_times_out_is_killed_and_restarted(reference):
     with StockfishPool(config(workers=1, timeout=1.0)) as pool:
         pool.analyse(START)
-        (pid,) = pool._engine_pids()
+        (pid,) = pool.pids
         os.kill(pid, signal.SIGSTOP)
         t = time.monotonic()
         assert pool.analyse(VARIED[2]) == reference[VARIED[2]]
@@ -347,7 +348,7 @@ def test_engine_that_keeps_failing_raises_engine_error_with_the_fen(tmp_path):
 def test_close_kills_engines_and_is_idempotent():
     pool = StockfishPool(config())
     pool.analyse_many(VARIED[:4])
-    pids = pool._engine_pids()
+    pids = pool.pids
     assert len(pids) == 2
     pool.close()
     pool.close()
@@ -360,7 +361,7 @@ def test_keyboard_interrupt_inside_with_block_closes_the_pool():
     with pytest.raises(KeyboardInterrupt):
         with StockfishPool(config()) as pool:
             pool.analyse_many(VARIED[:2])
-            pids = pool._engine_pids()
+            pids = pool.pids
             raise KeyboardInterrupt
     assert pids and all(gone(pid) for pid in pids)
 
@@ -374,7 +375,7 @@ def test_interpreter_exit_closes_a_pool_nobody_closed():
         from rookworld_rlvr.engine import EngineConfig, StockfishPool
         pool = StockfishPool(EngineConfig(path={STOCKFISH!r}, depth=4, workers=2))
         pool.analyse_many({VARIED[:2]!r})
-        pids += pool._engine_pids()
+        pids += pool.pids
         print("pids:", len(pids))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)

@@ -192,7 +192,7 @@ def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
         calls = pool.stats["engine_calls"]
         assert calls >= len(batches[0][0]), "the scorer must have asked the engine"
 
-        killed = pool._engine_pids()
+        killed = pool.pids
         assert killed
         for pid in killed:  # between two scoring calls: the engines are idle
             os.kill(pid, signal.SIGKILL)
@@ -207,7 +207,7 @@ def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
             deadline = time.monotonic() + 30
             while pool.stats["engine_calls"] < calls + 2 and time.monotonic() < deadline:
                 time.sleep(0.0005)
-            for pid in pool._engine_pids():
+            for pid in pool.pids:
                 os.kill(pid, signal.SIGKILL)
                 hit.append(pid)
 
@@ -219,7 +219,7 @@ def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
         assert pool.stats["restarts"] > restarts, "the kill landed after the call ended"
         assert pool.stats["engine_calls"] >= calls + len(batches[2][0])
         assert all(_wait_gone(pid) for pid in killed + hit), "killed engines must be reaped"
-        assert set(pool._engine_pids()).isdisjoint(killed + hit)
+        assert set(pool.pids).isdisjoint(killed + hit)
 
     with StockfishPool(EngineConfig(path=stockfish_path, depth=6, workers=1)) as fresh:
         expected = [RewardScorer(engine=fresh).score_batch(*b) for b in batches]

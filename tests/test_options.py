@@ -481,7 +481,7 @@ def _engines(env: Env, over: dict) -> int:
     try:
         pool.analyse_many(["r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",
                            "rnbqkb1r/pppp1ppp/5n2/4p3/4P3/2N5/PPPP1PPP/R1BQKBNR w KQkq - 2 3"])
-        return len(pool._engine_pids())
+        return len(pool.pids)
     finally:
         pool.close()
 

@@ -42,7 +42,6 @@ def test_upstream_lines_rerender_byte_identical_when_label_is_kept(reference_lin
 
 def test_eval_formatting_is_python_str_float():
     assert [P.format_eval(x) for x in (-2, 0, 4.41, 999.99)] == ["-2.0", "0.0", "4.41", "999.99"]
-    assert P.mate_to_pawns(1) == 999.99 and P.mate_to_pawns(-2) == -999.98
 
 
 def test_compact_round_trip(reference_lines):

@@ -17,27 +17,30 @@ search and ``threads == 1``: every search starts from a cleared engine
 mating move is 1000.0 and a move that mates in n (n counted from the original
 position) is ``(100000 - (n - 1)) / 100``: one hundredth above the parent's
 multipv eval of the same move, because the reply position is one move closer.
+
+Owns the pool: which processes run, retries, the cache, the per-position requests. Talking to
+one process is `engine_process`. Chess only: imports no torch and nothing of the model or trainer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
 import json
-import logging
 import os
 import queue
-import shutil
 import sqlite3
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import chess
 import chess.engine
+
+from rookworld_rlvr.engine_process import ENGINE_FAILURES, LOG, Engine, Loop, StockfishNotFound, find_stockfish
+from rookworld_rlvr.tasks.strength import is_legal
 
 __all__ = [
     "Analysis",
@@ -49,69 +52,14 @@ __all__ = [
     "score_to_pawns",
 ]
 
-LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MATE_SCORE = 100_000
 MATING_MOVE_EVAL = MATE_SCORE / 100  # 1000.0: the move delivers mate
-_FALLBACK_PATHS = ("/usr/games/stockfish", "/usr/local/bin/stockfish")
-_INSTALL_HINT = (
-    "Install it (Debian/Ubuntu: `apt-get install stockfish`; the binary lands in "
-    "/usr/games/stockfish, which is usually not on PATH) or point STOCKFISH_PATH "
-    "at the executable."
-)
-# Failures after which the engine is killed and the request retried.
-_ENGINE_FAILURES = (
-    chess.engine.EngineError,
-    TimeoutError,
-    asyncio.TimeoutError,
-    concurrent.futures.TimeoutError,
-    OSError,
-    EOFError,
-)
-
-
-class StockfishNotFound(RuntimeError):
-    """The Stockfish executable could not be located."""
 
 
 class EngineError(RuntimeError):
     """Analysis failed even after killing, restarting and retrying the engine."""
-
-
-def _executable(path: str) -> str | None:
-    """Absolute path of `path` if it names an executable file (bare names use PATH)."""
-    if os.sep not in path:
-        found = shutil.which(path)
-        return os.path.abspath(found) if found else None
-    if os.path.isfile(path) and os.access(path, os.X_OK):
-        return os.path.abspath(path)
-    return None
-
-
-def find_stockfish(path: str | None = None) -> str:
-    """Locate Stockfish: explicit path, else $STOCKFISH_PATH, else PATH, else usual spots.
-
-    An explicit path or a set STOCKFISH_PATH that does not work is an error
-    rather than a silent fallback, so a misconfiguration is never hidden.
-    """
-    if path is not None:
-        found = _executable(path)
-        if found is None:
-            raise StockfishNotFound(f"Stockfish not found at {path!r}. {_INSTALL_HINT}")
-        return found
-    env = os.environ.get("STOCKFISH_PATH")
-    if env:
-        found = _executable(env)
-        if found is None:
-            raise StockfishNotFound(f"STOCKFISH_PATH={env!r} is not an executable file. {_INSTALL_HINT}")
-        return found
-    for candidate in ("stockfish", *_FALLBACK_PATHS):
-        found = _executable(candidate)
-        if found is not None:
-            return found
-    looked = ", ".join(("PATH", *_FALLBACK_PATHS))
-    raise StockfishNotFound(f"Stockfish not found (looked in {looked}). {_INSTALL_HINT}")
 
 
 @dataclass(frozen=True)
@@ -158,14 +106,7 @@ class Analysis:
 
     fen: str
     moves: tuple[str, ...]
-    evals: tuple[float, ...]
-
-    def best_moves(self) -> tuple[str, ...]:
-        """Every move sharing the top eval: each is a correct best move."""
-        if not self.evals:
-            return ()
-        top = max(self.evals)
-        return tuple(m for m, e in zip(self.moves, self.evals) if e == top)
+    evals: tuple[float, ...]  # its best moves: tasks.strength.best_of(moves, evals)
 
 
 def score_to_pawns(score: chess.engine.Score) -> float:
@@ -186,13 +127,9 @@ def _parse_board(fen: str) -> chess.Board:
 
 def _parse_move(board: chess.Board, move: str, fen: str) -> chess.Move:
     """The legal move named by `move` (UCI), or ValueError naming move and FEN."""
-    try:
-        parsed = chess.Move.from_uci(move)
-    except ValueError:
-        raise ValueError(f"malformed UCI move {move!r} for FEN {fen!r}") from None
-    if parsed not in board.legal_moves:
+    if not is_legal(board, move):
         raise ValueError(f"illegal move {move!r} in FEN {fen!r}")
-    return parsed
+    return chess.Move.from_uci(move)
 
 
 class _Cache:
@@ -251,126 +188,7 @@ class _Cache:
                 self._db = None
 
 
-class _Loop:
-    """An asyncio loop on a daemon thread: drives every engine without blocking exit.
-
-    (python-chess's SimpleEngine uses non-daemon threads, which make the
-    interpreter hang at exit before atexit handlers could close the engines.)
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.loop.set_exception_handler(self._on_error)
-        self._thread = threading.Thread(target=self.loop.run_forever, name="stockfish-pool", daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """A dead engine leaves unretrieved futures inside python-chess; we already handled it."""
-        if isinstance(context.get("exception"), chess.engine.EngineTerminatedError):
-            LOG.debug("ignored after engine death: %s", context.get("message"))
-        else:
-            loop.default_exception_handler(context)
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run `coro` on the loop; cancel it if the caller stops waiting for any reason."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except BaseException:
-            future.cancel()
-            raise
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5.0)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-class _Engine:
-    """One Stockfish process; started lazily, killed on any failure."""
-
-    def __init__(self, path: str, config: EngineConfig, loop: _Loop) -> None:
-        self._path = path
-        self._config = config
-        self._loop = loop
-        self._transport: asyncio.SubprocessTransport | None = None
-        self._protocol: chess.engine.UciProtocol | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._transport is None else self._transport.get_pid()
-
-    def start(self) -> None:
-        async def spawn() -> tuple[asyncio.SubprocessTransport, chess.engine.UciProtocol]:
-            # setpgrp: a Ctrl-C in the terminal must not kill engines behind our back.
-            transport, protocol = await chess.engine.popen_uci(self._path, setpgrp=True)
-            try:
-                await protocol.configure({"Threads": self._config.threads, "Hash": self._config.hash_mb})
-                await protocol.ping()
-            except BaseException:
-                transport.close()
-                raise
-            return transport, protocol
-
-        timeout = self._config.timeout
-        self._transport, self._protocol = self._loop.run(asyncio.wait_for(spawn(), timeout), timeout + 5.0)
-
-    def analyse(self, board: chess.Board, limit: chess.engine.Limit, multipv: int) -> list[chess.engine.InfoDict]:
-        """Search from a cleared engine (fresh `game` -> ucinewgame) so results are reproducible."""
-        if self._protocol is None:
-            self.start()
-        assert self._protocol is not None
-        timeout = self._config.timeout + (limit.time or 0.0)
-        coro = self._protocol.analyse(
-            board, limit, multipv=multipv, game=object(), info=chess.engine.INFO_SCORE | chess.engine.INFO_PV
-        )
-        return self._loop.run(_unless_dead(coro, self._protocol, timeout), timeout + 5.0)
-
-    def kill(self) -> None:
-        """SIGKILL the process (works on hung or stopped ones) and wait until it is reaped."""
-        transport, protocol = self._transport, self._protocol
-        self._transport = self._protocol = None
-        if transport is None or protocol is None or self._loop.loop.is_closed():
-            return
-
-        async def reap() -> None:
-            transport.close()
-            try:
-                await asyncio.wait_for(asyncio.shield(protocol.returncode), 5.0)
-            except (TimeoutError, asyncio.CancelledError):
-                LOG.warning("stockfish pid %s was not reaped within 5 s", transport.get_pid())
-
-        try:
-            self._loop.run(reap(), 10.0)
-        except Exception as exc:  # closing must not fail
-            LOG.warning("closing stockfish failed: %r", exc)
-
-
-async def _unless_dead(coro: Coroutine[Any, Any, T], protocol: chess.engine.Protocol, timeout: float) -> T:
-    """Await `coro`, failing fast if the engine dies and with TimeoutError if it hangs.
-
-    python-chess 1.11 misses an engine death between `ucinewgame` and `readyok`
-    (the caller would wait forever), so we also watch the process exit code.
-    """
-    task = asyncio.ensure_future(coro)
-    try:
-        done, _ = await asyncio.wait({task, protocol.returncode}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    if task in done:
-        return task.result()
-    task.cancel()
-    if protocol.returncode.done():
-        raise chess.engine.EngineTerminatedError(f"engine process died (exit code: {protocol.returncode.result()})")
-    raise TimeoutError(f"engine gave no answer within {timeout} s")
-
-
-def _shutdown(engines: list[_Engine], loop: _Loop, cache: _Cache) -> None:
+def _shutdown(engines: list[Engine], loop: Loop, cache: _Cache) -> None:
     """Close everything; a module function so weakref.finalize holds no pool reference."""
     for engine in engines:
         engine.kill()
@@ -392,9 +210,9 @@ class StockfishPool:
         self._limit = chess.engine.Limit(depth=config.depth, time=config.time)
         self._limits_key = config.limits_key()
         self._cache = _Cache(config.cache_path)
-        self._loop = _Loop()
-        self._engines = [_Engine(self.path, config, self._loop) for _ in range(config.workers)]
-        self._idle: queue.LifoQueue[_Engine] = queue.LifoQueue()  # reuse warm engines first
+        self._loop = Loop()
+        self._engines = [Engine(self.path, config, self._loop) for _ in range(config.workers)]
+        self._idle: queue.LifoQueue[Engine] = queue.LifoQueue()  # reuse warm engines first
         for engine in self._engines:
             self._idle.put(engine)
         self._stats = {"hits": 0, "misses": 0, "restarts": 0, "engine_calls": 0}
@@ -435,8 +253,10 @@ class StockfishPool:
         if os.getpid() != self._pid:
             raise RuntimeError("StockfishPool was created in another process; build one pool per process")
 
-    def _engine_pids(self) -> list[int]:
-        """Pids of the running engines (for tests and debugging)."""
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the engines running now (engines start at their first search): for
+        monitoring, and for checking that none outlives the pool."""
         return [pid for pid in (e.pid for e in self._engines) if pid is not None]
 
     # -- engine calls with retries ---------------------------------------------------
@@ -459,7 +279,7 @@ class StockfishPool:
                     if not lines:
                         raise chess.engine.EngineError(f"no principal variation in {infos!r}")
                     return tuple(m for m, _ in lines), tuple(e for _, e in lines)
-                except _ENGINE_FAILURES as exc:
+                except ENGINE_FAILURES as exc:
                     last = exc
                     LOG.warning("stockfish failed on %r (attempt %d): %r; restarting it", fen, attempt + 1, exc)
                     engine.kill()
@@ -516,34 +336,29 @@ class StockfishPool:
 
     def analyse_many(self, fens: Sequence[str], progress: bool = False) -> list[Analysis]:
         """Analyse many FENs over the pool; duplicates searched once; output in input order."""
-        self._check_open()
-        boards = [_parse_board(fen) for fen in fens]
-        # Key on the normalised FEN (irrelevant en-passant squares dropped); None = game over.
-        keys = [f"A|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
-        jobs: dict[str, Callable[[], dict[str, list]]] = {}
-        for fen, board, key in zip(fens, boards, keys):
-            if key is not None and key not in jobs:
-                jobs[key] = functools.partial(self._analysis_value, board, fen)
-        found = self._resolve(jobs, progress)
-        results = []
-        for fen, key in zip(fens, keys):
-            value = found[key] if key is not None else {"moves": [], "evals": []}
-            results.append(Analysis(fen=fen, moves=tuple(value["moves"]), evals=tuple(value["evals"])))
-        return results
+        found = self._per_position("A", fens, self._analysis_value, progress)
+        return [Analysis(fen, tuple(v["moves"]), tuple(v["evals"])) if v is not None else Analysis(fen, (), ())
+                for fen, v in zip(fens, found)]
 
     def move_tables(self, fens: Sequence[str], progress: bool = False) -> list[dict[str, float]]:
         """Every legal move of each FEN with its eval (pawns, for the side to move), from one
         search per position with multipv = the number of legal moves: all moves judged by the same
         search, so their differences are consistent. Empty for positions without legal moves."""
+        return [dict(v) if v is not None else {} for v in self._per_position("T", fens, self._table_value, progress)]
+
+    def _per_position(self, kind: str, fens: Sequence[str], value: Callable[[chess.Board, str], T],
+                      progress: bool) -> list[T | None]:
+        """`value(board, fen)` of each FEN, cached under `kind` and the normalised FEN (irrelevant
+        en-passant squares dropped); duplicates computed once; None where the game is over."""
         self._check_open()
         boards = [_parse_board(fen) for fen in fens]
-        keys = [f"T|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
-        jobs: dict[str, Callable[[], dict[str, float]]] = {}
+        keys = [f"{kind}|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
+        jobs: dict[str, Callable[[], T]] = {}
         for fen, board, key in zip(fens, boards, keys):
             if key is not None and key not in jobs:
-                jobs[key] = functools.partial(self._table_value, board, fen)
+                jobs[key] = functools.partial(value, board, fen)
         found = self._resolve(jobs, progress)
-        return [dict(found[k]) if k is not None else {} for k in keys]
+        return [found[k] if k is not None else None for k in keys]
 
     def _table_value(self, board: chess.Board, fen: str) -> dict[str, float]:
         n = board.legal_moves.count()

@@ -26,7 +26,8 @@ import chess.pgn
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples, write_samples
 from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool
 from rookworld_rlvr.tasks import environment as env_task
-from rookworld_rlvr.tasks.policy import PolicyTruth, best_of
+from rookworld_rlvr.tasks.policy import PolicyTruth
+from rookworld_rlvr.tasks.strength import best_of, legal_moves, mating_moves
 
 
 @dataclass
@@ -87,7 +88,7 @@ def _policy_sample(a: Analysis, rng: random.Random) -> Sample | None:
 
 def _illegal_move(board: chess.Board, rng: random.Random) -> str:
     """A plausible-looking illegal move: own piece to a square it cannot reach, or random squares."""
-    legal = {m.uci() for m in board.legal_moves}
+    legal = legal_moves(board)
     own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
     while True:
         frm = rng.choice(own) if own and rng.random() < 0.8 else rng.randrange(64)
@@ -254,15 +255,4 @@ def write_splits(samples: list[Sample], cfg: GenerateConfig) -> dict:
 
 def mate_in_one(samples: list[Sample]) -> list[tuple[str, list[str]]]:
     """Positions (from P: samples) with at least one mating move, and all mating moves."""
-    out = []
-    for s in samples:
-        board = chess.Board(s.fen)
-        mates = []
-        for mv in board.legal_moves:
-            board.push(mv)
-            if board.is_checkmate():
-                mates.append(mv.uci())
-            board.pop()
-        if mates:
-            out.append((s.fen, sorted(mates)))
-    return out
+    return [(s.fen, mates) for s in samples if (mates := mating_moves(s.fen))]

@@ -8,6 +8,9 @@ Truth comes from python-chess with the upstream conventions:
   -1.0 with truncated 1 for an illegal move (board unchanged);
 - terminated = game over in the resulting position, judged from the position alone
   (repetition cannot be seen in a FEN, so it never terminates an A: transition).
+
+Owns the A: text and the true transitions. Chess only: imports no torch and nothing of the
+model or trainer.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 import chess
 
 from rookworld_rlvr.tasks.policy import UCI_RE, FormatError
+from rookworld_rlvr.tasks.strength import is_legal
 
 HISTORY_LEN = 10
 REWARD_MOVE, REWARD_WIN, REWARD_DRAW, REWARD_ILLEGAL = 0.001, 1.0, 0.5, -1.0
@@ -56,13 +60,9 @@ def transition(fen: str, move: str, previous: list[str] | tuple[str, ...] = ()) 
     """The true result of playing `move` in `fen`; `previous` = moves before it, oldest first."""
     board = chess.Board(fen)
     history = " ".join((list(previous) + [move])[-HISTORY_LEN:])
-    try:
-        mv = chess.Move.from_uci(move)
-    except ValueError:
-        mv = None
-    if mv is None or mv not in board.legal_moves:
+    if not is_legal(board, move):
         return EnvTruth(fen, move, history, fen_of(board), REWARD_ILLEGAL, False, True)
-    board.push(mv)
+    board.push_uci(move)
     outcome = board.outcome()  # position-only: no repetition claims
     if outcome is None:
         reward, terminated = REWARD_MOVE, False

@@ -3,6 +3,9 @@
 Upstream layout (byte-identical to the RookWorld generators):
     f"P: {fen:90}" + f"M: {moves:30}" + f"E: {evals:40}" + f"B: {best}"
 Compact layout: single spaces between sections. Parsing is by tokens, never by columns.
+
+Owns the P: text: rendering, parsing, and reading the move an answer names (`PolicyParse.move`,
+the one place that does). Chess only: imports no torch and nothing of the model or trainer.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from dataclasses import dataclass, field
 
 import chess
 
+from rookworld_rlvr.tasks.strength import best_of, legal_moves
+
 LAYOUTS = ("padded", "compact")
 # Order of the M:/E: candidates in a rendered target. "given": as stored (upstream shuffled them);
 # "best-first": by eval, best first, so the first move written is the policy's choice and no two
 # slots share a target (a model trained on shuffled lists repeats its top move under greedy decoding).
 ORDERS = ("given", "best-first")
 UCI_RE = re.compile(r"^[a-h][1-8][a-h][1-8][qrbn]?$")
-MATE_BASE = 100000  # mate in n is written (100000 - n) / 100 pawns
 
 
 @dataclass(frozen=True)
@@ -48,23 +52,9 @@ class PolicyTruth:
         return cls(d["fen"], tuple(d["moves"]), tuple(float(e) for e in d["evals"]), tuple(d["best"]), d.get("label"))
 
 
-def best_of(moves: tuple[str, ...] | list[str], evals: tuple[float, ...] | list[float]) -> tuple[str, ...]:
-    """All moves whose eval equals the maximum (relative to the side to move)."""
-    if not moves:
-        return ()
-    top = max(evals)
-    return tuple(m for m, e in zip(moves, evals) if e == top)
-
-
 def format_eval(x: float) -> str:
     """Upstream writes evals with Python's str(float): -2.0, 0.0, 4.41, 999.99."""
     return str(float(x))
-
-
-def mate_to_pawns(n: int) -> float:
-    """Mate in n for the side to move (n > 0) or being mated in n (n < 0), in the upstream convention."""
-    sign = 1.0 if n > 0 else -1.0
-    return sign * (MATE_BASE - abs(n)) / 100
 
 
 def prompt(fen: str, layout: str = "compact") -> str:
@@ -111,6 +101,11 @@ class PolicyParse:
     @property
     def valid(self) -> bool:
         return not self.errors
+
+    @property
+    def move(self) -> str | None:
+        """The B: move when it is written in UCI (legal or not), else None: the move the answer plays."""
+        return self.best if self.best and UCI_RE.match(self.best) else None
 
 
 _SECTION_RE = re.compile(r"(?<!\S)([MEB]):")
@@ -200,8 +195,9 @@ def parse_line(line: str) -> PolicyTruth:
     if not parsed.valid:
         raise FormatError("; ".join(parsed.errors))
     assert parsed.moves is not None and parsed.evals is not None and parsed.best is not None
+    legal = legal_moves(board)
     for mv in parsed.moves + [parsed.best]:
-        if chess.Move.from_uci(mv) not in board.legal_moves:
+        if mv not in legal:
             raise FormatError(f"illegal move {mv} in {fen}")
     if len(set(parsed.moves)) != len(parsed.moves):
         raise FormatError("duplicate move in M:")

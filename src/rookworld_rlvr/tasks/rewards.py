@@ -13,6 +13,9 @@ The rewards pay for chess content, not form (tests/test_reward_hacks.py holds th
 - A: a wrong next state earns credit only for what the move changed (environment.change_credit):
   a copy of the input board earns none.
 - Puzzles (a `Puzzle` truth): 1 when B: is a solving move in a well-formed answer, else 0.
+
+Owns scoring. Chess only: imports no torch and nothing of the model or trainer; the engine is
+passed in (a `StockfishPool`), never started here.
 """
 
 from __future__ import annotations
@@ -22,14 +25,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import chess
-
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks import strength
 from rookworld_rlvr.tasks.environment import EnvTruth
-from rookworld_rlvr.tasks.policy import PolicyTruth, best_of
-from rookworld_rlvr.tasks.strength import Puzzle
+from rookworld_rlvr.tasks.policy import PolicyTruth
+from rookworld_rlvr.tasks.strength import Puzzle, best_of
 
 if TYPE_CHECKING:  # the engine is optional: sample truth makes it unnecessary
     from rookworld_rlvr.engine import StockfishPool
@@ -136,12 +137,6 @@ def _clip_eval(x: float) -> float:
     return max(-EVAL_CLIP, min(EVAL_CLIP, x))
 
 
-def _mates(fen: str, move: str) -> bool:
-    board = chess.Board(fen)
-    board.push_uci(move)
-    return board.is_checkmate()
-
-
 class RewardScorer:
     """Scores completions of both tasks and puzzles.
 
@@ -210,7 +205,7 @@ class RewardScorer:
         for c, x in zip(completions, truths):
             if not isinstance(x, PolicyTruth):
                 continue
-            best = pol_task.parse_completion(c).best
+            best = pol_task.parse_completion(c).move
             if best and best not in x.moves and strength.is_legal(x.fen, best):
                 by_fen.setdefault(x.fen, set()).add(best)
         for fen, moves in by_fen.items():
@@ -231,18 +226,18 @@ class RewardScorer:
         cfg = self.config
         parsed = pol_task.parse_completion(completion)
         notes = list(parsed.errors)
-        if parsed.best is None or not pol_task.UCI_RE.match(parsed.best):
+        best = parsed.move
+        if best is None:
             comps = {k: 0.0 for k in POLICY_COMPONENTS}
             return RewardResult(cfg.malformed_penalty, comps, False, "P", notes or ["no B: move"])
         legal = strength.legal_moves(truth.fen)
-        best = parsed.best
         # well-formed = parses, and lists as many distinct legal candidates as the position allows (up to 5)
         complete = len(set(parsed.moves or []) & legal) >= min(5, len(legal))
         well_formed = parsed.valid and complete
         if parsed.valid and not complete:
             notes.append("fewer distinct legal candidates than the position allows")
         c: dict[str, float] = {"format": 1.0 if well_formed else 0.5, "best_legal": 1.0 if best in legal else 0.0}
-        correct = best in legal and (best in truth.best or _mates(truth.fen, best))  # a mate found is a best move
+        correct = best in legal and (best in truth.best or strength.mates(truth.fen, best))  # a mate found is a best move
         if best not in legal:
             notes.append(f"illegal best move {best}")
             c["quality"] = 0.0
@@ -295,10 +290,10 @@ class RewardScorer:
         """A verified binary reward: 1 when B: is a solving move and the answer is well-formed."""
         parsed = pol_task.parse_completion(completion)
         notes = list(parsed.errors)
-        if parsed.best is None or not pol_task.UCI_RE.match(parsed.best):
+        if parsed.move is None:
             return RewardResult(self.config.malformed_penalty, {k: 0.0 for k in PUZZLE_COMPONENTS}, False, "P",
                                 notes or ["no B: move"])
-        solved = parsed.best in puzzle.solutions
+        solved = parsed.move in puzzle.solutions
         c = {"format": 1.0 if parsed.valid else 0.5, "solved": 1.0 if solved else 0.0}
         total = 1.0 if solved and parsed.valid else 0.0
         return RewardResult(total, c, parsed.valid, "P", notes, solved)

@@ -1,6 +1,9 @@
-"""Playing strength judged by Stockfish: win probability, move loss, accuracy, puzzles.
+"""Judging moves: legality, mates, best moves, and playing strength (win probability, move loss,
+accuracy, puzzles).
 
-Chess only, no torch. Evals are pawns for the side to move, mate-aware as in the `E:` column
+Owns the one legal-move check (`legal_moves`, `is_legal`), the mate check (`mates`) and the best
+moves of a list of evals (`best_of`); every other module asks here. Chess only: imports no torch
+and nothing of the model, trainer or engine. Evals are pawns for the side to move, mate-aware as in the `E:` column
 (mate in n = (100000 - n) / 100). A move's quality is the drop in the mover's expected score:
 `loss = win_prob(best) - win_prob(move)`, with Lichess's logistic model of the engine score,
 win% = 50 + 50 * (2 / (1 + exp(-0.00368208 * cp)) - 1), i.e. 1 / (1 + exp(-0.00368208 * cp)).
@@ -42,16 +45,39 @@ def accuracy(loss: float) -> float:
     return max(0.0, min(100.0, 103.1668 * math.exp(-0.04354 * loss * 100.0) - 3.1669))
 
 
-def legal_moves(fen: str) -> set[str]:
-    """The legal moves of a FEN in UCI (empty for an unreadable FEN)."""
-    try:
-        return {m.uci() for m in chess.Board(fen).legal_moves}
-    except ValueError:
-        return set()
+def legal_moves(position: str | chess.Board) -> set[str]:
+    """The legal moves of a position (a FEN or a board) in UCI; empty for an unreadable FEN."""
+    if isinstance(position, str):
+        try:
+            position = chess.Board(position)
+        except ValueError:
+            return set()
+    return {m.uci() for m in position.legal_moves}
 
 
-def is_legal(fen: str, move: str | None) -> bool:
-    return move is not None and move in legal_moves(fen)
+def is_legal(position: str | chess.Board, move: str | None) -> bool:
+    """Whether `move` (UCI text, possibly malformed or None) is a legal move of the position."""
+    return move is not None and move in legal_moves(position)
+
+
+def mates(fen: str, move: str) -> bool:
+    """Whether the legal move `move` checkmates at once."""
+    board = chess.Board(fen)
+    board.push_uci(move)
+    return board.is_checkmate()
+
+
+def mating_moves(fen: str) -> list[str]:
+    """Every move that checkmates at once, sorted."""
+    return sorted(m for m in legal_moves(fen) if mates(fen, m))
+
+
+def best_of(moves: Sequence[str], evals: Sequence[float]) -> tuple[str, ...]:
+    """All moves whose eval equals the maximum (relative to the side to move): each is a best move."""
+    if not moves:
+        return ()
+    top = max(evals)
+    return tuple(m for m, e in zip(moves, evals) if e == top)
 
 
 @dataclass(frozen=True)
@@ -69,8 +95,7 @@ class JudgedPosition:
         return move_loss(self.best_eval, self.evals[move])
 
     def best_moves(self) -> tuple[str, ...]:
-        top = self.best_eval
-        return tuple(m for m, e in self.evals.items() if e == top)
+        return best_of(tuple(self.evals), tuple(self.evals.values()))
 
     def top(self, k: int = 5) -> tuple[str, ...]:
         """The k best moves (ties in stored order)."""
@@ -116,18 +141,6 @@ class Puzzle:
 
 
 PUZZLE_KINDS = ("mate1", "tactic")
-
-
-def mating_moves(fen: str) -> list[str]:
-    """Every move that checkmates at once, sorted."""
-    board = chess.Board(fen)
-    out = []
-    for mv in board.legal_moves:
-        board.push(mv)
-        if board.is_checkmate():
-            out.append(mv.uci())
-        board.pop()
-    return sorted(out)
 
 
 def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_solutions: int = 2) -> Puzzle | None:
