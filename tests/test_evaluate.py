@@ -14,6 +14,11 @@ from transformers import GPT2LMHeadModel
 
 from conftest import REFERENCE, random_transitions
 from rookworld_rlvr import evaluate as ev
+from rookworld_rlvr import metrics as mt
+from rookworld_rlvr import tables
+from rookworld_rlvr.data.judged import load_mate_in_one
+from rookworld_rlvr.model.completions import Completer
+from rookworld_rlvr.play import selfplay_metrics
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.io import DataError, Sample, read_samples
 from rookworld_rlvr.tasks import environment as env_task
@@ -89,7 +94,7 @@ def legal_outside(sample: Sample) -> str:
 @pytest.mark.parametrize("layout", ["compact", "padded"])
 def test_perfect_oracle_scores_the_maximum(reference, env_samples, layout):
     samples = reference[:60] + env_samples
-    res = ev.score_completions(samples, truth_completions(samples, layout), RewardScorer(), layout=layout)
+    res = mt.score_completions(samples, truth_completions(samples, layout), RewardScorer(), layout=layout)
     p, a = res["policy"], res["environment"]
     assert p["n"] == 60 and a["n"] == len(env_samples)
     assert p["best_acc"] == 1 and p["legal_best"] == 1 and p["invalid"] == 0 and p["repeated_candidates"] == 0
@@ -102,11 +107,11 @@ def test_perfect_oracle_scores_the_maximum(reference, env_samples, layout):
 
 def test_raw_upstream_labels_against_corrected_truth(reference):
     """Our truth writes a true best move; the upstream label is not one on 223 of 500 rows."""
-    ours = ev.score_completions(reference, truth_completions(reference), RewardScorer())["policy"]
+    ours = mt.score_completions(reference, truth_completions(reference), RewardScorer())["policy"]
     assert ours["n_labelled"] == 500 and ours["best_acc"] == 1
     assert ours["best_acc_raw_labels"] == pytest.approx(277 / 500)
     raw = [with_best(c, s.truth.label) for s, c in zip(reference, truth_completions(reference))]
-    theirs = ev.score_completions(reference, raw, RewardScorer())["policy"]
+    theirs = mt.score_completions(reference, raw, RewardScorer())["policy"]
     assert theirs["best_acc_raw_labels"] == 1 and theirs["best_acc"] == pytest.approx(277 / 500)
     assert theirs["legal_best"] == 1 and theirs["mean_reward"] < 1
 
@@ -115,18 +120,18 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
     ps, envs = reference[:12], env_samples[:12]
     good = truth_completions(ps)
     illegal = [with_best(c, illegal_move(s.fen)) for s, c in zip(ps, good)]
-    res = ev.score_completions(ps, illegal, RewardScorer())["policy"]
+    res = mt.score_completions(ps, illegal, RewardScorer())["policy"]
     assert res["legal_best"] == 0 and res["best_acc"] == 0 and res["best_acc_raw_labels"] == 0
     assert res["invalid"] == 0 and res["mean_reward"] < 1
     # A legal move outside Stockfish's top 5 needs the engine for its centipawn loss.
     weak = [with_best(c, legal_outside(s)) for s, c in zip(ps, good)]
-    assert ev.needs_engine(ps, weak) and not ev.needs_engine(ps, good)
-    res = ev.score_completions(ps, weak, RewardScorer(engine=pool))["policy"]
+    assert mt.needs_engine(ps, weak) and not mt.needs_engine(ps, good)
+    res = mt.score_completions(ps, weak, RewardScorer(engine=pool))["policy"]
     assert res["legal_best"] == 1 and res["best_acc"] == 0 and 0 < res["mean_reward"] < 1
-    garbage = ev.score_completions(ps, ["M: zz E: x"] * len(ps), RewardScorer())["policy"]
+    garbage = mt.score_completions(ps, ["M: zz E: x"] * len(ps), RewardScorer())["policy"]
     assert garbage["invalid"] == 1 and garbage["top5_overlap"] == 0 and garbage["distinct_legal_candidates"] == 0
     repeated = [f"M: {' '.join([s.truth.best[0]] * 5)} E: 1.0 1.0 1.0 1.0 1.0 B: {s.truth.best[0]}" for s in ps]
-    rep = ev.score_completions(ps, repeated, RewardScorer())["policy"]  # five copies of one move: one candidate
+    rep = mt.score_completions(ps, repeated, RewardScorer())["policy"]  # five copies of one move: one candidate
     assert rep["distinct_legal_candidates"] == 1 and rep["repeated_candidates"] == 1 and rep["invalid"] == 1
     assert rep["top5_overlap"] == pytest.approx(sum(1 / len(s.truth.moves) for s in ps) / len(ps))
     assert garbage["mean_reward"] < 0
@@ -135,18 +140,18 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
                  for c in truth_completions(envs)]
     wrong_reward = [c.replace("+0.001+", "+0.5+").replace("+-1.0+", "+0.001+").replace("+1.0+", "+0.5+")
                     for c in truth_completions(envs)]
-    a = ev.score_completions(envs, wrong_fen, RewardScorer())["environment"]
+    a = mt.score_completions(envs, wrong_fen, RewardScorer())["environment"]
     assert a["next_state_acc"] == 0 and 0.9 < a["nls"] < 1 and a["reward_acc"] == 1 and a["mean_reward"] < 1
-    a = ev.score_completions(envs, wrong_reward, RewardScorer())["environment"]
+    a = mt.score_completions(envs, wrong_reward, RewardScorer())["environment"]
     assert a["next_state_acc"] == 1 and a["reward_acc"] < 1 and a["reward_mae"] > 0
-    a = ev.score_completions(envs, ["nonsense"] * len(envs), RewardScorer())["environment"]
+    a = mt.score_completions(envs, ["nonsense"] * len(envs), RewardScorer())["environment"]
     expected_mae = sum(abs(s.truth.reward) for s in envs) / len(envs)
     assert a["invalid"] == 1 and a["reward_acc"] == 0 and a["reward_mae"] == pytest.approx(expected_mae)
     assert a["mean_reward"] < 0
 
 
 def test_examples_per_task(mixed):
-    res = ev.score_completions(mixed, truth_completions(mixed), RewardScorer(), examples=2)
+    res = mt.score_completions(mixed, truth_completions(mixed), RewardScorer(), examples=2)
     ex = res["examples"]
     assert [len(ex["policy"]), len(ex["environment"])] == [2, 2]
     first = ex["policy"][0]
@@ -174,9 +179,9 @@ def test_evaluate_end_to_end_tiny_model(tiny, mixed, pool):
     json.dumps(res)
     p, a = res["policy"], res["environment"]
     assert p["n"] == 8 and a["n"] == 8
-    for key in ev.POLICY_METRICS:
+    for key in mt.POLICY_METRICS:
         assert key in p and (key == "mean_reward" or in_unit(p[key])), key
-    for key in ev.ENV_METRICS:
+    for key in mt.ENV_METRICS:
         assert key in a and (key in ("mean_reward", "reward_mae") or in_unit(a[key])), key
     assert -1 <= p["mean_reward"] <= 1 and -1 <= a["mean_reward"] <= 1 and 0 <= a["reward_mae"] <= 2
     assert res["puzzles"]["mate1"]["n"] == 2 and in_unit(res["puzzles"]["mate1"]["solved"])
@@ -186,14 +191,14 @@ def test_evaluate_end_to_end_tiny_model(tiny, mixed, pool):
     assert st["n"] == 3 and in_unit(st["legal"]) and in_unit(st["candidates"]["repeated"])
     if st["legal"] == 0:  # a random model rarely writes a legal move; the baseline is then over no positions
         assert st["loss"] is None and st["random"]["loss"] is None
-    rows = ev.flatten_metrics(res)
+    rows = tables.flatten_metrics(res)
     assert "strength.random.loss" in rows and "puzzles.mate1.solved" in rows
     # the random mover's expectation is exact: the mean over every legal move
     r = random_expectation(judged[0])
     assert r["loss"] == pytest.approx(sum(judged[0].loss(m) for m in judged[0].evals) / len(judged[0].evals))
     assert res["selfplay"]["games"] == 1 and res["selfplay"]["mean_legal_half_moves"] >= 0
     assert len(res["examples"]["policy"]) == 1 and len(res["examples"]["environment"]) == 1
-    assert "policy.best_acc" in ev.format_table(res)
+    assert "policy.best_acc" in tables.format_table(res)
 
 
 def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):
@@ -201,7 +206,7 @@ def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):
 
     model, tokenizer = tiny
     prompts = [s.render()[0] for s in mixed[6:11]]  # P: and A: prompts of different lengths
-    gen = ev._Generator(model, tokenizer, ev.EvalConfig(batch_size=2, max_new_tokens=8))
+    gen = Completer(model, tokenizer, max_new_tokens=8, batch_size=2)
     texts, reasons = gen.run(prompts)
     single = [generate(model, tokenizer, [p], max_new_tokens=8, greedy=True).texts[0] for p in prompts]
     assert texts == single and len(reasons) == len(prompts)
@@ -211,8 +216,8 @@ def test_temperature_samples_task_completions_reproducibly(tiny, mixed):
     model, tokenizer = tiny
 
     def completions(**kw):
-        return ev._generate_tasks(ev._Generator(model, tokenizer, ev.EvalConfig(max_new_tokens=12, **kw)), mixed[:8],
-                                  False)[0]
+        return ev._generate_tasks(Completer(model, tokenizer, max_new_tokens=12), mixed[:8],
+                                  ev.EvalConfig(max_new_tokens=12, **kw), False)[0]
 
     greedy, sampled = completions(), completions(temperature=1.0)
     assert sampled == completions(temperature=1.0)  # same seed, same samples
@@ -241,7 +246,7 @@ def test_evaluate_builds_and_closes_a_pool_when_needed(tiny, reference, monkeypa
     samples = reference[:2]
     weak = [with_best(c, legal_outside(s)) for s, c in zip(samples, truth_completions(samples))]
     monkeypatch.setattr(engine, "StockfishPool", Recorded)
-    monkeypatch.setattr(ev, "_generate_tasks", lambda gen, s, progress: (weak, ["eos"] * len(s)))
+    monkeypatch.setattr(ev, "_generate_tasks", lambda gen, s, config, progress: (weak, ["eos"] * len(s)))
     model, tokenizer = tiny
     res = ev.evaluate(model, tokenizer, samples, scorer=RewardScorer())
     assert len(made) == 1 and made[0]._closed
@@ -251,11 +256,11 @@ def test_evaluate_builds_and_closes_a_pool_when_needed(tiny, reference, monkeypa
 # -- self-play, mate-in-one ----------------------------------------------------------------------------
 
 
-class ScriptedGenerator(ev._Generator):
+class ScriptedGenerator(Completer):
     """Answers every prompt with the next move of a script (the referee is what is under test)."""
 
-    def __init__(self, config, script):
-        self.config, self.script, self.capped_batches = config, list(script), 0
+    def __init__(self, script):
+        self.script, self.capped_batches = list(script), 0
 
     def run(self, prompts, *, bar=None, **sampling):
         move = self.script.pop(0) if self.script else "a1a1"
@@ -263,13 +268,12 @@ class ScriptedGenerator(ev._Generator):
 
 
 def test_selfplay_referee_counts_legal_half_moves():
-    cfg = ev.EvalConfig(selfplay_max_plies=10)
-    res = ev.selfplay_metrics(ScriptedGenerator(cfg, FOOLS_MATE), 2, False)
+    res = selfplay_metrics(ScriptedGenerator(FOOLS_MATE), 2, max_plies=10)
     assert res == {"games": 2, "mean_legal_half_moves": 4, "max_legal_half_moves": 4,
                    "ended_illegal": 0, "ended_game_over": 2, "ended_max_plies": 0}
-    res = ev.selfplay_metrics(ScriptedGenerator(cfg, ["e2e4", "e2e4"]), 1, False)  # second e2e4 is illegal
+    res = selfplay_metrics(ScriptedGenerator(["e2e4", "e2e4"]), 1, max_plies=10)  # second e2e4 is illegal
     assert res["mean_legal_half_moves"] == 1 and res["ended_illegal"] == 1
-    res = ev.selfplay_metrics(ScriptedGenerator(ev.EvalConfig(selfplay_max_plies=2), FOOLS_MATE), 1, False)
+    res = selfplay_metrics(ScriptedGenerator(FOOLS_MATE), 1, max_plies=2)
     assert res["mean_legal_half_moves"] == 2 and res["ended_max_plies"] == 1
 
 
@@ -284,12 +288,12 @@ def test_selfplay_sampling_on_the_tiny_model(tiny):
 def test_load_mate_in_one(tmp_path):
     good = tmp_path / "m1.tsv"
     good.write_text(f"# comment\nP: {MATES[0][0]}\t{MATES[0][1][0]}\n\n{MATES[1][0]}\td8h4\n")
-    assert ev.load_mate_in_one(good) == MATES
+    assert load_mate_in_one(good) == MATES
     for bad_line in (f"{MATES[0][0]} a1a8", f"{MATES[0][0]}\ta1a7", "not a fen\ta1a8", f"{MATES[0][0]}\t"):
         bad = tmp_path / "bad.tsv"
         bad.write_text(f"{MATES[1][0]}\td8h4\n{bad_line}\n")
         with pytest.raises(DataError, match="^" + re.escape(f"{bad}:2: ")):
-            ev.load_mate_in_one(bad)
+            load_mate_in_one(bad)
 
 
 # -- tables -------------------------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def test_tables():
             "selfplay": {"games": 1, "mean_legal_half_moves": 2.0}, "examples": {"policy": []}, "meta": {"x": 1}}
     final = {"policy": {"n": 4, "best_acc": 0.5, "best_acc_raw_labels": 0.75, "components": {"format": 1.0}},
              "environment": {"n": 2, "nls": 0.9}}
-    table = ev.compare_table(base, final)
+    table = tables.compare_table(base, final)
     lines = table.splitlines()
     assert [c.strip() for c in lines[0].split("|")] == ["metric", "base", "final", "delta"]
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]] for line in lines[2:]}
@@ -311,7 +315,7 @@ def test_tables():
     assert rows["environment.nls"] == ["-", "0.9000", "-"]
     assert not any(k.startswith(("meta", "examples")) for k in rows)
     assert len({len(line) for line in lines[:2]}) == 1  # header and rule aligned
-    assert "policy.best_acc" in ev.format_table(base) and "meta" not in ev.format_table(base)
+    assert "policy.best_acc" in tables.format_table(base) and "meta" not in tables.format_table(base)
 
 
 # -- command line -------------------------------------------------------------------------------------
@@ -343,7 +347,7 @@ def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys):
     res = json.loads(out.read_text())
     assert {"policy", "environment", "meta"} <= set(res)
     assert res["policy"]["n"] == 4 and res["environment"]["n"] == 4
-    assert set(ev.POLICY_METRICS) <= set(res["policy"]) and set(ev.ENV_METRICS) <= set(res["environment"])
+    assert set(mt.POLICY_METRICS) <= set(res["policy"]) and set(mt.ENV_METRICS) <= set(res["environment"])
     assert "policy.best_acc" in capsys.readouterr().out
 
 

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rookworld_rlvr import report as rp
+from rookworld_rlvr.report.page import write_report
+from rookworld_rlvr.report.runs import is_noisy, load_run, moving_average, series
+from rookworld_rlvr.report.samples import sample_card
+from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS
 from rookworld_rlvr.cli import main
 
 P_FEN = "2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34"
@@ -37,10 +40,10 @@ def _metrics(steps: int, seed: int, *, with_entropy: bool = True, with_timings: 
                "beta": 0.04, "clip_frac": rng.random() * 0.1, "grad_norm": 1.0 + rng.random(),
                "completion_len/mean": 60 + rng.gauss(0, 5), "completion_len/max": 120,
                "truncation_rate": rng.random() * 0.05, "lr": 1e-6, "loss": rng.gauss(0, 0.1)}
-        rec.update({f"reward/P/{c}": rng.random() for c in rp.POLICY_COMPONENTS})
+        rec.update({f"reward/P/{c}": rng.random() for c in POLICY_COMPONENTS})
         if s % 2:  # A: is sampled on odd steps only
             rec.update({"reward/A": 0.5 + rng.gauss(0, 0.1), "valid/A": 0.9})
-            rec.update({f"reward/A/{c}": rng.random() for c in rp.ENV_COMPONENTS})
+            rec.update({f"reward/A/{c}": rng.random() for c in ENV_COMPONENTS})
         if s > 5:  # the clip split was added to the log mid-run
             rec.update(clip_low=rng.random() * 0.05, clip_high=rng.random() * 0.05)
         if with_entropy:
@@ -108,7 +111,7 @@ def make_run(root: Path, name: str, *, seed: int = 0, steps: int = 30, config: d
 def single(tmp_path_factory) -> Path:
     """The report of one run (built once: plotting is the slow part)."""
     run = make_run(tmp_path_factory.mktemp("runs"), "grpo-a")
-    return rp.write_report([str(run)])
+    return write_report([str(run)])
 
 
 def test_single_run_writes_plots_next_to_the_run(single):
@@ -158,11 +161,11 @@ def test_a_samples_draw_the_move_arrow(single):
 
 def test_missing_keys_skip_plots_and_nan_is_dropped(tmp_path):
     run = make_run(tmp_path, "sparse", with_entropy=False, with_timings=False)
-    page = rp.write_report([str(run)], str(tmp_path / "out"))
+    page = write_report([str(run)], str(tmp_path / "out"))
     plots = {p.stem for p in (page.parent / "plots").glob("*.png")}
     assert "entropy" not in plots and "timings" not in plots and "reward" in plots
     assert "plots/entropy.png" not in page.read_text()
-    xs, ys, dropped = rp.series(rp.load_run(run).metrics, "grad_norm")
+    xs, ys, dropped = series(load_run(run).metrics, "grad_norm")
     assert dropped == 1 and len(ys) == 29 and all(math.isfinite(v) for v in ys) and 7 not in xs
 
 
@@ -170,7 +173,7 @@ def test_metrics_only_run_reports_without_evals(tmp_path):
     run = tmp_path / "live"
     run.mkdir()
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.1}) + "\n")
-    page = rp.write_report([str(run)]).read_text()
+    page = write_report([str(run)]).read_text()
     assert "No evaluations" in page and "No config.yaml" in page and "in progress" in page
 
 
@@ -200,21 +203,21 @@ def test_missing_metrics_names_the_path(tmp_path, capsys):
     empty = tmp_path / "not-a-run"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=str(empty / "metrics.jsonl")):
-        rp.write_report([str(empty)])
+        write_report([str(empty)])
     assert main(["report", str(empty)]) == 1
     assert str(empty / "metrics.jsonl") in capsys.readouterr().err
 
 
 def test_undrawable_fen_leaves_out_only_the_board():
     example = {**_examples()["policy"][0], "truth": {"fen": "not a fen", "best": ["e2e4"]}}
-    card = rp.sample_card("policy", example)
+    card = sample_card("policy", example)
     assert "<svg" not in card and "not drawable" in card and html.escape(P_PROMPT) in card
 
 
 def test_moving_average_and_noise():
-    assert rp.moving_average([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
-    assert not rp.is_noisy([float(i) for i in range(30)])
-    assert rp.is_noisy([float(i % 2) for i in range(30)])
+    assert moving_average([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
+    assert not is_noisy([float(i) for i in range(30)])
+    assert is_noisy([float(i % 2) for i in range(30)])
 
 
 def test_report_renders_in_headless_chromium(single, tmp_path, chromium_path):
@@ -244,10 +247,10 @@ def test_guard_events_are_listed_and_a_stopped_run_says_why(tmp_path):
               {"action": "stop", "signal": "kl_mean", "value": 3.2, "reference": None, "bound": 1.0, "step": 11,
                "first_step": 10, "recoveries": 1, "message": "...", "also": []}]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    page = rp.write_report([str(run)]).read_text()
+    page = write_report([str(run)]).read_text()
     section = page.split("<h2>Guard events</h2>")[1].split("</section>")[0]
     assert "valid/P" in section and "rolled back to step 6, LR x0.5, beta x2" in section and "reward/P" in section
     assert "kl_mean" in section and "stopped the run" in section
     assert "stopped by the guard at step 11: kl_mean" in page.split("<h2>Runs</h2>")[1].split("</section>")[0]
-    quiet = rp.write_report([str(make_run(tmp_path, "quiet"))]).read_text()
+    quiet = write_report([str(make_run(tmp_path, "quiet"))]).read_text()
     assert "No guard event" in quiet and "stopped by the guard" not in quiet

@@ -9,7 +9,9 @@ import pytest
 import yaml
 from test_trainer import varied_reward
 
-from rookworld_rlvr.sweep import load_space, main as sweep_main, run_sweep
+from rookworld_rlvr.sweep.cli import main as sweep_main
+from rookworld_rlvr.sweep.space import load_space
+from rookworld_rlvr.sweep.trials import run_sweep
 
 QUIET = lambda *_: None  # noqa: E731
 
@@ -95,7 +97,7 @@ def test_a_trial_stopped_by_a_guard_is_failed_with_its_reason_and_the_sweep_goes
 
 
 def test_outcomes_count_intact_stopped_and_silent_collapses():
-    from rookworld_rlvr.sweep import _outcome_counts, format_summary, outcome
+    from rookworld_rlvr.sweep.summary import _outcome_counts, format_summary, outcome
 
     assert outcome("COMPLETE", 0.50, 0.49, 0, False) == "intact"  # within 0.02 of the base
     assert outcome("COMPLETE", 0.50, 0.60, 2, False) == "intact"  # recovered and fine

@@ -1,10 +1,16 @@
-"""The `rookworld` command. Each subcommand imports its module lazily so `--help` is instant."""
+"""The `rookworld` command: the subcommand table, and the `data` subcommands.
+
+Owns dispatch and one-line errors. Every other subcommand lives in its own module (the table
+`_OPTIONAL`), which registers its flags and imports torch only when it runs, so `--help` is instant.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from rookworld_rlvr.hostmem import keep_freed_memory
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -120,13 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _OPTIONAL = {
-    "eval": ("rookworld_rlvr.evaluate", "evaluate a model on the held-out set (greedy)"),
+    "eval": ("rookworld_rlvr.eval_cli", "evaluate a model on the held-out set (greedy)"),
     "sft": ("rookworld_rlvr.sft", "supervised bootstrap of a base model"),
     "train": ("rookworld_rlvr.grpo.cli", "GRPO training (the main job)"),
     "check-batch": ("rookworld_rlvr.grpo.cli", "collect one batch and check it"),
     "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),
-    "report": ("rookworld_rlvr.report", "plots and an HTML report of runs"),
-    "sweep": ("rookworld_rlvr.sweep", "hyperparameter sweeps with Optuna"),
+    "report": ("rookworld_rlvr.report.cli", "plots and an HTML report of runs"),
+    "sweep": ("rookworld_rlvr.sweep.cli", "hyperparameter sweeps with Optuna"),
     "match": ("rookworld_rlvr.play", "play games between models, a random mover and Stockfish (score, Elo, PGN)"),
     "uci": ("rookworld_rlvr.uci", "run a model as a UCI chess engine"),
 }
@@ -144,24 +150,8 @@ def _add_optional(sub, name: str) -> None:
     sp.set_defaults(func=lambda a, m=module, n=name: m.run(a, n))
 
 
-def _tune_allocator() -> None:
-    """Keep freed memory in the process (glibc): on VMs, returning and re-faulting the large
-    temporary buffers of every forward/backward pass cost us half the CPU time in the kernel."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give memory back below 1 GiB of slack
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: fixed, so big tensors reuse heap pages
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to tune
-
-
 def main(argv: list[str] | None = None) -> int:
-    _tune_allocator()
+    keep_freed_memory()  # process-wide, so the command line sets it, never the library
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

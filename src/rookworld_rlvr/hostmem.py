@@ -9,7 +9,10 @@ the heap never trimmed, freed blocks stay in the heap and the next step reuses t
 
 The cost: the process keeps its peak heap until it exits (the resident size no longer shrinks
 between phases; the peak itself did not grow in our runs). The setting is process-wide, so only
-our command-line entry points apply it (`grpo.cli.build`), not library use of `Trainer`.
+our entry points apply it (`cli.main`, `sweep.cli.main`, and `grpo.cli.build`, which logs it), not
+library use of `Trainer`.
+
+Owns the allocator policy, the one place that tunes it. Imports nothing of the package.
 """
 
 from __future__ import annotations

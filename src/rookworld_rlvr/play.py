@@ -8,6 +8,11 @@ games advance together: each ply, every model move of that ply is one batched ge
 
 The result is the score of A, the Elo difference with a 95% confidence interval (normal
 approximation on the per-game scores), how the games ended, and the games as PGN.
+
+Also self-play for the evaluation (`selfplay_metrics`: the model against itself from the start
+position, ended at its first unreadable or illegal move). Owns games and their referee; the
+model is reached through `model.completions` (imported inside functions, so `rookworld --help`
+stays fast).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import chess.engine
 import chess.pgn
 
 from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks.environment import fen_of
+from rookworld_rlvr.tasks.strength import is_legal, legal_moves
 
 
 class Player(Protocol):
@@ -42,7 +49,7 @@ class RandomPlayer:
         self._rng = random.Random(seed)
 
     def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
-        return [self._rng.choice(sorted(m.uci() for m in b.legal_moves)) for b in boards]
+        return [self._rng.choice(sorted(legal_moves(b))) for b in boards]
 
 
 class StockfishPlayer:
@@ -70,23 +77,24 @@ class ModelPlayer:
 
     def __init__(self, model, tokenizer, name: str, layout: str = "compact", temperature: float = 0.0,
                  seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64) -> None:
-        from rookworld_rlvr.evaluate import EvalConfig, _Generator, _sampling
+        from rookworld_rlvr.model.completions import Completer, sampling
 
         self.name = name
-        self._gen = _Generator(model, tokenizer, EvalConfig(layout=layout, max_new_tokens=max_new_tokens,
-                                                             batch_size=batch_size))
-        self._sampling = _sampling(temperature, seed)
+        self._gen = Completer(model, tokenizer, max_new_tokens, batch_size)
+        self._sampling = sampling(temperature, seed)
         self.layout = layout
 
     def answers(self, boards: Sequence[chess.Board]) -> list[pol_task.PolicyParse]:
-        from rookworld_rlvr.tasks.environment import fen_of
-
-        prompts = [pol_task.prompt(fen_of(b), self.layout) for b in boards]
-        texts, _ = self._gen.run(prompts, **self._sampling)
-        return [pol_task.parse_completion(t) for t in texts]
+        return answers(self._gen, boards, self.layout, self._sampling)
 
     def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
-        return [p.best if p.best and pol_task.UCI_RE.match(p.best) else None for p in self.answers(boards)]
+        return [p.move for p in self.answers(boards)]
+
+
+def answers(gen, boards: Sequence[chess.Board], layout: str, sampling: dict) -> list[pol_task.PolicyParse]:
+    """The model's parsed P: answers for the boards, one batched generation (`gen`: a Completer)."""
+    texts, _ = gen.run([pol_task.prompt(fen_of(b), layout) for b in boards], **sampling)
+    return [pol_task.parse_completion(t) for t in texts]
 
 
 @dataclass
@@ -187,7 +195,7 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
                     continue
                 for i, move in zip(turn, player.moves([result.games[i].board for i in turn])):
                     g = result.games[i]
-                    if move is None or chess.Move.from_uci(move) not in g.board.legal_moves:
+                    if not is_legal(g.board, move):
                         g.result = "0-1" if g.board.turn == chess.WHITE else "1-0"
                         g.termination = "illegal_move" if move is not None else "no_move"
                     else:
@@ -198,6 +206,45 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
                         bar.update(1)
             live = [i for i in live if not result.games[i].termination]
     return result
+
+
+def selfplay_metrics(gen, games: int, max_plies: int, layout: str = "compact", sampling: dict | None = None,
+                     progress: bool = False) -> dict:
+    """The model plays both sides from the start position; python-chess referees.
+
+    A game ends at the first unparseable or illegal B: move (other P: sections are not
+    required), when the game is over (checkmate, stalemate, insufficient material,
+    fivefold repetition, 75-move rule) or after `max_plies`. All games advance together,
+    one batched generation per ply (`gen`: a `model.completions.Completer`; `sampling`: its
+    settings, greedy by default).
+    """
+    from tqdm import tqdm
+
+    boards = [chess.Board() for _ in range(games)]
+    ended = {"illegal": 0, "game_over": 0, "max_plies": 0}
+    alive = list(range(games))
+    with tqdm(total=max_plies, desc="self-play", unit="ply", disable=not progress, leave=False) as bar:
+        for _ in range(max_plies):
+            over = [g for g in alive if boards[g].is_game_over()]
+            ended["game_over"] += len(over)
+            alive = [g for g in alive if g not in over]
+            if not alive:
+                break
+            still = []
+            for g, answer in zip(alive, answers(gen, [boards[g] for g in alive], layout, sampling or {})):
+                if not is_legal(boards[g], answer.move):
+                    ended["illegal"] += 1
+                else:
+                    boards[g].push_uci(answer.move)
+                    still.append(g)
+            alive = still
+            bar.update(1)
+    ended["game_over"] += sum(boards[g].is_game_over() for g in alive)
+    ended["max_plies"] += sum(not boards[g].is_game_over() for g in alive)
+    plies = [len(b.move_stack) for b in boards]
+    return {"games": games, "mean_legal_half_moves": sum(plies) / len(plies) if plies else None,
+            "max_legal_half_moves": max(plies, default=None),
+            **{f"ended_{k}": v for k, v in ended.items()}}
 
 
 def read_openings(path: str | Path, limit: int | None = None) -> list[str]:

@@ -4,6 +4,9 @@ It answers each `go` with the `B:` move of a greedy `P:` answer for the current 
 UCI engine must move legally, so when that move is unreadable or illegal it plays the first
 legal move of the answer's `M:` list, else a random legal move, and says so in an
 `info string` line (a `rookworld match` game, by contrast, is lost on such a move).
+
+Owns the UCI protocol; the model answers through `play.ModelPlayer` (imported inside `run`, so
+`rookworld --help` stays fast).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import IO
 import chess
 
 from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks.strength import legal_moves
 
 
 class UCIEngine:
@@ -70,7 +74,7 @@ class UCIEngine:
         return board
 
     def best_move(self) -> str:
-        legal = {m.uci() for m in self.board.legal_moves}
+        legal = legal_moves(self.board)
         if not legal:
             return "0000"
         answer = self.player.answers([self.board])[0]

@@ -6,6 +6,9 @@ finds tactics (one move keeps a decisive win), and among every position it is gi
 in one. Evaluation then needs no engine: any answer, and a random legal mover, is judged by
 looking its move up. Puzzle rows are `{"fen", "solutions", "kind"}`; the older mate-in-one TSV
 (`FEN<TAB>mating moves`) reads as puzzles of kind mate1.
+
+Owns the judged-set files (reading, writing, building them). Chess and files only: imports no
+torch and nothing of the model or trainer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Callable, Iterable, TypeVar
 import chess
 
 from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples
-from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle, mating_moves, tactic_of
+from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle, is_legal, mates, mating_moves, tactic_of
 
 T = TypeVar("T")
 
@@ -47,10 +50,52 @@ def read_judged(path: str | Path) -> list[JudgedPosition]:
 def read_puzzles(path: str | Path) -> list[Puzzle]:
     """Puzzles from JSONL(.gz), or mates in one from a `FEN<TAB>mating moves` TSV."""
     if str(path).endswith((".tsv", ".txt")):
-        from rookworld_rlvr.evaluate import load_mate_in_one
-
         return [Puzzle(fen, tuple(moves), "mate1") for fen, moves in load_mate_in_one(path)]
     return _read_rows(path, Puzzle.from_dict)
+
+
+def _mate_line(line: str) -> tuple[str, list[str]]:
+    """Parse `FEN<TAB>move move ...`; each move must be legal and mate."""
+    if "\t" not in line:
+        raise ValueError("expected `FEN<TAB>mating moves`")
+    fen, moves_text = line.split("\t", 1)
+    fen = fen.strip()
+    if fen.startswith("P:"):
+        fen = fen[2:].strip()
+    try:
+        chess.Board(fen)
+    except ValueError as e:
+        raise ValueError(f"bad FEN {fen!r}: {e}") from None
+    moves = moves_text.split()
+    if not moves:
+        raise ValueError("no mating moves after the tab")
+    for mv in moves:
+        if not is_legal(fen, mv):
+            raise ValueError(f"{mv!r} is not a legal UCI move in {fen}")
+        if not mates(fen, mv):
+            raise ValueError(f"{mv} does not mate in {fen}")
+    return fen, moves
+
+
+def load_mate_in_one(path: str | Path) -> list[tuple[str, list[str]]]:
+    """Positions from `FEN<TAB>mating UCI moves` lines (FEN optionally prefixed `P: `).
+
+    Blank lines and lines starting with '#' are skipped; a bad line raises DataError
+    (a ValueError) starting with `file:line:`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                out.append(_mate_line(line.rstrip("\n")))
+            except ValueError as e:
+                raise DataError(f"{path}:{lineno}: {e}") from None
+    return out
 
 
 def write_rows(path: str | Path, rows: Iterable[dict]) -> None:

@@ -136,7 +136,7 @@ def _train(cfg: TrainConfig) -> int:
 
 
 def _train_here(cfg: TrainConfig) -> int:
-    from rookworld_rlvr.evaluate import compare_table
+    from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.trainer import TrainingStopped
 
@@ -163,7 +163,7 @@ def _train_here(cfg: TrainConfig) -> int:
             print("report: not written: matplotlib is missing (pip install 'rookworld-rlvr[report]'), "
                   "or set report: false", file=sys.stderr)
         else:
-            from rookworld_rlvr.report import write_report
+            from rookworld_rlvr.report.page import write_report
 
             print(f"report: {write_report([cfg.output_dir])}")
     print(f"done in {(time.time() - t0) / 60:.1f} min; final model in {cfg.output_dir}/final")

@@ -1,0 +1,119 @@
+"""`rookworld eval`: evaluate a model on held-out samples, judged positions and puzzles.
+
+Owns the command line of `evaluate`: its flags, reading the inputs, one-line errors, the
+table and the JSON file. Imports torch and the model package inside `run` only, so
+`rookworld --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+from typing import Any, Callable, Sequence
+
+from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
+from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
+from rookworld_rlvr.tables import format_table
+from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks.rewards import RewardScorer
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    d = EvalConfig()
+    p.add_argument("--model", required=True, help="model directory or Hub id")
+    p.add_argument("--data", required=True, help="our JSONL(.gz) or upstream RookWorld text lines (P: and A: mixed)")
+    p.add_argument("--strength", metavar="FILE", help="judged positions (`rookworld data judge`): move quality of the "
+                                                     "greedy B: next to a random legal mover, e.g. data/strength.jsonl.gz")
+    p.add_argument("--puzzles", metavar="FILE", help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating "
+                                                    "moves` lines), e.g. data/puzzles_eval.jsonl.gz")
+    p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically)")
+    p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
+    p.add_argument("--selfplay-max-plies", type=int, default=d.selfplay_max_plies)
+    p.add_argument("--selfplay-temperature", type=float, default=d.selfplay_temperature, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="sample the task completions at this temperature (0 = greedy); 'invalid' then "
+                        "measures how often sampled answers are malformed")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (--temperature, self-play)")
+    p.add_argument("--layout", choices=pol_task.LAYOUTS, default=d.layout, help="P: prompt layout")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--depth", type=int, default=d.engine_depth, help="Stockfish depth for moves outside the top 5")
+    p.add_argument("--examples", type=int, default=0, metavar="N", help="keep N examples per task in the JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--traceback", action="store_true", help="show tracebacks instead of one-line errors")
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def _guarded(args: argparse.Namespace, what: str, func: Callable[[], Any]) -> tuple[bool, Any]:
+    """Run `func`; on failure print `error: cannot <what>: ...` (unless --traceback)."""
+    try:
+        return True, func()
+    except Exception as e:  # noqa: BLE001 - the message names what failed
+        if args.traceback:
+            raise
+        _fail(f"cannot {what}: {e}")
+        return False, None
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    config = EvalConfig(layout=args.layout, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                        limit=args.limit, selfplay_games=args.selfplay, selfplay_max_plies=args.selfplay_max_plies,
+                        selfplay_temperature=args.selfplay_temperature, engine_depth=args.depth,
+                        temperature=args.temperature, seed=args.seed)
+    config.validate()
+    ok, samples = _guarded(args, f"read data {args.data}", lambda: limit_per_task(iter_samples(args.data), args.limit))
+    if not ok:
+        return 1
+    if not samples and not args.puzzles and not args.strength and not args.selfplay:
+        return _fail(f"no samples in {args.data}")
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+
+    judged = puzzles = None
+    if args.strength:
+        ok, judged = _guarded(args, f"read judged positions {args.strength}", lambda: read_judged(args.strength))
+        if not ok:
+            return 1
+    if args.puzzles:
+        ok, puzzles = _guarded(args, f"read puzzles {args.puzzles}", lambda: read_puzzles(args.puzzles))
+        if not ok:
+            return 1
+    from rookworld_rlvr.model.load import load_policy
+
+    ok, loaded = _guarded(args, f"load model {args.model}",
+                          lambda: load_policy(args.model, device=args.device, dtype=args.dtype))
+    if not ok:
+        return 1
+    model, tokenizer = loaded
+    with ExitStack() as stack:
+        scorer = _cli_scorer(samples, args.depth, stack)
+        results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
+                           puzzles=puzzles, progress=not args.quiet, return_examples=args.examples)
+    results["meta"].update(model=args.model, data=args.data)
+    print(format_table(results))
+    if args.json:
+        atomic_write_text(args.json, [json.dumps(results, indent=2) + "\n"])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cli_scorer(samples: Sequence[Sample], depth: int, stack: ExitStack) -> RewardScorer | None:
+    """A scorer with a Stockfish pool when there are P: samples (engines start lazily)."""
+    if not any(s.task == "P" for s in samples):
+        return None
+    from rookworld_rlvr.engine import EngineConfig, StockfishNotFound, StockfishPool
+
+    try:
+        pool = stack.enter_context(StockfishPool(EngineConfig(depth=depth)))
+    except StockfishNotFound as e:  # evaluate asks again only if a completion needs it
+        print(f"warning: {e}", file=sys.stderr)
+        return None
+    return RewardScorer(engine=pool)

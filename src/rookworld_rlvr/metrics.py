@@ -1,0 +1,159 @@
+"""Metrics of answers: pure functions of (samples, completions, rewards), no model.
+
+Owns what the held-out numbers mean, so they can be checked with ground-truth and corrupted
+completions alone (`evaluate` only adds generation). Conventions (all shares are in [0, 1]):
+- policy `invalid`: the completion does not parse (`PolicyParse.valid` is False);
+  `distinct_legal_candidates`: distinct legal moves written in M: (a repeat counts once);
+  `repeated_candidates`: share of answers that write a move twice; `best_acc_raw_labels`
+  compares B: with the label written in the source data (None when no sample carries a label;
+  in the upstream data black's B: label is the fifth-ranked candidate, which is why the
+  ground truth is recomputed from the evals).
+- environment `nls`: normalised Levenshtein similarity of the first '+' field to the true
+  FEN, 0 when there is no such field; `reward_mae`: |truth - predicted| with the prediction
+  clipped to [-1, 1] (the reward range) and an unparseable reward counted as 0.
+- `held_out_reward`: the one number a run is judged by (best checkpoint, collapse guard, sweeps).
+
+Chess only: imports no torch and nothing of the model or trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from rookworld_rlvr.data.io import Sample
+from rookworld_rlvr.tasks import environment as env_task
+from rookworld_rlvr.tasks import policy as pol_task
+from rookworld_rlvr.tasks import strength
+from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardResult, RewardScorer
+
+TASK_NAMES = {"P": "policy", "A": "environment"}
+POLICY_METRICS = ("invalid", "legal_best", "best_acc", "best_acc_raw_labels", "top5_overlap",
+                  "distinct_legal_candidates", "repeated_candidates", "mean_reward")
+ENV_METRICS = ("invalid", "next_state_acc", "nls", "reward_acc", "reward_mae", "terminated_acc",
+               "truncated_acc", "mean_reward")
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def share(flags) -> float | None:
+    flags = list(flags)
+    return sum(flags) / len(flags) if flags else None
+
+
+def _component_means(results: Sequence[RewardResult], names: Sequence[str]) -> dict[str, float | None]:
+    return {k: mean([r.components.get(k, 0.0) for r in results]) for k in names}
+
+
+def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequence[RewardResult]) -> dict:
+    """P: metrics of a non-empty task slice (truth comes from the samples)."""
+    parses = [pol_task.parse_completion(c) for c in completions]
+    legal = [strength.legal_moves(s.truth.fen) for s in samples]
+    labelled = [(p, s.truth.label) for p, s in zip(parses, samples) if s.truth.label is not None]
+    return dict(
+        invalid=share(not p.valid for p in parses),
+        legal_best=share(p.best in lg for p, lg in zip(parses, legal)),
+        best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples)),
+        best_acc_raw_labels=share(p.best == label for p, label in labelled),
+        top5_overlap=mean([len(set(p.moves or []) & set(s.truth.moves)) / len(s.truth.moves)
+                           for p, s in zip(parses, samples)]),
+        # a move written twice counts once: five copies of one legal move are 1 candidate, not 5
+        distinct_legal_candidates=mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal)]),
+        repeated_candidates=share(len(p.moves or []) != len(set(p.moves or [])) for p in parses),
+        mean_reward=mean([r.total for r in results]),
+        n_labelled=len(labelled),
+        components=_component_means(results, POLICY_COMPONENTS),
+    )
+
+
+def _predicted_reward(parsed: env_task.EnvParse) -> float:
+    """The reward the model wrote, clipped to [-1, 1]; 0 when unreadable (see module doc)."""
+    r = parsed.reward
+    if r is None or not math.isfinite(r):
+        return 0.0
+    return max(-1.0, min(1.0, r))
+
+
+def _environment(samples: Sequence[Sample], completions: Sequence[str], results: Sequence[RewardResult]) -> dict:
+    """A: metrics of a non-empty task slice."""
+    parses = [env_task.parse_completion(c) for c in completions]
+    pairs = list(zip(parses, [s.truth for s in samples]))
+    return dict(
+        invalid=share(not p.valid for p in parses),
+        next_state_acc=share(p.new_fen == t.new_fen for p, t in pairs),
+        nls=mean([env_task.fen_similarity(p.new_fen, t.new_fen) if p.new_fen else 0.0 for p, t in pairs]),
+        reward_acc=share(p.reward is not None and abs(p.reward - t.reward) < 1e-9 for p, t in pairs),
+        reward_mae=mean([abs(t.reward - _predicted_reward(p)) for p, t in pairs]),
+        terminated_acc=share(p.terminated == t.terminated for p, t in pairs),
+        truncated_acc=share(p.truncated == t.truncated for p, t in pairs),
+        exact_acc=share(r.correct for r in results),
+        mean_reward=mean([r.total for r in results]),
+        components=_component_means(results, ENV_COMPONENTS),
+    )
+
+
+TASK_METRICS: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
+    "P": (POLICY_METRICS, _policy), "A": (ENV_METRICS, _environment)}
+
+
+def task_metrics(task: str, samples: Sequence[Sample], completions: Sequence[str],
+                 results: Sequence[RewardResult]) -> dict[str, Any]:
+    """One task's metrics; every metric None (and n 0) when the task has no samples."""
+    names, compute = TASK_METRICS[task]
+    out: dict[str, Any] = {"n": len(samples), **{k: None for k in names}}
+    if samples:
+        out.update(compute(samples, completions, results))
+    return out
+
+
+def needs_engine(samples: Sequence[Sample], completions: Sequence[str]) -> bool:
+    """True when a P: completion names a legal B: outside the truth's moves (its quality needs Stockfish)."""
+    for s, c in zip(samples, completions):
+        if s.task != "P":
+            continue
+        best = pol_task.parse_completion(c).move
+        if best and best not in s.truth.moves and strength.is_legal(s.truth.fen, best):
+            return True
+    return False
+
+
+def _example(prompt: str, completion: str, sample: Sample, result: RewardResult) -> dict[str, Any]:
+    return {"prompt": prompt, "completion": completion, "truth": sample.truth.to_dict(), "reward": result.total,
+            "components": dict(result.components), "correct": result.correct, "notes": list(result.notes)}
+
+
+def score_completions(samples: Sequence[Sample], completions: Sequence[str], scorer: RewardScorer, *,
+                      layout: str = "compact", examples: int = 0) -> dict[str, Any]:
+    """Metrics of both tasks for given completions, in the order of `samples`.
+
+    Returns {"policy": {...}, "environment": {...}} (plus "examples" when examples > 0:
+    the first `examples` rows of each task). A scorer without an engine raises when a
+    legal B: outside the truth's moves needs Stockfish; see `needs_engine`.
+    """
+    if len(samples) != len(completions):
+        raise ValueError(f"{len(samples)} samples but {len(completions)} completions")
+    prompts = [s.render(layout)[0] for s in samples]
+    results = scorer.score_batch(prompts, list(completions), [s.truth for s in samples]) if samples else []
+    out: dict[str, Any] = {}
+    for task, name in TASK_NAMES.items():
+        idx = [i for i, s in enumerate(samples) if s.task == task]
+        out[name] = task_metrics(task, [samples[i] for i in idx], [completions[i] for i in idx],
+                                 [results[i] for i in idx])
+    if examples > 0:
+        out["examples"] = {
+            TASK_NAMES[task]: [_example(prompts[i], completions[i], samples[i], results[i])
+                               for i in [i for i, s in enumerate(samples) if s.task == task][:examples]]
+            for task in ("P", "A")
+        }
+    return out
+
+
+def held_out_reward(res: dict | None) -> float | None:
+    """The mean of the policy and environment mean_reward of an evaluation (over the tasks that
+    were evaluated); None without an evaluation or without any task in it."""
+    if not res:
+        return None
+    vals = [res[t]["mean_reward"] for t in ("policy", "environment") if (res.get(t) or {}).get("n")]
+    return float(sum(vals) / len(vals)) if vals else None

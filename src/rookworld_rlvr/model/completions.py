@@ -1,0 +1,61 @@
+"""Completions for many prompts: length-sorted batches, a token budget that fits the context.
+
+Owns the batching of plain-text generation for evaluation, games and the UCI engine (the
+trainer's rollouts call `generate` directly: their batch is one step's prompts). Knows torch
+and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .generate import generate, max_positions
+
+
+def sampling(temperature: float, seed: int, top_k: int = 0) -> dict[str, Any]:
+    """`generate` keyword arguments: greedy at temperature 0, else seeded sampling."""
+    if temperature <= 0:
+        return {"greedy": True}
+    return {"greedy": False, "temperature": temperature, "top_k": top_k,
+            "generator": torch.Generator().manual_seed(seed)}
+
+
+class Completer:
+    """Batched generation with the token budget capped to the model context."""
+
+    def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.context = max_positions(model)
+        self.capped_batches = 0  # batches whose budget the context cut below max_new_tokens
+
+    def budget(self, longest_prompt: int) -> int:
+        """max_new_tokens, or what the context leaves after the longest prompt."""
+        if self.context is None:
+            return self.max_new_tokens
+        room = self.context - longest_prompt
+        if room < 1:
+            raise ValueError(f"a prompt of {longest_prompt} tokens leaves no room in the model's context "
+                             f"of {self.context} tokens")
+        if room < self.max_new_tokens:
+            self.capped_batches += 1
+        return min(self.max_new_tokens, room)
+
+    def run(self, prompts: Sequence[str], *, bar=None, **sampling: Any) -> tuple[list[str], list[str]]:
+        """Completions and finish reasons in prompt order; batches of similar length (less padding)."""
+        lengths = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+        order = sorted(range(len(prompts)), key=lambda i: lengths[i])
+        texts: list[str] = [""] * len(prompts)
+        reasons: list[str] = [""] * len(prompts)
+        sampling = {"greedy": True, **sampling}
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            budget = self.budget(max(lengths[i] for i in idx))
+            gen = generate(self.model, self.tokenizer, [prompts[i] for i in idx], max_new_tokens=budget, **sampling)
+            for i, text, reason in zip(idx, gen.texts, gen.finish_reasons):
+                texts[i], reasons[i] = text, reason
+            if bar is not None:
+                bar.update(len(idx))
+        return texts, reasons

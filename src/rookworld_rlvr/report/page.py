@@ -1,0 +1,200 @@
+"""The report page: `write_report` draws the plots and writes one self-contained HTML file.
+
+Sections: the runs, their guard events, their configs side by side, the evaluation base ->
+final, the training curves (`report.plots`) and sample completions (`report.samples`).
+
+Owns the HTML tables and the page. Imports no torch and no chess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from rookworld_rlvr.report.plots import make_plots
+from rookworld_rlvr.report.runs import Run, load_run, series, unique_names
+from rookworld_rlvr.report.markup import CSS, esc, fmt
+from rookworld_rlvr.report.samples import samples_section
+from rookworld_rlvr.tables import delta, flatten_metrics, fmt_delta, number
+
+LOWER_IS_BETTER = {"invalid", "reward_mae", "hit_max_tokens", "ended_illegal", "loss", "blunder", "repeated",
+                   "repeated_candidates"}
+NEUTRAL = {"n", "n_labelled", "games", "seconds", "ended_game_over", "ended_max_plies"}
+
+
+def direction(metric: str) -> int:
+    """+1 when a higher value is better, -1 when lower is better, 0 for counts and for the random
+    mover's baseline (no colour: it moves only with the positions it is paired with)."""
+    if ".random." in metric:
+        return 0
+    last = metric.rsplit(".", 1)[-1]
+    if last in LOWER_IS_BETTER:
+        return -1
+    return 0 if last in NEUTRAL else 1
+
+
+def _delta_cell(metric: str, a: Any, b: Any) -> str:
+    """A `<td>` with b - a, green when it moved the good way, red the bad way."""
+    d = delta(a, b)
+    if d is None:
+        return '<td class="num">–</td>'
+    good = d * direction(metric)
+    cls = "num" + (" good" if good > 1e-12 else " bad" if good < -1e-12 else "")
+    return f'<td class="{cls}">{fmt_delta(d)}</td>'
+
+
+def _config_value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, default=str)
+
+
+def config_table(runs: Sequence[Run]) -> str:
+    """key | value per run; with several runs the rows that differ are highlighted."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.config))
+    if not keys:
+        return '<p class="muted">No config.yaml.</p>'
+    head = "".join(f"<th>{esc(r.name)}</th>" for r in runs) if len(runs) > 1 else "<th>value</th>"
+    rows = []
+    for k in keys:
+        vals = [_config_value(r.config[k]) if k in r.config else "–" for r in runs]
+        cls = ' class="differs"' if len(set(vals)) > 1 else ""
+        rows.append(f"<tr{cls}><td><code>{esc(k)}</code></td>" + "".join(f"<td><code>{esc(v)}</code></td>"
+                                                                          for v in vals) + "</tr>")
+    note = '<p class="muted">Highlighted rows differ between runs.</p>' if len(runs) > 1 else ""
+    return (f'{note}<table class="config"><thead><tr><th>key</th>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _flat_numbers(result: dict | None) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        return {}
+    return {k: v for k, v in flatten_metrics(result).items() if number(v) is not None}
+
+
+def eval_table(runs: Sequence[Run]) -> str:
+    """metric | base | final | Δ for each run (base -> final of that run)."""
+    pairs = [(_flat_numbers(r.base_eval), _flat_numbers(r.final_eval)) for r in runs]
+    keys = list(dict.fromkeys(k for base, final in pairs for k in [*base, *final]))
+    if not keys:
+        return '<p class="muted">No evaluations (eval.jsonl / summary.json) yet.</p>'
+    head = ""
+    if len(runs) > 1:
+        head = "<tr><th></th>" + "".join(f'<th colspan="3" class="run">{esc(r.name)}</th>' for r in runs) + "</tr>"
+    head += "<tr><th>metric</th>" + '<th class="num">base</th><th class="num">final</th><th class="num">Δ</th>' \
+        * len(runs) + "</tr>"
+    rows = []
+    for k in keys:
+        cells = "".join(f'<td class="num">{esc(fmt(b.get(k)))}</td><td class="num">{esc(fmt(f.get(k)))}'
+                        f"</td>{_delta_cell(k, b.get(k), f.get(k))}" for b, f in pairs)
+        rows.append(f"<tr><td><code>{esc(k)}</code></td>{cells}</tr>")
+    return f'<table class="eval"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _last_step(run: Run) -> Any:
+    steps = [s for s in (number(r.get("step")) for r in run.metrics) if s is not None]
+    return int(max(steps)) if steps else None
+
+
+def _status(r: Run) -> str:
+    if r.stop:
+        return f"stopped by the guard at step {r.stop.get('step')}: {r.stop.get('signal')}"
+    return "finished" if r.summary else "in progress (no summary.json)"
+
+
+def runs_table(runs: Sequence[Run]) -> str:
+    """One line per run: where it is, how far it got, its best evaluation step, what the guards did."""
+    rows = []
+    for r in runs:
+        last_reward = series(r.metrics, "reward/mean")[1][-1:] or [None]
+        recoveries = sum(e.get("action") == "recover" for e in r.events)
+        rows.append(f"<tr><td>{esc(r.name)}</td><td><code>{esc(r.path)}</code></td>"
+                    f'<td class="num">{esc(fmt(r.summary.get("steps", _last_step(r))))}</td>'
+                    f'<td class="num">{esc(fmt(r.summary.get("best_step")))}</td>'
+                    f'<td class="num">{len(r.evals)}</td><td class="num">{esc(fmt(last_reward[0]))}</td>'
+                    f'<td class="num">{recoveries}</td><td>{esc(_status(r))}</td></tr>')
+    return ('<table class="runs"><thead><tr><th>run</th><th>directory</th><th class="num">steps</th>'
+            '<th class="num">best eval step</th><th class="num">evaluations</th><th class="num">last reward/mean</th>'
+            f'<th class="num">guard recoveries</th><th>status</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def events_table(runs: Sequence[Run]) -> str:
+    """Every guard event of every run: what crossed which bound, and what the trainer did."""
+    rows = []
+    for r in runs:
+        for e in r.events:
+            action = "stopped the run" if e.get("action") == "stop" else (
+                f"rolled back to step {e.get('to_step')}, LR x{e.get('lr_scale', 1):.3g}"
+                + (f", beta x{e.get('beta_scale', 1):.3g}" if e.get("beta_scale", 1) != 1 else ""))
+            rows.append(f"<tr><td>{esc(r.name)}</td><td class=\"num\">{esc(fmt(e.get('step')))}</td>"
+                        f"<td><code>{esc(e.get('signal'))}</code></td><td class=\"num\">{esc(fmt(e.get('value')))}</td>"
+                        f"<td class=\"num\">{esc(fmt(e.get('bound')))}</td>"
+                        f"<td class=\"num\">{esc(fmt(e.get('reference')))}</td><td>{esc(action)}</td>"
+                        f"<td>{esc(', '.join(e.get('also') or []))}</td></tr>")
+    if not rows:
+        return '<p class="muted">No guard event: no collapse signal crossed its bound, no non-finite step.</p>'
+    return ('<table class="events"><thead><tr><th>run</th><th class="num">step</th><th>signal</th>'
+            '<th class="num">value</th><th class="num">bound</th><th class="num">reference</th><th>action</th>'
+            f'<th>also out of bounds</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def plots_section(plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
+    if not plots:
+        return '<p class="muted">No plottable metrics.</p>'
+    figs = "".join(f'<figure><img src="{esc(p.relative_to(out_dir).as_posix())}" alt="{esc(t)}" title="{esc(t)}">'
+                   "</figure>" for t, p in plots)  # the title is drawn in the PNG
+    return ('<p class="muted">Faint lines are per-step values; solid lines over them are trailing moving '
+            f'averages (drawn only where a series is noisy).</p><div class="plots">{figs}</div>')
+
+
+# -- samples ---------------------------------------------------------------------------------------
+
+
+
+
+def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
+    names = ", ".join(r.name for r in runs)
+    title = f"GRPO run {names}" if len(runs) == 1 else f"GRPO runs compared: {names}"
+    sections = [
+        ("Runs", runs_table(runs)),
+        ("Guard events", events_table(runs)),
+        ("Config", config_table(runs)),
+        ("Evaluation: base → final", eval_table(runs)),
+        ("Training curves", plots_section(plots, out_dir)),
+        ("Sample completions (final evaluation)", samples_section(runs)),
+    ]
+    body = "".join(f"<section><h2>{esc(h)}</h2>{content}</section>" for h, content in sections)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+            f"<body><main><h1>{esc(title)}</h1>{body}</main></body></html>\n")
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+def default_out_dir(paths: Sequence[Path], names: Sequence[str]) -> Path:
+    """The run itself for one run; `<parent of the first>/compare-<names>` for several."""
+    if len(paths) == 1:
+        return paths[0]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(names))[:120]
+    return paths[0].resolve().parent / f"compare-{slug}"
+
+
+def write_report(run_dirs: list[str], out_dir: str | None = None) -> Path:
+    """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path."""
+    if not run_dirs:
+        raise ValueError("report needs at least one run directory")
+    paths = [Path(p) for p in run_dirs]
+    names = unique_names(paths)
+    runs = [load_run(p, n) for p, n in zip(paths, names)]
+    out = Path(out_dir) if out_dir else default_out_dir(paths, names)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = make_plots(runs, out / "plots")
+    from rookworld_rlvr.data.io import atomic_write_text
+
+    page = out / "report.html"
+    atomic_write_text(page, [render_html(runs, plots, out)])
+    return page

@@ -1,0 +1,145 @@
+"""The runs a report reads: one run directory's files, and per-step series of its metrics.
+
+A run directory holds `metrics.jsonl` (one record per optimizer step, required),
+`eval.jsonl` (one evaluation per line, base model first), `events.jsonl` (guard events),
+`summary.json` and `config.yaml` (all optional: a run still in progress has only some of them).
+A bad JSONL line is skipped: a live run may be mid-write.
+
+Owns reading run directories. Pure Python (yaml inside a function): imports no torch, no chess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from rookworld_rlvr.tables import flatten_metrics, number
+
+@dataclass
+class Run:
+    """Everything the report reads from one run directory."""
+
+    path: Path
+    name: str
+    metrics: list[dict]
+    evals: list[dict] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)  # guard events (events.jsonl): recoveries and stops
+
+    @property
+    def stop(self) -> dict | None:
+        """The guard event that stopped the run, if one did."""
+        return next((e for e in reversed(self.events) if e.get("action") == "stop"), None)
+
+    @property
+    def base_eval(self) -> dict | None:
+        """The base model's evaluation: summary.json, else the first eval.jsonl line."""
+        return self.summary.get("base") or (self.evals[0] if self.evals else None)
+
+    @property
+    def final_eval(self) -> dict | None:
+        """The last evaluation: summary.json, else the last eval.jsonl line (a run in progress)."""
+        return self.summary.get("final") or (self.evals[-1] if self.evals else None)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """JSON objects, one a line; a bad line is skipped (a live run may be mid-write)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_run(path: str | Path, name: str | None = None) -> Run:
+    """Read a run directory; FileNotFoundError naming the path when metrics.jsonl is missing."""
+    path = Path(path)
+    metrics_path = path / "metrics.jsonl"
+    if not metrics_path.is_file():
+        what = "no such directory" if not path.is_dir() else "no metrics.jsonl (not a training run directory?)"
+        raise FileNotFoundError(f"{metrics_path}: {what}")
+    return Run(path=path, name=name or path.resolve().name, metrics=_read_jsonl(metrics_path),
+               evals=_read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
+               summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"))
+
+
+def unique_names(paths: Sequence[Path]) -> list[str]:
+    """Directory names, with the parent added where two runs share a name (legends must differ)."""
+    names = [p.resolve().name for p in paths]
+    return [f"{p.resolve().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
+
+
+def series(records: Sequence[dict], key: str) -> tuple[list[float], list[float], int]:
+    """(steps, finite values, number of non-finite values dropped) of `key`; absent records are skipped."""
+    xs, ys, dropped = [], [], 0
+    for i, rec in enumerate(records):
+        v = number(rec.get(key))
+        if v is None:
+            continue
+        if not math.isfinite(v):
+            dropped += 1
+            continue
+        x = number(rec.get("step"))
+        xs.append(x if x is not None else float(i + 1))
+        ys.append(v)
+    return xs, ys, dropped
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` points (shorter at the start, so the line starts at step 1)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def is_noisy(values: Sequence[float]) -> bool:
+    """Step-to-step jumps large against the range: a smoothed line then shows the trend."""
+    if len(values) < 8:
+        return False
+    span = max(values) - min(values)
+    if span <= 0:
+        return False
+    jumps = sorted(abs(b - a) for a, b in zip(values, values[1:]))
+    return jumps[len(jumps) // 2] > 0.05 * span
+
+
+def smoothing_window(n: int) -> int:
+    return max(3, min(50, n // 10))
+
+
+def eval_records(evals: Sequence[dict]) -> list[dict]:
+    """Flat `section.metric` records with their step, so evaluations plot like metrics."""
+    return [{"step": e.get("step", i), **flatten_metrics(e)} for i, e in enumerate(evals)]
