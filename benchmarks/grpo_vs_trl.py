@@ -97,7 +97,8 @@ def has_weights(path: Path) -> bool:
 def random_model(preset: str, out_dir: Path, seed: int) -> Path:
     from transformers import GPT2LMHeadModel
 
-    from rookworld_rlvr.model import build_chess_tokenizer, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
+    from rookworld_rlvr.model import save_pretrained_atomic, tiny_config
 
     tok = build_chess_tokenizer()
     torch.manual_seed(seed)

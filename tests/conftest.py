@@ -48,6 +48,27 @@ def packs_weights(model) -> bool:
     return packs
 
 
+def build_bpe_tokenizer(texts, vocab_size: int = 512):
+    """Byte-level BPE (GPT-2 style) trained on `texts`; lossless for any input: checks that nothing
+    in the model package assumes one token per character. Byte-level BPE never needs an unknown
+    token, so unk is `<|endoftext|>` as in GPT-2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from rookworld_rlvr.chess_tokenizers import EOS_TOKEN, with_conventions
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],  # first special token -> id 0
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return with_conventions(tok, EOS_TOKEN)
+
+
 def find_stockfish_or_none() -> str | None:
     """Stockfish as users' runs find it (explicit path, STOCKFISH_PATH, PATH, the usual spots)."""
     from rookworld_rlvr.engine import StockfishNotFound, find_stockfish
@@ -137,7 +158,8 @@ def tiny_model_dir(tmp_path_factory):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from rookworld_rlvr.model import build_chess_tokenizer, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
+    from rookworld_rlvr.model import save_pretrained_atomic, tiny_config
 
     torch.manual_seed(0)
     tok = build_chess_tokenizer()

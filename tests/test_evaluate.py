@@ -62,7 +62,7 @@ def pool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny():
     from rookworld_rlvr.model.load import tiny_config
-    from rookworld_rlvr.model.tokenizer import build_chess_tokenizer
+    from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
 
     tokenizer = build_chess_tokenizer()
     cfg = tiny_config(len(tokenizer), n_positions=256)

@@ -13,20 +13,23 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rookworld_rlvr.model import (
-    build_batch,
-    build_bpe_tokenizer,
-    build_chess_tokenizer,
-    build_square_tokenizer,
-    filter_logits,
-    generate,
-    token_logprobs,
-)
+from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer, build_square_tokenizer
+from rookworld_rlvr.model import filter_logits, generate, positions_from_mask, token_logprobs
 
 from rookworld_rlvr.model.logprobs import length_buckets
 
-from conftest import REFERENCE, packs_weights  # noqa: E402
+from conftest import REFERENCE, build_bpe_tokenizer, packs_weights  # noqa: E402
 from numerics import assert_bf16_rounding_close, assert_rounding_close, gradient_terms, logprob_terms  # noqa: E402
+
+
+
+def build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """A sampled batch as the scoring pass takes it: left-padded prompts beside right-padded
+    completions, positions from the mask."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    return input_ids, attention_mask, positions_from_mask(attention_mask)
+
 
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "

@@ -10,12 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer, build_square_tokenizer
 from rookworld_rlvr.model import (
     ModelLoadError,
-    build_bpe_tokenizer,
-    build_board_tokenizer,
-    build_chess_tokenizer,
-    build_square_tokenizer,
     generate,
     load_policy,
     resolve_device,
@@ -24,7 +21,7 @@ from rookworld_rlvr.model import (
     tiny_config,
 )
 
-from conftest import REFERENCE, random_transitions  # noqa: E402
+from conftest import REFERENCE, build_bpe_tokenizer, random_transitions  # noqa: E402
 from numerics import assert_rounding_close, logprob_terms  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, random_transitions  # noqa: E402
+from conftest import REPO, build_bpe_tokenizer, random_transitions  # noqa: E402
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.io import Sample, write_samples
-from rookworld_rlvr.model import build_bpe_tokenizer, generate, load_policy, save_pretrained_atomic, tiny_config
+from rookworld_rlvr.model import generate, load_policy, save_pretrained_atomic, tiny_config
 from rookworld_rlvr.sft import make_batch
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task

@@ -50,7 +50,7 @@ def test_repeat_bans_teach_that_no_move_is_written_twice():
     one, that earlier move's last token is banned; with distinct_coef the loss pushes it down."""
     import contextlib
 
-    from rookworld_rlvr.model import build_board_tokenizer, build_chess_tokenizer
+    from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer
     from rookworld_rlvr.sft import repeat_bans
 
     text = "M: g7h7 g7f7 e2e4 g7g6 E: 1.0 0.5 0.2 0.1 B: g7h7"
@@ -155,12 +155,12 @@ def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypat
 
 def test_sft_order_best_first_writes_the_best_move_first(small_data):
     from rookworld_rlvr.data.io import read_samples
-    from rookworld_rlvr.model import build_board_tokenizer
+    from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
     from rookworld_rlvr.sft import _encode
 
     tok = build_board_tokenizer()
     samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
-    for s, (ids, n) in zip(samples, _encode(tok, samples, "compact", "best-first")):
+    for s, (ids, n, _) in zip(samples, _encode(tok, samples, "compact", "best-first")):
         text = tok.decode(ids[n:-1])
         moves = text.split("E:")[0].split()[1:]
         evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]

@@ -356,7 +356,7 @@ def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_mo
 
 def _answers_nll(tr, samples) -> float:
     """Per-token NLL of the samples' ground-truth answers (EOS included) under the policy."""
-    from rookworld_rlvr.grpo.trainer import pad_pairs
+    from rookworld_rlvr.model.padding import pad_pairs
     from rookworld_rlvr.model.generate import positions_from_mask
 
     tok = tr.tokenizer

@@ -3,6 +3,10 @@
 GRPO learns only from differences among well-formed answers, so the base decides
 everything. The loop is nanoGPT-shaped: sample a batch, forward, backward, clip, step;
 evaluate and checkpoint every so often; resume from the last checkpoint.
+
+Owns supervised training; padding is `model.padding`, the tokenizers `chess_tokenizers`, the
+optimizer and schedule `grpo.control`. Imports torch inside functions only, so `rookworld --help`
+stays fast.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
@@ -72,7 +80,7 @@ class SFTConfig:
             raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
         if not Path(self.data).exists():
             raise ValueError(f"sft.data: {self.data}: no such file")
-        from rookworld_rlvr.model import TOKENIZERS
+        from rookworld_rlvr.chess_tokenizers import TOKENIZERS
 
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise ValueError(f"sft.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
@@ -121,16 +129,12 @@ def make_batch(rows: list[tuple[list[int], int]], pad_id: int, loss_on: str):
     """Right-padded batch; labels -100 on padding (and on the prompt for completion-only loss)."""
     import torch
 
-    width = max(len(r[0]) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (ids, n_prompt, *_) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        mask[i, : len(ids)] = 1
-        start = n_prompt if loss_on == "completion" else 1
-        labels[i, start: len(ids)] = torch.tensor(ids[start:])
-    return input_ids, mask, labels
+    from rookworld_rlvr.model.padding import pad
+
+    input_ids, mask = pad([r[0] for r in rows], pad_id, "right")
+    start = torch.tensor([r[1] if loss_on == "completion" else 1 for r in rows])
+    learned = (torch.arange(input_ids.shape[1]) >= start[:, None]) & mask.bool()
+    return input_ids, mask, torch.where(learned, input_ids, torch.full_like(input_ids, -100))
 
 
 def set_dropout(model, p: float) -> None:
@@ -192,7 +196,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.grpo.control import adamw, cosine_lr
-    from rookworld_rlvr.model import TOKENIZERS, fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.chess_tokenizers import TOKENIZERS
+    from rookworld_rlvr.model import fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
     from rookworld_rlvr.statefile import load_state, save_state, state_exists
 
     cfg.validate()
@@ -324,9 +329,8 @@ def _evaluate(model, tokenizer, eval_rows, eval_samples, cfg: SFTConfig, device)
         from rookworld_rlvr.evaluate import EvalConfig, evaluate
 
         model.config.use_cache = True
-        subset = [s for s in eval_samples if s.task == "P"][: cfg.eval_samples] + \
-                 [s for s in eval_samples if s.task == "A"][: cfg.eval_samples]
-        res = evaluate(model, tokenizer, subset, config=EvalConfig(layout=cfg.layout), scorer=_scorer())
+        res = evaluate(model, tokenizer, eval_samples, config=EvalConfig(layout=cfg.layout, limit=cfg.eval_samples),
+                       scorer=_scorer())
         model.config.use_cache = False
         for task in ("policy", "environment"):
             for k, v in res.get(task, {}).items():

@@ -132,13 +132,6 @@ def exact_kl(logits: Tensor, ref_logits: Tensor) -> Tensor:
     return terms.sum(-1)
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-token entropy -sum_v p log p of softmax(logits), [N, C, V] -> [N, C], float32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-
-
 # --------------------------------------------------------------------------- advantages
 
 

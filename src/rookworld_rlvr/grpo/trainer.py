@@ -32,6 +32,7 @@ from rookworld_rlvr.grpo.control import (CollapseGuard, CurriculumSchedule, Guar
 from rookworld_rlvr.grpo.loss import exact_kl, group_advantages, grpo_loss, zero_variance_groups
 from rookworld_rlvr.model import bf16_grad, generate, gpt2_segments, load_policy, resolve_device, token_logprobs
 from rookworld_rlvr.model.generate import max_positions, positions_from_mask
+from rookworld_rlvr.model.padding import pad, pad_pairs
 from rookworld_rlvr.model.gpt2_decode import packed_projections
 
 
@@ -184,19 +185,6 @@ def check_untied_lora(policy) -> None:
                 raise ValueError(f"config field 'lora_targets': {name} shares its weight with "
                                  f"{', '.join(n for n in shared if n != name)}; adapters there cannot be merged "
                                  "into a plain checkpoint (use c_attn,c_proj,c_fc)")
-
-
-def pad_pairs(prompts: list[list[int]], completions: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """[N, P + C] ids and attention mask: prompts left-padded to P, completions right-padded to C
-    (at least 1 column). Returns (ids, mask, P)."""
-    P = max(len(p) for p in prompts)
-    C = max(max(len(c) for c in completions), 1)
-    ids = torch.full((len(prompts), P + C), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), P + C), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c, dtype=torch.long)
-        mask[i, P - len(p): P + len(c)] = 1
-    return ids, mask, P
 
 
 def ends_game(sample) -> bool:
@@ -676,9 +664,7 @@ class Trainer:
         ids, mask, P = pad_pairs([r.prompt_ids for r in rows], [r.completion_ids for r in rows],
                                  self.tokenizer.pad_token_id)
         C = ids.shape[1] - P
-        slogp = torch.zeros((len(rows), C))
-        for i, r in enumerate(rows):
-            slogp[i, :len(r.completion_ids)] = torch.tensor(r.sampler_logp)
+        slogp, _ = pad([r.sampler_logp for r in rows], 0.0, "right", width=C, dtype=torch.float32)
         rewards = torch.tensor([r.reward for r in rows], dtype=torch.float32)
         # on the global reward vector (ranks hold equal rows, rank-major): group statistics, batch
         # scaling and the normaliser are those of one process; then this rank's slice

@@ -1,6 +1,8 @@
-"""Model room: loading, tokenizers, batched generation and per-token log-probs.
+"""Model room: loading, padding, batched generation and per-token log-probs.
 
-Knows torch and transformers, not chess: prompts and completions are plain text.
+Knows torch and transformers, not chess: prompts and completions are plain text, and the chess
+tokenizers live outside (`rookworld_rlvr.chess_tokenizers`). Imports nothing of tasks, data,
+engine or the trainer.
 """
 
 from .generate import Generation, filter_logits, generate, positions_from_mask
@@ -13,22 +15,18 @@ from .load import (
     save_pretrained_atomic,
     tiny_config,
 )
-from .logprobs import build_batch, token_logprobs
-from .tokenizer import TOKENIZERS, build_board_tokenizer, build_bpe_tokenizer, build_chess_tokenizer, build_square_tokenizer
+from .logprobs import token_logprobs
+from .padding import pad, pad_pairs
 
 __all__ = [
     "Generation",
     "ModelLoadError",
-    "build_batch",
-    "build_board_tokenizer",
-    "build_bpe_tokenizer",
-    "build_chess_tokenizer",
-    "build_square_tokenizer",
-    "TOKENIZERS",
     "filter_logits",
     "fuse_activations",
     "generate",
     "load_policy",
+    "pad",
+    "pad_pairs",
     "positions_from_mask",
     "resolve_device",
     "resolve_dtype",

@@ -3,7 +3,8 @@
 Why not `model.generate`: we need the per-token log-probs of the sampling
 distribution, masks that include EOS, one prefill per distinct prompt shared by
 its group of completions, and positions computed exactly the way
-`logprobs.build_batch` computes them so that sampler and trainer agree.
+`logprobs.token_logprobs` computes them (`positions_from_mask`) so that sampler and trainer
+agree. Knows torch and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import gpt2_decode
+from .padding import pad
 
 try:  # transformers >= 5 cache layers; older versions use the model's default cache
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -109,17 +111,6 @@ def _validate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
         raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
-
-
-def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -304,7 +295,7 @@ def generate(
     for i, ids in enumerate(encoded):
         if not ids:
             raise ValueError(f"prompt {i} is empty after tokenization")
-    u_ids, u_mask = _left_pad(encoded, pad_id, device)  # each prompt is prefilled once for its rows
+    u_ids, u_mask = (x.to(device) for x in pad(encoded, pad_id, "left"))  # each prompt is prefilled once for its rows
 
     prompt_len = u_ids.shape[1]
     limit = max_positions(model)

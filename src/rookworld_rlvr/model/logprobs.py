@@ -1,7 +1,9 @@
 """Per-token log-probs of completions in one forward pass (policy, old policy, reference).
 
 Positions are derived from the attention mask exactly as in `generate`, so a
-left-padded batch scores each completion as if it had been run alone.
+left-padded batch (`padding.pad_pairs`) scores each completion as if it had been run alone.
+Owns the scoring of completions and the entropy of the distributions. Knows torch and
+transformers, not chess: imports nothing of tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations
@@ -12,23 +14,9 @@ from itertools import accumulate
 import torch
 
 from . import gpt2_segments
-from .generate import accepts_logits_to_keep, positions_from_mask
+from .generate import accepts_logits_to_keep
 from .bf16_grad import linear
 from .gpt2_segments import Segment
-
-
-def build_batch(
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Concatenate left-padded prompts and right-padded completions; positions from the mask."""
-    if prompt_ids.shape[0] != completion_ids.shape[0]:
-        raise ValueError(f"batch sizes differ: prompts {prompt_ids.shape[0]}, completions {completion_ids.shape[0]}")
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
-    return input_ids, attention_mask, positions_from_mask(attention_mask)
 
 
 def token_logprobs(
@@ -118,10 +106,16 @@ def _score(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entr
     out = {"logprobs": logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse}
     if entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # else no [n, w, V] softmax kept
-            out["entropy"] = lse - (logits.softmax(-1) * logits).sum(-1)
+            out["entropy"] = entropy_of(logits, lse)
     if keep_logits:
         out["logits"] = logits
     return out
+
+
+def entropy_of(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy -sum_v p log p of softmax(logits) [..., V] -> [...], from the logits and
+    their logsumexp `lse` (already computed for the log-probs): log Z - E_p[logit]."""
+    return lse - (logits.softmax(-1) * logits).sum(-1)
 
 
 def _assemble(first: torch.Tensor, pieces: list[torch.Tensor], order: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,16 +1,18 @@
-"""Tokenizers built locally with the `tokenizers` library (no download needed).
+"""Tokenizers for chess text, built locally with the `tokenizers` library (no download needed):
+one token per character, plus one per square inside UCI moves, plus FEN boards square by square.
 
-Both follow the GPT-2 conventions the RookWorld models use: one special token
+All follow the GPT-2 conventions the RookWorld models use: one special token
 `<|endoftext|>` with id 0 that is bos, eos and pad at once, left padding for
 generation, and an exact `decode(encode(text)) == text` round trip (runs of
 spaces matter: the P: layout pads columns with spaces).
+
+Owns how chess text becomes tokens (the model package only sees a tokenizer). Imports no torch
+(transformers' tokenizer classes do not load it) and nothing of the model or trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
@@ -21,7 +23,7 @@ UNK_TOKEN = "<unk>"
 CHESS_CHARS: tuple[str, ...] = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 
-def _wrap(tokenizer: Tokenizer, unk_token: str) -> PreTrainedTokenizerFast:
+def with_conventions(tokenizer: Tokenizer, unk_token: str) -> PreTrainedTokenizerFast:
     """Wrap a raw `tokenizers.Tokenizer` with the shared special-token conventions."""
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -51,7 +53,7 @@ def build_chess_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()  # concatenate tokens as-is: exact round trip
     tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
-    return _wrap(tok, UNK_TOKEN)
+    return with_conventions(tok, UNK_TOKEN)
 
 
 SQUARES: tuple[str, ...] = tuple(f + r for r in "12345678" for f in "abcdefgh")
@@ -76,7 +78,7 @@ def build_square_tokenizer() -> PreTrainedTokenizerFast:
     ])
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
-    return _wrap(tok, UNK_TOKEN)
+    return with_conventions(tok, UNK_TOKEN)
 
 
 EMPTY_SQUARE = "_"
@@ -111,27 +113,7 @@ def build_board_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Sequence(
         [decoders.Fuse()] + [decoders.Replace(EMPTY_SQUARE * n, str(n)) for n in range(8, 0, -1)])
     tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
-    return _wrap(tok, UNK_TOKEN)
+    return with_conventions(tok, UNK_TOKEN)
 
 
 TOKENIZERS = {"char": build_chess_tokenizer, "square": build_square_tokenizer, "board": build_board_tokenizer}
-
-
-def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    """Byte-level BPE (GPT-2 style) trained on `texts`; lossless for any input.
-
-    Used by tests to check that nothing in the model package assumes one token per
-    character, and by users who want GPT-2-like tokenization at a small vocabulary.
-    Byte-level BPE never needs an unknown token, so unk is `<|endoftext|>` as in GPT-2.
-    """
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],  # first special token -> id 0
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return _wrap(tok, EOS_TOKEN)
