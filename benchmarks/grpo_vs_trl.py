@@ -197,6 +197,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
 
     from rookworld_rlvr.config import load_config
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.grpo.runlog import step_record
     from rookworld_rlvr.grpo.trainer import Trainer
     from rookworld_rlvr.model import load_policy
     from rookworld_rlvr.tasks.rewards import RewardScorer, TRLRewardFunction
@@ -235,7 +236,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
                 ours.kl_ctl.update(m.get("kl_mean", 0.0))
             ours.step += 1
             seconds = time.perf_counter() - t0
-            rec = ours._record(step, batch, m, timings, seconds)
+            rec = step_record(step, batch, m, timings, seconds, G, ours.use_ref, ours.collect_stats)
             rec["guard"] = guard
             rec["flops"] = step_flops(ours.policy, batch, G, beta, cfg.updates_per_batch, ours.record)
             ours_rec.append(rec)

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from rookworld_rlvr.config import TrainConfig
-from rookworld_rlvr.grpo.control import CollapseGuard
+from rookworld_rlvr.grpo.guards import CollapseGuard
 
 BOUNDS = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_entropy_factor",
           "guard_truncation_rise", "guard_eval_drop")

@@ -8,16 +8,9 @@ import math
 import pytest
 import torch
 
-from rookworld_rlvr.grpo.control import (
-    CollapseGuard,
-    CurriculumSchedule,
-    KLController,
-    NonFiniteGuard,
-    RewardNormalizer,
-    SymptomMonitor,
-    adamw,
-    cosine_lr,
-)
+from rookworld_rlvr.grpo.control import CurriculumSchedule, KLController, RewardNormalizer, adamw, cosine_lr
+from rookworld_rlvr.grpo.guards import CollapseGuard, NonFiniteGuard
+from rookworld_rlvr.grpo.monitor import SymptomMonitor
 
 # ----------------------------------------------------------------------- KL controller
 

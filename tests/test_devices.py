@@ -10,7 +10,7 @@ import torch
 from test_trainer import make, varied_reward
 
 from rookworld_rlvr.grpo import distributed as dist
-from rookworld_rlvr.grpo.trainer import autocast_dtype, backward_dtype
+from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype
 from rookworld_rlvr.model import load_policy, resolve_device
 
 

@@ -104,12 +104,12 @@ def _guarded(model_dir: Path, data_dir: Path, out: Path) -> dict:
 
 def _nan_on_rank_1(model_dir: Path, data_dir: Path, out: Path) -> dict:
     """Only rank 1's policy log-probs turn NaN: both ranks must skip the step, in lockstep."""
-    import rookworld_rlvr.grpo.trainer as trainer_mod
+    import rookworld_rlvr.grpo.passes as passes_mod
 
     tr = _make(out / "nan", model_dir, data_dir)
     batch = tr.assemble(tr.collect(0, {}))
     before = _weights(tr)
-    real = trainer_mod.token_logprobs
+    real = passes_mod.token_logprobs
 
     def faulty(model, *a, **k):
         o = real(model, *a, **k)
@@ -117,11 +117,11 @@ def _nan_on_rank_1(model_dir: Path, data_dir: Path, out: Path) -> dict:
             o["logprobs"] = o["logprobs"] * float("nan")
         return o
 
-    trainer_mod.token_logprobs = faulty
+    passes_mod.token_logprobs = faulty
     try:
         m = tr.update(batch, 0, {})
     finally:
-        trainer_mod.token_logprobs = real
+        passes_mod.token_logprobs = real
     moved = any(not torch.equal(before[k], v) for k, v in _weights(tr).items())
     return {"nan_guard": m["guard"], "nan_loss": m["loss"], "nan_moved": moved}
 

@@ -75,9 +75,9 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _inject_nan(monkeypatch, tr, poison):
     """NaN in the policy's log-probs (the gradient pass only) whenever poison(step) says so."""
-    import rookworld_rlvr.grpo.trainer as trainer_mod
+    import rookworld_rlvr.grpo.passes as passes_mod
 
-    real = trainer_mod.token_logprobs
+    real = passes_mod.token_logprobs
 
     def faulty(model, *a, **k):
         out = real(model, *a, **k)
@@ -85,7 +85,7 @@ def _inject_nan(monkeypatch, tr, poison):
             out["logprobs"] = out["logprobs"] * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_mod, "token_logprobs", faulty)
+    monkeypatch.setattr(passes_mod, "token_logprobs", faulty)
 
 
 # -- 1. NaN ------------------------------------------------------------------------------------------------
@@ -496,6 +496,7 @@ def _collapse_run(tmp_path, small_data, scorer, fault=None, **over):
 
 
 def _inject(monkeypatch, tr, fault):
+    import rookworld_rlvr.grpo.rollout as rollout_mod
     import rookworld_rlvr.grpo.trainer as trainer_mod
 
     if fault == "lr":  # one update at 3000 x the learning rate
@@ -503,14 +504,14 @@ def _inject(monkeypatch, tr, fault):
         monkeypatch.setattr(trainer_mod, "cosine_lr", lambda step, *a: real_lr(step, *a) * (
             3000.0 if step == FAULT_STEP and tr.guard.recoveries == 0 else 1.0))
     if fault == "temperature":  # the sampler runs at 3 x the temperature for two steps (the trainer does not know)
-        real_gen = trainer_mod.generate
+        real_gen = rollout_mod.generate
 
         def hot(*a, **k):
             if tr.step in (FAULT_STEP, FAULT_STEP + 1) and tr.guard.recoveries == 0:
                 k["temperature"] = [3 * t for t in k["temperature"]]
             return real_gen(*a, **k)
 
-        monkeypatch.setattr(trainer_mod, "generate", hot)
+        monkeypatch.setattr(rollout_mod, "generate", hot)
 
 
 def _comparable(run_dir: Path) -> list[dict]:

@@ -16,6 +16,7 @@ from test_trainer import make, varied_reward  # noqa: E402
 
 from rookworld_rlvr.config import TrainConfig, load_config  # noqa: E402
 from rookworld_rlvr.grpo import checkpoint as ckpt  # noqa: E402
+from rookworld_rlvr.grpo.state import rollback, save  # noqa: E402
 from rookworld_rlvr.model import generate, load_policy  # noqa: E402
 
 LORA = dict(lora_r=4, lora_alpha=8.0, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, kl_coef=0.04)
@@ -119,13 +120,13 @@ def test_resume_rebuilds_base_plus_adapters_and_continues(trained, tmp_path, tin
 
 def test_rollback_restores_adapters(tmp_path, tiny_model_dir, small_data):
     tr = lora_trainer(tmp_path, tiny_model_dir, small_data)
-    tr.save()
+    save(tr)
     saved, base = adapters(tr), base_weights(tr)
     with torch.no_grad():
         for n, p in tr.policy.named_parameters():
             if "lora_" in n:
                 p.add_(1.0)
-    tr.rollback("test")
+    rollback(tr, "test")
     assert all(torch.equal(v, adapters(tr)[n]) for n, v in saved.items())
     assert all(torch.equal(v, base_weights(tr)[n]) for n, v in base.items())
     assert tr.lr_scale == 0.5
@@ -168,12 +169,12 @@ def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):
     rows = slice(0, len(batch.rows))
     net = tr.forward_model
     with torch.no_grad():
-        plain = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+        plain = tr.passes(tr.step).logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
         base_only = tr.policy.disable_adapter()
         with base_only:
-            base = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+            base = tr.passes(tr.step).logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
         with packed_projections(net):
             assert any("forward" in vars(m) for m in net.modules() if isinstance(m, Conv1D)) == packs_weights(net)
-            packed = tr._logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
+            packed = tr.passes(tr.step).logprobs(net, batch, rows, tr.device, False, False)["logprobs"]
     assert (plain - base).abs().max() > 1e-3, "test lost its teeth: the adapters change nothing"
     assert_rounding_close(packed, plain, logprob_terms(net), "packed projections")

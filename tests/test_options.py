@@ -22,7 +22,10 @@ from test_trainer import _Result, varied_reward
 
 from rookworld_rlvr.config import FIELDS, TrainConfig, load_config
 from rookworld_rlvr.data.io import DataError, read_samples
-from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped, ends_game
+from rookworld_rlvr.grpo.state import save
+from rookworld_rlvr.grpo.passes import task_slices
+from rookworld_rlvr.grpo.prompts import ends_game
+from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 
 BASE = dict(eval_data="", strength_data=None, puzzle_eval_data=None, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
             save_every=100, tensorboard=False, progress=False, report=False, seed=1, engine_cache=None, device="cpu",
@@ -102,11 +105,11 @@ def train(env: Env, over: dict, eval_fn=None, capsys=None) -> dict:
 
 def nan_step(env: Env, over: dict) -> dict:
     """One step whose loss is NaN (injected into the policy's log-probs): skip, roll back or stop."""
-    import rookworld_rlvr.grpo.trainer as trainer_mod
+    import rookworld_rlvr.grpo.passes as passes_mod
 
     tr = env.trainer({"save_every": 1, **over})
-    tr.save()
-    real = trainer_mod.token_logprobs
+    save(tr)
+    real = passes_mod.token_logprobs
 
     def faulty(model, *a, **k):
         out = real(model, *a, **k)
@@ -114,14 +117,14 @@ def nan_step(env: Env, over: dict) -> dict:
             out["logprobs"] = out["logprobs"] * float("nan")
         return out
 
-    trainer_mod.token_logprobs = faulty
+    passes_mod.token_logprobs = faulty
     stopped = None
     try:
         tr.train_step()
     except TrainingStopped as e:
         stopped = str(e)
     finally:
-        trainer_mod.token_logprobs = real
+        passes_mod.token_logprobs = real
     return {"guard": tr.nan_guard.state_dict(), "lr_scale": tr.lr_scale, "stopped": stopped}
 
 
@@ -182,7 +185,7 @@ def _guard_events(env: Env, over: dict, stream: list[dict]) -> list[tuple[int, s
 
 def _recovered(env: Env, over: dict) -> Trainer:
     tr = env.trainer({"steps": 4, **over})
-    tr.save()
+    save(tr)
     try:
         for _ in range(3):
             tr.train_step()
@@ -313,7 +316,8 @@ ROWS = [
         lambda b, o: o["grads"].norm() <= 1e-4 * (1 + 1e-5) < b["grads"].norm()),  # float32 norm rounding
     Row("updates_per_batch", {"updates_per_batch": 2}, STEP, lambda b, o: "last_loss" in o["last"] and "last_loss" not in b["last"]),
     Row("minibatch_size", {"minibatch_size": 4}, STEP,  # the same update in 4 passes of 1 group instead of 2 of 2
-        lambda b, o: [len(t._task_slices(t.assemble(t.collect(1, {})))) for t in (b["tr"], o["tr"])] == [2, 4]
+        lambda b, o: [len(task_slices(t.assemble(t.collect(1, {})).rows, t.cfg.group_size, t.cfg.minibatch_size))
+                      for t in (b["tr"], o["tr"])] == [2, 4]
                      and torch.allclose(b["grads"], o["grads"], rtol=1e-4, atol=1e-6), base={"batch_positions": 4}),
     # -- LoRA ----------------------------------------------------------------------------------------------
     Row("lora_r", {"lora_r": 4}, P(lambda env, over: env.trainer(over)), lambda b, o: o.n_trainable < b.n_trainable),
@@ -451,7 +455,7 @@ def _build(env: Env, over: dict):
 
 def _stops(env: Env, over: dict) -> str | None:
     tr = env.trainer({"save_every": 1, **over})
-    tr.save()
+    save(tr)
     try:
         for _ in range(3):
             tr.train_step()

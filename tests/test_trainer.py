@@ -9,7 +9,10 @@ import torch
 from rookworld_rlvr.config import TrainConfig, load_config
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
-from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped, _append
+from rookworld_rlvr.grpo.state import rollback, save
+from rookworld_rlvr.grpo.passes import task_slices
+from rookworld_rlvr.grpo.runlog import append_jsonl
+from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 from rookworld_rlvr.model import token_logprobs
 from rookworld_rlvr.tasks.rewards import RewardScorer
 
@@ -96,13 +99,13 @@ def test_padding_and_prompt_tokens_never_enter_the_loss(tmp_path, tiny_model_dir
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, kl_coef=0.0)
     batch = tr.assemble(tr.collect(0, {}))
     batch.advantages = torch.linspace(-1, 1, len(batch.rows))
-    out = tr._logprobs(tr.policy, batch, slice(0, len(batch.rows)), tr.device, False, False)["logprobs"]
+    out = tr.passes(tr.step).logprobs(tr.policy, batch, slice(0, len(batch.rows)), tr.device, False, False)["logprobs"]
     # scramble tokens in padding positions (masked out): the completion log-probs must not move
     scrambled = batch.input_ids.clone()
     pad = batch.attention_mask == 0
     scrambled[pad] = torch.randint(2, 90, (int(pad.sum()),))
     batch2 = type(batch)(**{**batch.__dict__, "input_ids": scrambled})
-    out2 = tr._logprobs(tr.policy, batch2, slice(0, len(batch.rows)), tr.device, False, False)["logprobs"]
+    out2 = tr.passes(tr.step).logprobs(tr.policy, batch2, slice(0, len(batch.rows)), tr.device, False, False)["logprobs"]
     mask = batch.completion_mask.bool()
     assert_rounding_close(out2[mask], out[mask], logprob_terms(tr.policy), "log-probs")  # masked keys weigh exactly 0
     assert (out[~mask] == 0).all()
@@ -139,10 +142,10 @@ def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer
     straight = make(tmp_path / "a", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
     straight.train()
     part = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, **anchor)
-    part.save()  # as train() does before its first step
+    save(part)  # as train() does before its first step
     while part.step < 2:  # stop after 2 of 4 steps (cfg.steps stays 4: the lr schedule spans 4)
-        _append(tmp_path / "b" / "run" / "metrics.jsonl", part.train_step())
-    part.save()
+        append_jsonl(tmp_path / "b" / "run" / "metrics.jsonl", part.train_step())
+    save(part)
     del part
     resumed = make(tmp_path / "b", tiny_model_dir, small_data, scorer, reward_fn=varied, steps=4, resume=True, **anchor)
     assert resumed.step == 2
@@ -168,9 +171,9 @@ def test_kl_warmup_zeroes_beta(tmp_path, tiny_model_dir, small_data, scorer):
 
 def test_nan_in_logits_skips_the_step_and_training_continues(tmp_path, tiny_model_dir, small_data, scorer, monkeypatch):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=3, nan_max_consecutive=3)
-    import rookworld_rlvr.grpo.trainer as trainer_mod
+    import rookworld_rlvr.grpo.passes as passes_mod
 
-    real = trainer_mod.token_logprobs
+    real = passes_mod.token_logprobs
     calls = {"n": 0}
 
     def faulty(model, *a, **k):  # inject NaN into the policy's log-probs on the first update only
@@ -181,7 +184,7 @@ def test_nan_in_logits_skips_the_step_and_training_continues(tmp_path, tiny_mode
                 out["logprobs"] = out["logprobs"] * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_mod, "token_logprobs", faulty)
+    monkeypatch.setattr(passes_mod, "token_logprobs", faulty)
     before = [p.detach().clone() for p in tr.policy.parameters()]
     groups = tr.collect(0, {})
     m = tr.update(tr.assemble(groups), 0, {})
@@ -193,12 +196,12 @@ def test_nan_in_logits_skips_the_step_and_training_continues(tmp_path, tiny_mode
 
 def test_rollback_restores_weights_and_lowers_lr(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=2)
-    tr.save()  # step 0
+    save(tr)  # step 0
     saved = [p.detach().clone() for p in tr.policy.parameters()]
     with torch.no_grad():
         for p in tr.policy.parameters():
             p.add_(1.0)
-    tr.rollback("test")
+    rollback(tr, "test")
     assert all(torch.equal(a, b) for a, b in zip(saved, tr.policy.parameters()))
     assert tr.lr_scale == 0.5
 
@@ -290,7 +293,7 @@ def test_a_fresh_run_moves_an_old_run_aside(tmp_path, tiny_model_dir, small_data
 
 
 def test_env_terminal_share_fixes_the_share_of_game_ending_a_prompts(tmp_path, tiny_model_dir, small_data, scorer):
-    from rookworld_rlvr.grpo.trainer import PromptSampler, ends_game
+    from rookworld_rlvr.grpo.prompts import PromptSampler, ends_game
 
     train = read_samples(small_data / "train.jsonl")
     env = [s for s in train if s.task == "A"]
@@ -321,7 +324,7 @@ def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_mo
     reward comes from its solving moves (components format, solved)."""
     from rookworld_rlvr.data.io import Sample
     from rookworld_rlvr.data.judged import write_rows
-    from rookworld_rlvr.grpo.trainer import PromptSampler
+    from rookworld_rlvr.grpo.prompts import PromptSampler
     from rookworld_rlvr.tasks.strength import Puzzle
 
     mates = [Puzzle("6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", ("a1a8",), "mate1"),
@@ -396,10 +399,10 @@ def test_anchor_config_is_validated():
 
 def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=4)
-    tr.anchor_batch()  # fits the model's 320 positions
+    tr.anchor.batch(tr.policy)  # fits the model's 320 positions
     tr.policy.config.n_positions = 64  # an A: prompt + answer is ~170 characters
     with pytest.raises(ValueError, match="anchor sample .* more than the model's context of 64"):
-        tr.anchor_batch()
+        tr.anchor.batch(tr.policy)
 
 
 def test_entropy_bonus_reaches_the_gradient_and_a_logged_entropy_keeps_no_graph(tmp_path, tiny_model_dir, small_data,
@@ -411,7 +414,7 @@ def test_entropy_bonus_reaches_the_gradient_and_a_logged_entropy_keeps_no_graph(
         tr = make(tmp_path / str(coef), tiny_model_dir, small_data, scorer, reward_fn=varied_reward, kl_coef=0.0,
                   entropy_coef=coef)
         batch = tr.assemble(tr.collect(0, {}))
-        o = tr._logprobs(tr.policy, batch, slice(0, len(batch.rows)), tr.device, False, True)
+        o = tr.passes(tr.step).logprobs(tr.policy, batch, slice(0, len(batch.rows)), tr.device, False, True)
         assert (o["entropy"].grad_fn is not None) == (coef != 0)
         m = tr.update(batch, 0, {})
         entropies[coef] = m["entropy"]
@@ -450,12 +453,12 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
     results = []
     for recorded in (False, True):
         tr.policy.zero_grad()
-        for sl in tr._task_slices(batch):
-            logp = tr._logprobs(tr.forward_model, batch, sl, tr.device, False, False, recorded=recorded)["logprobs"]
+        for sl in task_slices(batch.rows, tr.cfg.group_size, tr.cfg.minibatch_size):
+            logp = tr.passes(tr.step).logprobs(tr.forward_model, batch, sl, tr.device, False, False, recorded=recorded)["logprobs"]
             (logp * batch.advantages[sl, None] * batch.completion_mask[sl]).sum().backward()
             results.append(logp.detach())
         results.append(torch.cat([p.grad.flatten() for p in tr.policy.parameters()]))
-    n = len(tr._task_slices(batch))
+    n = len(task_slices(batch.rows, tr.cfg.group_size, tr.cfg.minibatch_size))
     for plain, rec in zip(results[:n], results[n + 1:-1]):
         assert_rounding_close(rec, plain, logprob_terms(tr.policy), "recorded log-probs")
     assert_rounding_close(results[-1], results[n], gradient_terms(tr.policy, batch.attention_mask), "gradient")
@@ -476,7 +479,7 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
         make(tmp_path / "lora", tiny_model_dir, small_data, scorer, lora_r=4, record_rollout="always")
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rookworld_rlvr.grpo.trainer import record_rollout
+    from rookworld_rlvr.grpo.precision import record_rollout
 
     wide = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=512, n_layer=1, n_head=8)).eval()
     assert record_rollout(load_config(None, {}), wide, None, torch.device("cpu"))[0]  # auto: on from 512 wide
@@ -493,7 +496,7 @@ def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_pat
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto")
     assert tr.grad_dtype == torch.bfloat16 and "2.00x" in tr.grad_note
     assert "backward products bf16 (auto" in tr.banner()
-    tr.save()
+    save(tr)
     monkeypatch.setattr(bf16_grad, "bf16_speedup", lambda device: 0.5)  # the same run on a slow machine
     assert make(tmp_path / "new", tiny_model_dir, small_data, scorer, backward_dtype="auto").grad_dtype is None
     resumed = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto", resume=True)
@@ -587,19 +590,19 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_longest_completion(tmp
               task_sampling={"P": {"max_new_tokens": 20}}, kl_coef=0.0)
     batch = tr.assemble(tr.collect(0, {}))
     captured = {}
-    import rookworld_rlvr.grpo.trainer as trainer_mod
+    import rookworld_rlvr.grpo.step as step_mod
 
-    real = trainer_mod.grpo_loss
+    real = step_mod.grpo_loss
 
     def spy(*a, **k):
         captured.setdefault("budget", []).append(k["max_completion_length"].tolist())
         return real(*a, **k)
 
-    trainer_mod.grpo_loss = spy
+    step_mod.grpo_loss = spy
     try:
         tr.update(batch, 0, {})
     finally:
-        trainer_mod.grpo_loss = real
+        step_mod.grpo_loss = real
     budgets = [b for part in captured["budget"] for b in part]
     assert budgets == [20.0 if r.task == "P" else 24.0 for r in batch.rows]
 

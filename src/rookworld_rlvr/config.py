@@ -3,13 +3,16 @@
 Every field has a help text (shown by `rookworld train --help` and in the README), is
 validated in `validate()`, and is read by the trainer. Flat names keep overrides simple:
 `--kl-coef 0.02` on the command line, `KL_COEF=0.02` in train.sh, `kl_coef: 0.02` in YAML.
+
+Owns the fields, their defaults and help, reading presets and overrides, and what follows from
+the fields (sampling settings per task and step, the P:/A: split of a batch). Its rules are
+`config_checks`. Imports no torch and nothing of the model or trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -239,123 +242,16 @@ class TrainConfig:
         s.update(self.task_sampling.get(task, {}))
         return s
 
+    def task_counts(self, step: int) -> dict[str, int]:
+        """Global prompts per task at `step`: the batch split by the P:/A: mix in force (phases)."""
+        n_env = round(self.batch_positions * self.sampling_for("A", step)["mix_env_ratio"])
+        return {"P": self.batch_positions - n_env, "A": n_env}
+
     def validate(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"config field '{name}' {rule} (got {getattr(self, name, None)!r})")
+        """Raise ValueError naming the first field that breaks a rule (`config_checks`)."""
+        from rookworld_rlvr.config_checks import validate
 
-        need(self.steps >= 1, "steps", "must be >= 1")
-        need(self.batch_positions >= 1, "batch_positions", "must be >= 1")
-        need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare completions of one prompt)")
-        need(self.temperature > 0, "temperature", "must be > 0")
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(self.top_k >= 0, "top_k", "must be >= 0")
-        need(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
-        need(0 <= self.mix_env_ratio <= 1, "mix_env_ratio", "must be in [0, 1]")
-        need(self.env_terminal_share is None or 0 <= self.env_terminal_share <= 1, "env_terminal_share",
-             "must be in [0, 1] or null")
-        need(0 <= self.mix_puzzle_ratio <= 1, "mix_puzzle_ratio", "must be in [0, 1]")
-        need(self.mix_puzzle_ratio == 0 or bool(self.puzzle_data), "mix_puzzle_ratio",
-             "needs puzzle_data (the puzzles to draw from)")
-        need(self.lr > 0 and math.isfinite(self.lr), "lr", "must be > 0")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(self.grad_clip >= 0, "grad_clip", "must be >= 0")
-        need(self.updates_per_batch >= 1, "updates_per_batch", "must be >= 1")
-        need(self.minibatch_size >= 0, "minibatch_size", "must be >= 0")
-        need(self.lora_r >= 0, "lora_r", "must be >= 0 (0 = off)")
-        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
-        need(any(t.strip() for t in self.lora_targets.split(",")), "lora_targets", "must name at least one module")
-        need(self.lora_r == 0 or self.ref_refresh_every == 0, "ref_refresh_every",
-             "must be 0 with LoRA (the reference is the base model with the adapters disabled)")
-        need(self.lora_r == 0 or self.ref_device is None, "ref_device",
-             "must be null with LoRA (the reference is the policy's own base model, on device)")
-        need(self.loss_type in LOSS_TYPES, "loss_type", f"must be one of {LOSS_TYPES}")
-        need(self.importance_sampling_level in LEVELS, "importance_sampling_level", f"must be one of {LEVELS}")
-        need(0 < self.clip_range < 1, "clip_range", "must be in (0, 1)")
-        need(self.clip_low is None or 0 < self.clip_low < 1, "clip_low", "must be in (0, 1)")
-        need(self.clip_high is None or self.clip_high > 0, "clip_high", "must be > 0")
-        need(self.scale_rewards in SCALES, "scale_rewards", f"must be one of {SCALES}")
-        need(self.clip_delta is None or self.clip_delta > 1 + self.eps_high, "clip_delta",
-             f"must be > 1 + ε_high ({1 + self.eps_high}) or null")
-        need(self.tis_cap is None or self.tis_cap >= 1, "tis_cap", "must be >= 1 or null")
-        need(self.std_floor > 0, "std_floor", "must be > 0")
-        need(self.std_floor_mode in ("max", "add"), "std_floor_mode", "must be max or add")
-        need(not self.reward_norm or self.scale_rewards == "none", "reward_norm",
-             "needs scale_rewards none: under group or batch scaling the EMA's mean and std cancel out")
-        need(0 <= self.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
-        need(self.truncated_completions in ("score", "mask", "malformed"), "truncated_completions",
-             "must be score, mask or malformed")
-        need(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
-        need(self.anchor_coef >= 0 and math.isfinite(self.anchor_coef), "anchor_coef", "must be finite and >= 0")
-        need(self.anchor_tasks in ("A", "P", "PA"), "anchor_tasks", "must be A, P or PA")
-        need(self.anchor_batch >= len(self.anchor_tasks) and self.anchor_batch % len(self.anchor_tasks) == 0,
-             "anchor_batch", f"must be a positive multiple of the number of anchor_tasks ({len(self.anchor_tasks)})")
-        need(self.kl_coef >= 0, "kl_coef", "must be >= 0")
-        need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
-        need(self.kl_estimator != "k1" or (self.kl_coef == 0 and self.kl_coef_min == 0), "kl_estimator",
-             "k1 has a zero expected gradient: as a penalty (kl_coef > 0) it pulls toward nothing; use k3 (the "
-             "gradient of KL(ref || policy), DeepSeekMath/TRL) or k2 (of KL(policy || ref))")
-        need(self.kl_clamp > 0, "kl_clamp", "must be > 0")
-        need(self.kl_mode in ("fixed", "adaptive"), "kl_mode", "must be fixed or adaptive")
-        need(self.kl_target > 0, "kl_target", "must be > 0")
-        need(self.kl_horizon >= 1, "kl_horizon", "must be >= 1")
-        need(0 <= self.kl_coef_min <= self.kl_coef_max, "kl_coef_min", "must be in [0, kl_coef_max]")
-        need(self.kl_warmup_steps >= 0, "kl_warmup_steps", "must be >= 0")
-        need(self.kl_warmup_factor >= 0, "kl_warmup_factor", "must be >= 0")
-        need(self.ref_refresh_every >= 0, "ref_refresh_every", "must be >= 0")
-        need(0 <= self.ref_mix_alpha <= 1, "ref_mix_alpha", "must be in [0, 1]")
-        need(self.ref_mix_alpha == 0 or self.ref_refresh_every > 0, "ref_mix_alpha", "needs ref_refresh_every > 0")
-        need(self.nan_max_consecutive >= 1, "nan_max_consecutive", "must be >= 1")
-        need(self.nan_max_rollbacks >= 0, "nan_max_rollbacks", "must be >= 0")
-        need(0 < self.rollback_lr_factor <= 1, "rollback_lr_factor", "must be in (0, 1]")
-        need(self.rollback_kl_factor >= 1 and math.isfinite(self.rollback_kl_factor), "rollback_kl_factor", "must be >= 1")
-        for name in ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_truncation_rise",
-                     "guard_eval_drop"):
-            need(getattr(self, name) is None or getattr(self, name) > 0, name, "must be > 0 or null")
-        need(self.guard_entropy_factor is None or self.guard_entropy_factor > 1, "guard_entropy_factor",
-             "must be > 1 or null")
-        need(self.guard_window >= 3, "guard_window", "must be >= 3")
-        need(self.guard_patience >= 1, "guard_patience", "must be >= 1")
-        need(self.guard_max_recoveries >= 0, "guard_max_recoveries", "must be >= 0")
-        need(self.guard_snapshot_every >= 1, "guard_snapshot_every", "must be >= 1")
-        need(self.dynamic_sampling >= 0, "dynamic_sampling", "must be >= 0")
-        need(self.dynamic_sampling_oversample >= 1, "dynamic_sampling_oversample", "must be >= 1")
-        need(self.layout in ("compact", "padded"), "layout", "must be compact or padded")
-        need(self.autocast in ("none", "bf16", "auto"), "autocast", "must be none, bf16 or auto")
-        need(self.backward_dtype in ("auto", "float32", "bf16"), "backward_dtype", "must be auto, float32 or bf16")
-        need(not (self.backward_dtype == "float32" and self.autocast == "bf16"), "backward_dtype",
-             "float32 contradicts autocast bf16 (its backward products are bf16)")
-        need(not (self.backward_dtype == "bf16" and (self.lora_r or self.compile)), "backward_dtype",
-             "bf16 needs a plain GPT-2 policy: not with lora_r or compile (use auto or float32)")
-        need(self.record_rollout in ("auto", "always", "never"), "record_rollout", "must be auto, always or never")
-        need(not (self.record_rollout == "always" and (self.lora_r or self.compile or self.autocast == "bf16")),
-             "record_rollout", "always needs a plain GPT-2 policy: not with lora_r, compile or autocast bf16 (use auto)")
-        need(self.eval_limit >= 0, "eval_limit", "must be >= 0")
-        need(self.eval_every >= 0, "eval_every", "must be >= 0")
-        need(self.save_every >= 1, "save_every", "must be >= 1")
-        need(self.keep_last >= 1, "keep_last", "must be >= 1")
-        need(self.engine_depth >= 1, "engine_depth", "must be >= 1")
-        need(self.engine_workers >= 1, "engine_workers", "must be >= 1")
-        need(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
-        self.reward_config().validate()
-        known = set(self.sampling_for("P", 0))
-        for task, over in self.task_sampling.items():
-            need(task in ("P", "A"), "task_sampling", "keys must be P or A")
-            need(set(over) <= known - {"mix_env_ratio"}, "task_sampling", f"may set only {sorted(known - {'mix_env_ratio'})}")
-        for i, phase in enumerate(self.phases):
-            need(isinstance(phase, dict) and isinstance(phase.get("start"), int), "phases", f"entry {i} needs an integer 'start'")
-            extra = set(phase) - known - {"start", "name", "task_sampling"}
-            need(not extra, "phases", f"entry {i} has unknown keys {sorted(extra)}")
-        starts = [p["start"] for p in self.phases]
-        need(starts == sorted(starts), "phases", "must be sorted by start")
-        from rookworld_rlvr.grpo.control import CurriculumSchedule
-
-        try:
-            CurriculumSchedule(self.curriculum).check({"P": self.policy_weights, "A": self.env_weights})
-        except ValueError as e:
-            raise ValueError(f"config field 'curriculum': {e}") from None
+        validate(self)
 
     @property
     def uses_reference(self) -> bool:
@@ -366,44 +262,15 @@ class TrainConfig:
         """Tasks that get prompts at some step (the mix at step 0 and at every phase start)."""
         out = set()
         for step in [0] + [p["start"] for p in self.phases if p["start"] < self.steps]:
-            n_env = round(self.batch_positions * self.sampling_for("A", step)["mix_env_ratio"])
-            out |= ({"A"} if n_env else set()) | ({"P"} if n_env < self.batch_positions else set())
+            out |= {task for task, n in self.task_counts(step).items() if n}
         return out
 
     def inert_settings(self, names: Iterable[str] | None = None) -> list[str]:
         """Settings among `names` (default: every field away from its default) that cannot take effect
-        under the rest of this configuration, each with the reason. The trainer logs them as warnings."""
-        defaults = TrainConfig()
-        names = set(names) if names is not None else {f for f in FIELDS if getattr(self, f) != getattr(defaults, f)}
-        tasks = self.sampled_tasks()
-        rules: list[tuple[tuple[str, ...], bool, str]] = [
-            (("clip_range", "clip_low", "clip_high", "clip_delta", "importance_sampling_level"),
-             self.updates_per_batch == 1, "with updates_per_batch 1 the ratio to the sampling policy is exactly 1: "
-                                          "no clip binds and the sequence-level ratio gives the token-level gradient"),
-            (("kl_target", "kl_horizon", "kl_coef_min", "kl_coef_max"), self.kl_mode == "fixed",
-             "adaptive-KL settings with kl_mode fixed"),
-            (("kl_warmup_factor",), self.kl_warmup_steps == 0, "kl_warmup_steps is 0"),
-            (("kl_mode", "kl_warmup_steps", "ref_refresh_every", "ref_mix_alpha", "rollback_kl_factor"),
-             self.kl_coef == 0, "kl_coef 0: no KL penalty"),
-            (("kl_estimator", "kl_clamp", "ref_device"), not self.uses_reference,
-             "no reference pass (kl_coef 0 and no KL guard)"),
-            (("guard_eval_drop",), not self.eval_data, "eval_data is empty (no evaluation)"),
-            (("anchor_tasks", "anchor_batch"), self.anchor_coef == 0, "anchor_coef is 0"),
-            (("lora_alpha", "lora_targets"), self.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
-            (("reward_norm_momentum",), not self.reward_norm, "reward_norm is off"),
-            (("std_floor", "std_floor_mode"), self.scale_rewards == "none", "scale_rewards none divides by nothing"),
-            (("dynamic_sampling_oversample",), self.dynamic_sampling == 0, "dynamic_sampling is 0"),
-            (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
-            (("eval_limit", "eval_every"), not self.eval_data, "eval_data is empty (no evaluation)"),
-        ]
-        out = [f"{name}: {reason}" for fields, cond, reason in rules if cond for name in fields if name in names]
-        for task, over in self.task_sampling.items():
-            if task not in tasks and "task_sampling" in names:
-                out.append(f"task_sampling: {task}: {sorted(over)} has no effect: no {task}: prompts are sampled")
-        for key in ("temperature", "top_p", "top_k"):
-            if key in names and tasks and all(key in self.task_sampling.get(t, {}) for t in tasks):
-                out.append(f"{key}: every sampled task sets its own {key} in task_sampling")
-        return out
+        under the rest of this configuration, each with the reason (`config_checks`)."""
+        from rookworld_rlvr.config_checks import inert_settings
+
+        return inert_settings(self, names)
 
     # -- io ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

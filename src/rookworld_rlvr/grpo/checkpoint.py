@@ -7,6 +7,9 @@ states, controllers, data cursors, step) as `trainer_state.safetensors` + `train
 no code; older versions wrote a pickle, `trainer_state.pt`, which is never opened). Everything
 is written into a temporary directory beside it, fsynced, then renamed, so a kill during a save
 leaves the previous checkpoint as the latest.
+
+Owns the checkpoint directories (what `grpo.state` puts in them is its business). Imports torch
+through `statefile` and the model package's saver; nothing of chess.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""`rookworld train | check-batch | overfit`: wiring the chess world into the generic trainer."""
+"""`rookworld train | check-batch | overfit`: wiring the chess world into the generic trainer.
+
+Owns `build` (data, Stockfish pool, reward scorer and evaluation around a `Trainer`), the
+metric sinks and the commands. Imports the chess modules and the trainer inside functions, so
+`rookworld --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from rookworld_rlvr.config import FIELDS, TrainConfig, add_field_arguments, load_config
+from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -33,7 +38,7 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.data.io import ReadReport, Sample, read_samples
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
-    from rookworld_rlvr.evaluate import EvalConfig, evaluate
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
     from rookworld_rlvr.grpo.trainer import Trainer
     from rookworld_rlvr.hostmem import keep_freed_memory
     from rookworld_rlvr.tasks.rewards import RewardScorer
@@ -46,9 +51,7 @@ def build(cfg: TrainConfig, log=print):
     puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
     judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
     held_out_puzzles = read_puzzles(cfg.puzzle_eval_data) if cfg.puzzle_eval_data and eval_samples else None
-    if cfg.eval_limit:
-        eval_samples = [s for s in eval_samples if s.task == "P"][: cfg.eval_limit] + \
-                       [s for s in eval_samples if s.task == "A"][: cfg.eval_limit]
+    eval_samples = limit_per_task(eval_samples, cfg.eval_limit or None)
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
     scorer = RewardScorer(cfg.reward_config(), engine=pool)
 
@@ -138,7 +141,7 @@ def _train(cfg: TrainConfig) -> int:
 def _train_here(cfg: TrainConfig) -> int:
     from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
-    from rookworld_rlvr.grpo.trainer import TrainingStopped
+    from rookworld_rlvr.grpo.guards import TrainingStopped
 
     t0 = time.time()
     main = dist.is_main()

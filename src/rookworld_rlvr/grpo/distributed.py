@@ -9,6 +9,8 @@ reduced, so every rank's guards and controllers take the same decision.
 
 Every function is a no-op with one process (no `WORLD_SIZE`, or 1): single-process code paths
 do not change. No CUDA is assumed: gloo on CPU, NCCL only when training on CUDA.
+
+Owns every collective of the package. Imports torch; nothing of the model or chess.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`rookworld train --dry-run`: check everything that can be checked without a model or an engine."""
+"""`rookworld train --dry-run`: check everything that can be checked without a model or an engine.
+
+Owns the dry run's checks and the printed plan. Imports no torch, nothing of the model or trainer.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,8 @@ def plan(cfg: TrainConfig) -> list[str]:
     boundaries = sorted({0} | {p["start"] for p in cfg.phases if p["start"] < cfg.steps})
     for i, start in enumerate(boundaries):
         end = boundaries[i + 1] if i + 1 < len(boundaries) else cfg.steps
-        for task in ("P", "A"):
+        for task, n in cfg.task_counts(start).items():
             s = cfg.sampling_for(task, start)
-            n_env = round(cfg.batch_positions * s["mix_env_ratio"])
-            n = n_env if task == "A" else cfg.batch_positions - n_env
             of = f" ({cfg.mix_puzzle_ratio:.0%} puzzles)" if task == "P" and cfg.mix_puzzle_ratio else ""
             lines.append(f"steps {start:>4}-{end - 1:<4} {task}: {n} prompts{of} x {cfg.group_size} completions, "
                          f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} max_new_tokens={s['max_new_tokens']}")

@@ -30,6 +30,9 @@ k3 is the default because DeepSeekMath's GRPO and TRL use it (an unbiased, non-n
 low-variance *value*); its gradient keeps the policy covering what the reference covers.
 k2 is the one whose gradient is that of the KL it reports. k1 is refused with beta > 0
 (tests/test_loss.py computes each expectation exactly on a small categorical).
+
+Owns the GRPO objective, advantages and KL estimators. Imports torch only: nothing of the model,
+the trainer or chess.
 """
 
 from __future__ import annotations

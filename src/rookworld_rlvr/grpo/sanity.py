@@ -6,6 +6,9 @@ reward equal, NaN, most completions truncated).
 
 `overfit`: the overfit-one-batch test: train repeatedly on one fixed batch and judge it by
 the greedy reward on that batch. If this does not rise, a long run will not either.
+
+Owns these checks; they drive a `Trainer` through its own steps. Imports torch and the model
+package; nothing of chess.
 """
 
 from __future__ import annotations
@@ -120,8 +123,8 @@ def overfit(trainer, steps: int, window: int = 20, max_kl_share: float = 0.7, ma
             eval_every: int = 2, out=print) -> int:
     """Train on one fixed batch; pass when the moving average of greedy reward rises."""
     cfg = trainer.cfg
-    n_env = round(cfg.batch_positions * cfg.mix_env_ratio)
-    fixed = {"P": trainer.prompts.take("P", cfg.batch_positions - n_env), "A": trainer.prompts.take("A", n_env)}
+    counts = cfg.task_counts(0)
+    fixed = {task: trainer.prompts.take(task, n) for task, n in counts.items()}
     trainer.prompts.take = lambda task, n: fixed[task][:n]  # the same batch every step
     samples = fixed["P"] + fixed["A"]
     t0 = time.time()

@@ -36,7 +36,7 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
     from optuna.trial import TrialState
 
     from rookworld_rlvr.grpo.cli import _writer, build
-    from rookworld_rlvr.grpo.trainer import TrainingStopped
+    from rookworld_rlvr.grpo.guards import TrainingStopped
 
     t0 = time.time()
     fields = space.overrides(trial.params)

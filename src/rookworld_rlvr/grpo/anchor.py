@@ -1,0 +1,59 @@
+"""The anchor: a supervised loss on ground-truth training answers next to the GRPO loss
+(InstructGPT's PPO-ptx), holding tasks the rewards would erode (by default the A: task).
+
+Its samples come in their own order (a prompt sampler seeded apart), so GRPO sees the same prompts
+with or without it. Owns the anchor's batch and loss. Imports torch and the model package;
+the samples render their own text, so nothing of chess.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rookworld_rlvr.config import TrainConfig
+from rookworld_rlvr.grpo import distributed as dist
+from rookworld_rlvr.grpo.prompts import PromptSampler
+from rookworld_rlvr.model import token_logprobs
+from rookworld_rlvr.model.generate import autocast_context, max_positions, positions_from_mask
+from rookworld_rlvr.model.padding import pad_pairs
+
+AnchorBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # ids, attention mask, positions, answer width
+
+
+class Anchor:
+    def __init__(self, cfg: TrainConfig, by_task: dict[str, list], tokenizer, device: torch.device) -> None:
+        self.cfg, self.tokenizer, self.device = cfg, tokenizer, device
+        self.sampler = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1)
+
+    def batch(self, model) -> AnchorBatch:
+        """This step's ground-truth answers (this rank's share). Each answer ends with EOS, as the
+        model must stop there; a sample longer than `model`'s context is an error."""
+        pairs = [s.render(self.cfg.layout) for t in self.cfg.anchor_tasks
+                 for s in dist.shard(self.sampler.take(t, self.cfg.anchor_per_task))]
+        encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
+        answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]
+        ids, mask, P = pad_pairs(encode([p for p, _ in pairs]), answers, self.tokenizer.pad_token_id)
+        limit = max_positions(model)
+        if limit is not None and int(mask.sum(1).max()) > limit:
+            raise ValueError(f"an anchor sample (prompt + answer) has {int(mask.sum(1).max())} tokens, more than the "
+                             f"model's context of {limit}: use shorter data or set anchor_coef 0")
+        d = self.device
+        return ids.to(d), mask.to(d), positions_from_mask(mask).to(d), ids.shape[1] - P
+
+    def backward(self, model, batch: AnchorBatch, amp: torch.dtype | None, grad_dtype: torch.dtype | None,
+                 agg: dict[str, float]) -> bool:
+        """Backward of anchor_coef x the answers' per-token NLL (token mean over every rank's answers:
+        summed gradients equal one process's); logs this rank's NLL as anchor_nll. False (and no
+        backward) when the loss is not finite."""
+        ids, mask, pos, width = batch
+        with autocast_context(self.device, amp):
+            logp = token_logprobs(model, ids, mask, pos, width, grad_dtype=grad_dtype)["logprobs"]
+        answer = mask[:, -width:].float()
+        tokens = dist.all_gather_tensor(answer.sum().reshape(1)).sum()
+        nll = -(logp * answer).sum()
+        loss = self.cfg.anchor_coef * nll / tokens
+        agg["anchor_nll"] = float(nll.detach() / answer.sum())
+        if not torch.isfinite(loss):
+            return False
+        loss.backward()
+        return True

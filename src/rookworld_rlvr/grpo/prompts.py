@@ -1,0 +1,88 @@
+"""Which training prompts come next: per-pool shuffled cursors, resumable and the same on every rank.
+
+Owns the order of the training data (P:, A:, game-ending A: transitions, puzzles) and its
+resume state. Imports no torch; its samples are `data.io.Sample`s, read only for their task and
+truth.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+
+def ends_game(sample) -> bool:
+    """An A: sample whose transition ends the game (terminated or truncated)."""
+    return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)
+
+
+class PromptSampler:
+    """Per-pool shuffled cursors over the training samples; resumable from (epoch, cursor).
+
+    With `terminal_share` s set, A: prompts come from two pools, ordinary and game-ending
+    transitions (8.6% of the shipped A: data): the k-th A: prompt of the run is game-ending
+    when floor(k * s) steps up, so exactly that share of A: prompts ends a game,
+    deterministically on every rank and across resumes. `puzzle_share` does the same for P:
+    prompts drawn from the `P_puzzle` pool.
+    """
+
+    def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None,
+                 puzzle_share: float = 0.0) -> None:
+        self.pools = dict(samples_by_task)
+        self.seed = seed
+        self.terminal_share = terminal_share
+        self.puzzle_share = puzzle_share
+        if puzzle_share > 0 and not self.pools.get("P_puzzle"):
+            raise ValueError(f"mix_puzzle_ratio is {puzzle_share} but there are no training puzzles: set puzzle_data")
+        if terminal_share is not None:
+            env = self.pools.get("A", [])
+            self.pools["A"] = [x for x in env if not ends_game(x)]
+            self.pools["A_end"] = [x for x in env if ends_game(x)]
+            if env and terminal_share > 0 and not self.pools["A_end"]:
+                raise ValueError(f"env_terminal_share is {terminal_share} but the training data has no game-ending "
+                                 "A: transitions (terminated or truncated): set it to null")
+            if env and terminal_share < 1 and not self.pools["A"]:
+                raise ValueError(f"env_terminal_share is {terminal_share} but every A: transition of the training "
+                                 "data ends the game: set it to 1 or null")
+        self.state = {name: {"epoch": 0, "cursor": 0} for name in self.pools}
+        if terminal_share is not None:
+            self.state["A"]["drawn"] = 0  # A: prompts drawn so far
+        if puzzle_share > 0:
+            self.state.setdefault("P", {"epoch": 0, "cursor": 0})["drawn"] = 0
+        self._perm: dict[str, tuple[int, list[int]]] = {}
+
+    def load_state(self, state: dict) -> None:
+        for name, st in state.items():
+            if name in self.state:
+                self.state[name].update(copy.deepcopy(st))
+
+    def _order(self, name: str) -> list[int]:
+        epoch = self.state[name]["epoch"]
+        if self._perm.get(name, (None,))[0] != epoch:
+            idx = list(range(len(self.pools[name])))
+            random.Random(f"{self.seed}:{name}:{epoch}").shuffle(idx)
+            self._perm[name] = (epoch, idx)
+        return self._perm[name][1]
+
+    def _pool(self, task: str) -> str:
+        share, other = {"A": (self.terminal_share, "A_end"), "P": (self.puzzle_share or None, "P_puzzle")}.get(
+            task, (None, ""))
+        if share is None:
+            return task
+        st = self.state[task]
+        k, st["drawn"] = st["drawn"], st["drawn"] + 1
+        return other if math.floor((k + 1) * share + 1e-9) > math.floor(k * share + 1e-9) else task
+
+    def take(self, task: str, n: int) -> list:
+        if n and not any(self.pools.get(name) for name in (task, f"{task}_end", f"{task}_puzzle")):
+            raise ValueError(f"the training data has no {task}: samples but the configuration asks for them")
+        out = []
+        for _ in range(n):
+            name = self._pool(task)
+            st = self.state[name]
+            if st["cursor"] >= len(self.pools[name]):
+                st["epoch"], st["cursor"] = st["epoch"] + 1, 0
+            out.append(self.pools[name][self._order(name)[st["cursor"]]])
+            st["cursor"] += 1
+        return out

@@ -1,0 +1,92 @@
+"""The run directory's logs: metrics.jsonl (one record per step), eval.jsonl, events.jsonl, and
+what a fresh run or a rollback does to them.
+
+Owns the step record (what a step logs: loss metrics, rewards per task and component,
+advantages, lengths, timings; reduced over ranks, so every rank holds the same) and the files.
+Imports torch (the batch's tensors); nothing of the model package or chess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rookworld_rlvr.data.io import atomic_write_text
+from rookworld_rlvr.grpo import distributed as dist
+from rookworld_rlvr.grpo.loss import zero_variance_groups
+from rookworld_rlvr.grpo.rollout import Batch
+
+
+def git_commit() -> str:
+    """The short commit of the code that runs (for the banner), or "unknown"."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, default=float) + "\n")
+
+
+def set_aside(run_dir: Path, log: Callable[[str], None]) -> None:
+    """Rename a previous run in `run_dir` to `<run_dir>-<time>`: a fresh run never mixes with an old
+    one, and nothing is deleted."""
+    if not ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((run_dir / "config.yaml").stat().st_mtime
+                                                          if (run_dir / "config.yaml").exists() else time.time()))
+    aside = run_dir.with_name(f"{run_dir.name}-{stamp}")
+    run_dir.rename(aside)
+    log(f"moved the previous run in {run_dir} to {aside} (use resume: true to continue it)")
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """Drop log records of steps after `step` (a restored checkpoint): they will be redone."""
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        path = run_dir / name
+        if path.exists():
+            keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+            atomic_write_text(path, [line + "\n" for line in keep])
+
+
+def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float, group_size: int, use_ref: bool,
+                drawn: dict[str, float]) -> dict[str, Any]:
+    """The metrics.jsonl record of step `step` (0-based) from its batch, the update's metrics `m`,
+    the phase timings and what the sampler drew (`drawn`: rollout.collect's stats)."""
+    rows = batch.rows
+    rec: dict[str, Any] = {"step": step + 1}
+    rec.update({k: v for k, v in m.items() if isinstance(v, (int, float))})
+    if not use_ref:  # beta 0 and no threshold: no reference pass, so KL is not measured (not 0)
+        for k in ("kl_mean", "kl_max", "kl_min", "kl_loss"):
+            rec.pop(k, None)
+    rec["reward/mean"] = float(batch.rewards.mean())
+    rec["zero_var_share"] = float(zero_variance_groups(batch.rewards, group_size).float().mean())
+    rec.update(drawn)  # what the sampler drew: all of it, and dynamic sampling's cost
+    rec["adv/mean"], rec["adv/std"] = float(batch.advantages.mean()), float(batch.advantages.std())
+    rec["adv/min"], rec["adv/max"] = float(batch.advantages.min()), float(batch.advantages.max())
+    lengths = [len(r.completion_ids) for r in rows]  # what was sampled (truncated_completions mask hides some)
+    rec["completion_len/mean"], rec["completion_len/max"] = sum(lengths) / len(lengths), float(max(lengths))
+    rec["truncation_rate"] = sum(r.finish == "length" for r in rows) / len(rows)
+    for task in ("P", "A"):
+        tr = [r for r in rows if r.task == task]
+        if not tr:
+            continue
+        rec[f"reward/{task}"] = sum(r.reward for r in tr) / len(tr)
+        rec[f"valid/{task}"] = sum(r.valid for r in tr) / len(tr)
+        for comp in tr[0].components:
+            rec[f"reward/{task}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
+    rec["beta"] = m.get("beta", 0.0)
+    rec["kl_share"] = m.get("kl_share", 0.0)
+    rec["reward_mean"] = rec["reward/mean"]
+    rec["truncation"] = rec["truncation_rate"]
+    for k, v in timings.items():
+        rec[f"time/{k}"] = round(v, 4)
+    rec["time/step"] = round(seconds, 3)
+    rec["time/other"] = round(seconds - sum(timings.values()), 4)
+    return dist.reduce_metrics(rec)  # one record for the whole global batch, the same on every rank

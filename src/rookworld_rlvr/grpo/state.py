@@ -1,0 +1,155 @@
+"""The trainer's state: what a checkpoint holds, how it is restored, and the rollbacks that use it.
+
+A state is everything a resumed run needs to continue exactly: the step, optimizer, controllers,
+guards, data cursors, sampling streams and RNGs, the evaluations so far, and (LoRA) the adapters
+or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `save` writes a
+checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
+one. Owns the state's contents. Imports torch; nothing of chess.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from rookworld_rlvr import __version__
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo import distributed as dist
+from rookworld_rlvr.grpo.guards import TrainingStopped
+from rookworld_rlvr.grpo.lora import adapter_state, load_adapter_state
+from rookworld_rlvr.grpo.runlog import truncate_logs
+from rookworld_rlvr.model import load_policy
+
+if TYPE_CHECKING:
+    from rookworld_rlvr.grpo.trainer import Trainer
+
+
+def capture(tr: Trainer) -> dict:
+    """The trainer's state as plain values and tensors (no weights: a checkpoint holds them as a model)."""
+    st = {
+        "step": tr.step, "optimizer": tr.opt.state_dict(), "lr_scale": tr.lr_scale,
+        "kl_ctl": tr.kl_ctl.state_dict(), "guard": tr.guard.state_dict(), "beta_scale": tr.beta_scale,
+        "phase_key": tr.phase_key,
+        "nan_guard": tr.nan_guard.state_dict(), "normalizer": tr.normalizer.state_dict(),
+        "monitor": tr.monitor.state_dict(), "prompts": copy.deepcopy(tr.prompts.state),
+        "anchor": copy.deepcopy(tr.anchor.sampler.state) if tr.anchor else None,
+        "generator": tr.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+        "base_eval": tr.base_eval, "best": tr.best, "history_eval": tr.history_eval,
+        "config": tr.cfg.to_dict(), "version": __version__,
+        "backward_dtype": "bf16" if tr.grad_dtype is not None else "float32",
+    }
+    if tr.ref is not None and tr.cfg.ref_refresh_every:
+        st["ref"] = {k: v.detach().cpu() for k, v in tr.ref.state_dict().items()}
+    if tr.cfg.lora_r:  # the base never changes: the adapters are the whole trained state
+        st["lora"] = adapter_state(tr.policy)
+    return st
+
+
+def restore(tr: Trainer, st: dict, weights_from: Path | None = None) -> None:
+    """Put `st` back into the trainer; the weights from the adapters, an in-memory snapshot's
+    "weights", or the checkpoint directory `weights_from` (copied in place: the optimizer keeps
+    its parameters)."""
+    if tr.cfg.lora_r:
+        if "lora" not in st:
+            raise ValueError("this checkpoint has no LoRA adapters (saved with lora_r 0): resume it with lora_r 0")
+        load_adapter_state(tr.policy, st["lora"])
+    elif "weights" in st:  # an in-memory snapshot
+        with torch.no_grad():
+            tr.policy.load_state_dict(st["weights"])
+    elif weights_from is not None:
+        loaded, _ = load_policy(str(weights_from), device=str(tr.device), verbose=False)
+        with torch.no_grad():
+            for p, q in zip(tr.policy.parameters(), loaded.parameters()):
+                p.copy_(q)
+    tr.step = st["step"]
+    chosen = st.get("backward_dtype")
+    was = torch.bfloat16 if chosen == "bf16" else None
+    if tr.cfg.backward_dtype == "auto" and tr.amp is None and chosen and was != tr.grad_dtype:
+        # a resumed run goes on as it started, whatever this machine's measurement says today
+        tr.grad_dtype, tr.grad_note = was, f"{chosen} (auto: as the run was started)"
+    tr.opt.load_state_dict(st["optimizer"])
+    tr.lr_scale = st["lr_scale"]
+    tr.kl_ctl.load_state_dict(st["kl_ctl"])
+    if "guard" in st:  # checkpoints written before the collapse guard start it afresh
+        tr.guard.load_state_dict(st["guard"])
+    tr.beta_scale, tr.phase_key = st.get("beta_scale", 1.0), st.get("phase_key")
+    tr.nan_guard.load_state_dict(st["nan_guard"])
+    tr.normalizer.load_state_dict(st["normalizer"])
+    tr.monitor.load_state_dict(st["monitor"])
+    tr.prompts.load_state(st["prompts"])
+    if tr.anchor and st.get("anchor"):
+        tr.anchor.sampler.load_state(st["anchor"])
+    gens = st.get("generators")  # one sampling stream per rank (the same world size continues each)
+    tr.gen.set_state(gens[dist.rank()] if gens and len(gens) == dist.world() else st["generator"])
+    torch.set_rng_state(st["torch_rng"])
+    random.setstate(st["python_rng"])
+    tr.base_eval, tr.best, tr.history_eval = st["base_eval"], st["best"], st["history_eval"]
+    if "ref" in st and tr.ref is not None:
+        tr.ref.load_state_dict(st["ref"])
+
+
+def save(tr: Trainer) -> Path:
+    """Checkpoint; collective under torchrun: rank 0 writes (with every rank's sampling stream),
+    the others wait until it is complete, so a rollback or resume finds it. In-memory snapshots
+    older than it are dropped: a run resumed from it has none, and both must roll back alike."""
+    gens = dist.all_gather_object(tr.gen.get_state())
+    path = ckpt.checkpoint_dir(tr.run_dir, tr.step)
+    if tr.main:
+        path = ckpt.save_checkpoint(tr.run_dir, tr.step, tr.sampler(), tr.tokenizer, {**capture(tr), "generators": gens})
+        ckpt.prune(tr.run_dir, tr.cfg.keep_last, {tr.best[1]} if tr.best else set())
+    tr.snapshots = {s: v for s, v in tr.snapshots.items() if s >= tr.step}
+    dist.barrier()
+    return path
+
+
+def snapshot(tr: Trainer) -> None:
+    """Keep the state at this step in memory (every guard_snapshot_every steps): a rollback
+    target between checkpoints, restored without touching the disk. Only the newest snapshot
+    old enough for any future recovery (a collapse guard's goes back guard_patience + 1 steps
+    before the record that acts, the NaN guard's nan_max_consecutive) and newer ones are kept."""
+    if tr.step % tr.cfg.guard_snapshot_every or tr.step in tr.snapshots:
+        return
+    state = copy.deepcopy(capture(tr))  # tensors cloned: later steps must not write into it
+    state["generator"] = tr.gen.get_state()  # this rank's own sampling stream
+    if not tr.cfg.lora_r:
+        state["weights"] = {k: v.detach().to("cpu", copy=True) for k, v in tr.policy.state_dict().items()}
+    tr.snapshots[tr.step] = state
+    reach = max(tr.cfg.guard_patience, tr.cfg.nan_max_consecutive)
+    old = [s for s in tr.snapshots if s <= tr.step - reach]
+    if old:
+        tr.snapshots = {s: v for s, v in tr.snapshots.items() if s >= max(old)}
+
+
+def rollback(tr: Trainer, reason: str, to_step: int | None = None, kl_factor: float = 1.0) -> int:
+    """Restore the newest good state at or before `to_step` (default: now), from memory or a
+    checkpoint: weights, optimizer, controllers, data and sampling streams; the guards keep their
+    counts. LR x rollback_lr_factor and beta x `kl_factor` from then on. Returns the step."""
+    dist.barrier()  # every rank decided the same; no checkpoint is half-written while they read it
+    to_step = tr.step if to_step is None else to_step
+    disk = {s: p for s, p in ckpt.list_checkpoints(tr.run_dir) if s <= to_step}
+    memory = [s for s in tr.snapshots if s <= to_step]
+    if not disk and not memory:
+        raise TrainingStopped(f"{reason}; no saved state at or before step {to_step} to roll back to")
+    target = max(memory + list(disk))
+    nan_state, recoveries = tr.nan_guard.state_dict(), tr.guard.recoveries
+    lr_scale, beta_scale = tr.lr_scale * tr.cfg.rollback_lr_factor, tr.beta_scale * kl_factor
+    now = tr.step
+    if target in memory:
+        restore(tr, copy.deepcopy(tr.snapshots[target]))
+        where = f"step_{target:06d} (in memory)"
+    else:
+        restore(tr, ckpt.load_state(disk[target]), weights_from=disk[target])
+        where = disk[target].name
+    tr.nan_guard.load_state_dict(nan_state)  # the guards remember how often they fired
+    tr.guard.recoveries = recoveries
+    tr.lr_scale, tr.beta_scale = lr_scale, beta_scale
+    tr.snapshots = {s: v for s, v in tr.snapshots.items() if s <= target}
+    if tr.main:  # rank 0 owns the logs
+        truncate_logs(tr.run_dir, tr.step)
+    tr.log(f"step {now}: {reason}: rolled back to {where}, LR x{tr.lr_scale:.3g}"
+           + (f", beta x{tr.beta_scale:.3g}" if tr.beta_scale != 1 else ""))
+    return target
