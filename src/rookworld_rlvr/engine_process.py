@@ -1,7 +1,7 @@
 """One Stockfish process on the pool's event loop: found, started lazily, killed on any failure.
 
-The pool (`engine.StockfishPool`) owns the processes' lifecycle and retries; this module owns
-talking to one process without ever blocking on a dead or hung one: an asyncio loop on a daemon
+The pool (`engine.StockfishPool`) decides the processes' lifecycle and retries. Owns locating
+Stockfish and talking to one process without ever blocking on a dead or hung one: an asyncio loop on a daemon
 thread drives every engine (python-chess's SimpleEngine uses non-daemon threads, which make the
 interpreter hang at exit before atexit handlers could close the engines), and every call watches
 the process's exit code as well as its answer. Chess only: imports no torch and nothing of the

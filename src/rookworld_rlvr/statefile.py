@@ -6,6 +6,8 @@ state) and `name.json` (the rest of the tree, with a placeholder where each tens
 Loading reads data only: JSON values and raw tensor bytes. The tree may hold dicts (any
 int/str keys), lists, tuples, str, int, float, bool, None and tensors: what optimizer and
 RNG states are made of. Anything else is refused at save time, naming its path.
+
+Owns the state file format. Imports torch and safetensors; nothing else of the package.
 """
 
 from __future__ import annotations

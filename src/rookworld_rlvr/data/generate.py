@@ -6,6 +6,9 @@ positions. Every position is annotated by the engine pool (that annotation also 
 engine moves, so no search is wasted). Each block of games is a shard written atomically,
 so an interrupted run resumes without duplicates; the merge deduplicates and splits train
 and eval by FEN hash (no FEN in both splits).
+
+Owns building the training and held-out sets from games. Chess and files only: imports no torch
+and nothing of the model or trainer.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Import reads upstream RookWorld text lines (P: lines, A: lines with or without the `A: `
 prefix) or a Hugging Face dataset by name, corrects the upstream `B:` label quirk (ground
 truth = the move with the highest eval for the side to move) and writes our JSONL.
+
+Owns reading upstream data. Chess and files only: imports no torch and nothing of the model or
+trainer (`datasets` inside a function, for Hub names).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A row is `{"task": "P"|"A", "prompt": ..., "completion": ..., "truth": {...}}` in the compact
 layout; `truth` is what scoring needs, so other layouts are re-rendered from it. Every write
 is atomic (temp file + rename) and every bad row is reported as `file:line: reason`.
+
+Owns `Sample` and the sample files. Chess and files only: imports no torch and nothing of the
+model or trainer.
 """
 
 from __future__ import annotations

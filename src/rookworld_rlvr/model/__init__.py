@@ -1,4 +1,5 @@
-"""Model room: loading, padding, batched generation and per-token log-probs.
+"""Model room: loading, padding, batched generation and per-token log-probs. Owns everything that
+runs a transformer.
 
 Knows torch and transformers, not chess: prompts and completions are plain text, and the chess
 tokenizers live outside (`rookworld_rlvr.chess_tokenizers`). Imports nothing of tasks, data,

@@ -8,6 +8,9 @@ training pass's FLOPs) take bf16 operands with float32 accumulation, as under au
 weights, optimizer state and bias gradients stay float32. On a CPU with native bf16 dot
 products those products run about twice as fast (see `bf16_speedup`); `auto` picks this only
 where they do.
+
+Owns the bf16-gradient linear. Knows torch, not chess: imports nothing of tasks, data, engine or
+the trainer.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why not `model.generate`: we need the per-token log-probs of the sampling
 distribution, masks that include EOS, one prefill per distinct prompt shared by
 its group of completions, and positions computed exactly the way
 `logprobs.token_logprobs` computes them (`positions_from_mask`) so that sampler and trainer
-agree. Knows torch and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
+agree. Owns sampling. Knows torch and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations

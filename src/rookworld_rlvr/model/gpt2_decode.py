@@ -20,6 +20,9 @@ update: 18% less time; no change measurable on the tiny model).
 
 `recording` and `CascadeDecoder(record=True)` keep every layer's projection outputs for the
 trainer's first pass on the rollout (`gpt2_segments`), which then skips those products.
+
+Owns the decode step of plain GPT-2s. Knows torch and transformers, not chess: imports nothing of
+tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 A silently half-initialised model (a key renamed between versions, a truncated
 file) trains for hours before anyone notices, so loading fails loudly instead.
+
+Owns loading and saving models. Knows torch and transformers, not chess: imports nothing of
+tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations

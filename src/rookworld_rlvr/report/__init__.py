@@ -9,4 +9,7 @@
 
 A report is most useful for broken runs, so every part tolerates missing files and keys, NaN
 values and a half-written last JSONL line; an undrawable FEN leaves out only its board.
+
+Owns reading runs back and showing them. Imports no torch (matplotlib and chess.svg inside
+functions), nothing of the model or trainer.
 """

@@ -62,4 +62,7 @@ The package:
     trials.py   one trial (an isolated training run) and the worker loop
     summary.py  outcomes, the summary, summary.json and the gains plot (`report.plots`)
     cli.py      `rookworld sweep` and SIGTERM handling
+
+Owns sweeps. Imports optuna and the trainer inside functions only (a trial is a `grpo.cli.build`
+run), so `rookworld --help` stays fast.
 """

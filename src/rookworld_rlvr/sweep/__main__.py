@@ -1,4 +1,5 @@
-"""`python -m rookworld_rlvr.sweep ...`: the same as `rookworld sweep ...`."""
+"""`python -m rookworld_rlvr.sweep ...`: the same as `rookworld sweep ...` (`sweep.cli.main`). Owns
+nothing else; imports only the sweep's command line."""
 
 import sys
 
