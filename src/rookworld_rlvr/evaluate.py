@@ -129,7 +129,7 @@ def puzzle_metrics(gen: Completer, puzzles: Sequence[Puzzle], layout: str, progr
     if not puzzles:
         return {}
     parses = _answers(gen, [p.fen for p in puzzles], layout, progress, "puzzles")
-    return strength.puzzle_scores(puzzles, [p.best for p in parses])
+    return strength.puzzle_scores(puzzles, [p.move for p in parses])
 
 
 def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], completions: Sequence[str],

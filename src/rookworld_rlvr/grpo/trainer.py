@@ -164,6 +164,7 @@ class Trainer:
         return groups
 
     def assemble(self, groups: list[list[Row]]) -> Batch:
+        """The groups as one padded batch with advantages, on the policy's device."""
         return assemble(groups, self.cfg, self.normalizer, self.tokenizer.pad_token_id, self.device)
 
     def update(self, batch: Batch, step: int, timings: dict) -> dict:

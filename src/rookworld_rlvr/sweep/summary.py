@@ -14,6 +14,7 @@ from typing import Callable
 from rookworld_rlvr.report.plots import sweep_plot
 from rookworld_rlvr.sweep.space import fmt_overrides
 from rookworld_rlvr.sweep.study import real
+from rookworld_rlvr.tables import fmt_delta, fmt_number
 
 # A run is intact when every step ran and its held-out reward did not fall more than INTACT_MARGIN
 # below the base; a silent collapse finished more than COLLAPSE_MARGIN below it without a guard event.
@@ -135,11 +136,10 @@ def format_summary(s: dict) -> str:
         lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} {'mins':>5}  "
                      "configuration / guard events / failure")
         for r in s["trial_table"]:
-            num = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
             tail = fmt_overrides(r["overrides"]) + (f"  guard: {', '.join(r['guard_signals'])}" if r.get("guard_signals") else "") \
                 + (f"  [{r['failure']}]" if r["failure"] else "")
+            minutes = f"{r['seconds'] / 60:.1f}" if r["seconds"] is not None else "-"
             lines.append(f"{r['trial']:>5}  {r['state']:<8} {r.get('outcome') or '-':<15} "
-                         f"{num(r['base_reward'], '7.4f'):>7} "
-                         f"{num(r['final_reward'], '7.4f'):>7} {num(r['gain'], '+8.4f'):>8} "
-                         f"{num(r['seconds'] / 60 if r['seconds'] is not None else None, '5.1f'):>5}  {tail}")
+                         f"{fmt_number(r['base_reward']):>7} {fmt_number(r['final_reward']):>7} "
+                         f"{fmt_delta(r['gain']):>8} {minutes:>5}  {tail}")
     return "\n".join(lines)
