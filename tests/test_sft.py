@@ -81,6 +81,47 @@ def test_repeat_bans_teach_that_no_move_is_written_twice():
     assert none == 0.0
 
 
+def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
+    """The shipped char model writes its top move again and again under greedy decoding: each such
+    answer becomes a row of its own prefix, with a ban on the repeat's last token and no likelihood
+    target; a step on those rows lowers the repeat's probability."""
+    import contextlib
+
+    from rookworld_rlvr.grpo.control import adamw
+    from rookworld_rlvr.sft import own_repeat_rows
+    from rookworld_rlvr.tasks import policy as P
+
+    from conftest import REPO
+
+    model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
+    samples = [__import__("rookworld_rlvr.data.io", fromlist=["Sample"]).Sample("P", P.parse_line(x))
+               for x in reference_lines[:8]]
+    rows = _encode(tok, samples, "compact")
+    own = own_repeat_rows(model, tok, rows)
+    assert len(own) >= 4  # the repeats this test is about
+    for ids, n, ((pos, banned),) in own:
+        text = tok.decode(ids)
+        moves = text.split("M:")[1].split()
+        assert n == -1 and moves[-1] in moves[:-1] and pos == len(ids) - 1 and ids[pos] == banned
+    _, mask, labels = make_batch(own, tok.pad_token_id, "full")
+    assert (labels == -100).all()  # no likelihood target on the model's own answers
+
+    def repeat_prob() -> float:
+        with torch.no_grad():
+            return sum(float(torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, pos - 1], -1)[t])
+                       for ids, _, ((pos, t),) in own)
+
+    before = repeat_prob()
+    model.train()
+    opt = adamw(list(model.parameters()), 1e-3, (0.9, 0.95), 0.0)
+    for _ in range(3):
+        opt.zero_grad()
+        _accumulate(model, rows + own, 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=2.0)
+        opt.step()
+    model.eval()
+    assert repeat_prob() < 0.5 * before
+
+
 def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_data, tiny_model_dir):
     import torch
 

@@ -43,6 +43,9 @@ class SFTConfig:
     loss_on: str = "full"  # full | completion
     # weight of the unlikelihood of writing an M: move twice (repeat_bans); 0 = likelihood only
     distinct_coef: float = 1.0
+    # P: rows per step answered greedily by the model; where it repeats a move, that repeat is
+    # pushed down (own_repeat_rows, weighted by distinct_coef); 0 = off
+    own_repeats: int = 8
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
     max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
@@ -72,6 +75,8 @@ class SFTConfig:
             raise ValueError("sft.autocast must be 'none' or 'bf16'")
         if not 0 <= self.dropout < 1:
             raise ValueError("sft.dropout must be in [0, 1)")
+        if self.own_repeats < 0:
+            raise ValueError(f"sft.own_repeats must be >= 0, got {self.own_repeats}")
         if not 0 <= self.distinct_coef or not math.isfinite(self.distinct_coef):
             raise ValueError(f"sft.distinct_coef must be finite and >= 0, got {self.distinct_coef}")
         if not 0 <= self.env_share <= 1:
@@ -132,7 +137,8 @@ def make_batch(rows: list[tuple[list[int], int]], pad_id: int, loss_on: str):
     from rookworld_rlvr.model.padding import pad
 
     input_ids, mask = pad([r[0] for r in rows], pad_id, "right")
-    start = torch.tensor([r[1] if loss_on == "completion" else 1 for r in rows])
+    # targets from column `start` on; a row of prompt length -1 is for the unlikelihood only (own_repeat_rows)
+    start = torch.tensor([input_ids.shape[1] if r[1] < 0 else r[1] if loss_on == "completion" else 1 for r in rows])
     learned = (torch.arange(input_ids.shape[1]) >= start[:, None]) & mask.bool()
     return input_ids, mask, torch.where(learned, input_ids, torch.full_like(input_ids, -100))
 
@@ -147,6 +153,35 @@ def set_dropout(model, p: float) -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = p
+
+
+def own_repeat_rows(model, tokenizer, rows: list[tuple], max_new_tokens: int = 18) -> list[tuple]:
+    """Rows that teach the model not to repeat a move where it does repeat one: the prompts of P:
+    `rows` answered greedily by the model itself; each answer whose M: list writes a move again
+    becomes a row (prompt + its own M: prefix through the repeat, no likelihood targets) with a ban
+    on the repeated move's last token. The likelihood sees only true lists, where nothing repeats,
+    so without these rows greedy decoding keeps writing the top move five times."""
+    from rookworld_rlvr.model import generate
+
+    if not rows:
+        return []
+    prompts = [tokenizer.decode(ids[:n]) for ids, n, *_ in rows]
+    texts = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True).texts
+    out = []
+    for (ids, n, *_), text in zip(rows, texts):
+        moves = list(re.finditer(r"\S+", text[text.find("M:") + 2:]))[:5] if text.startswith("M:") else []
+        seen, cut = set(), None
+        for m in moves:
+            if m.group() in seen:
+                cut = text.find("M:") + 2 + m.end()
+                break
+            seen.add(m.group())
+        if cut is None:
+            continue
+        enc = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
+        # the repeated move's last token, in the context of the model's own list before it
+        out.append((ids[:n] + enc, -1, ((n + len(enc) - 1, enc[-1]),)))  # prompt length -1: no likelihood targets
+    return out
 
 
 def _unlikelihood(logits, rows) -> "torch.Tensor":
@@ -278,16 +313,25 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))
-        rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
-        rows += rng.choices(by_task["P"], k=cfg.batch_size - len(rows)) if by_task["P"] else []
+        env_rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
+        pol_rows = rng.choices(by_task["P"], k=cfg.batch_size - len(env_rows)) if by_task["P"] else []
+        rows = env_rows + pol_rows
         opt.zero_grad(set_to_none=True)
-        loss, ul = _accumulate(model, rows, tokenizer.pad_token_id, cfg.loss_on, autocast, device, cfg.distinct_coef)
+        own = []
+        if cfg.own_repeats and cfg.distinct_coef and pol_rows:
+            model.config.use_cache = True
+            own = own_repeat_rows(model, tokenizer, pol_rows[: cfg.own_repeats])
+            model.train()
+            model.config.use_cache = False
+        loss, ul = _accumulate(model, rows + own, tokenizer.pad_token_id, cfg.loss_on, autocast, device,
+                               cfg.distinct_coef)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
-        record = {"step": step, "loss": loss, **({"unlikelihood": ul} if cfg.distinct_coef else {}), "lr": lr,
+        record = {"step": step, "loss": loss, **({"unlikelihood": ul, "own_repeats": len(own)} if cfg.distinct_coef
+                                                 else {}), "lr": lr,
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
         done = step >= cfg.steps or progress_frac() >= 1.0
@@ -356,6 +400,8 @@ _HELP = {
     "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
                  "(square, and FEN boards written square by square); fresh models only, default board",
     "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
+    "own_repeats": "P: rows per step the model answers greedily; the moves it repeats there are pushed down "
+                   "(with distinct_coef; 0 = off)",
     "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
              "or given (as stored; upstream shuffled them)",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
