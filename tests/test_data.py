@@ -117,3 +117,30 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path):
         write_samples(path, boom())
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"], "no temp files left behind"
+
+
+def test_shipped_training_data_holds_no_held_out_position():
+    """No position of the shipped training data is a held-out one: the eval set, the judged
+    strength set, the held-out puzzles and the match openings (all from the eval side of the
+    FEN-hash split that `data generate` uses)."""
+    import gzip
+    import json
+
+    from conftest import REPO
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+    from rookworld_rlvr.play import read_openings
+
+    data = REPO / "data"
+
+    def board_key(fen: str) -> str:  # the position itself, whatever the clocks say (the split hashes the whole FEN)
+        return " ".join(fen.split()[:4])
+
+    train = {board_key(json.loads(line)["truth"]["fen"]) for line in gzip.open(data / "train.jsonl.gz", "rt")}
+    held_out = [json.loads(line)["truth"]["fen"] for line in gzip.open(data / "eval.jsonl.gz", "rt")]
+    held_out += [p.fen for p in read_judged(data / "strength.jsonl.gz")]
+    held_out += [p.fen for p in read_puzzles(data / "puzzles_eval.jsonl.gz")]
+    held_out += read_openings(data / "openings.txt")
+    assert len(held_out) > 2500 and all(is_eval_fen(f, 40) for f in held_out)
+    overlap = {board_key(f) for f in held_out} & train
+    assert len(overlap) <= 0.005 * len(held_out), sorted(overlap)[:5]
