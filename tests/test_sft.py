@@ -201,7 +201,7 @@ def test_sft_order_best_first_writes_the_best_move_first(small_data):
 
     tok = build_board_tokenizer()
     samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
-    for s, (ids, n) in zip(samples, _encode(tok, samples, "compact", "best-first")):
+    for s, (ids, n, _bans) in zip(samples, _encode(tok, samples, "compact", "best-first")):
         text = tok.decode(ids[n:-1])
         moves = text.split("E:")[0].split()[1:]
         evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]
