@@ -144,3 +144,30 @@ def test_shipped_training_data_holds_no_held_out_position():
     assert len(held_out) > 2500 and all(is_eval_fen(f, 40) for f in held_out)
     overlap = {board_key(f) for f in held_out} & train
     assert len(overlap) <= 0.005 * len(held_out), sorted(overlap)[:5]
+
+
+def test_merge_keeps_each_prompt_once_first_file_first_and_shuffles_by_seed(generated, tmp_path, capsys):
+    """`rookworld data merge` is how the shipped train set was built from two generations."""
+    import dataclasses
+
+    cfg, _ = generated
+    a = read_samples(f"{cfg.out_dir}/train.jsonl.gz")[:30]
+    p = next(i for i in range(10, 20) if a[i].task == "P")
+    relabelled = dataclasses.replace(a[p], truth=dataclasses.replace(a[p].truth, evals=tuple(
+        e + 1.0 for e in a[p].truth.evals)))
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl.gz"
+    write_samples(first, a[:20])
+    write_samples(second, a[10:p] + [relabelled] + a[p + 1:30])  # 10 prompts also in the first file
+    out = tmp_path / "merged.jsonl.gz"
+    assert main(["data", "merge", str(first), str(second), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"written": 30, "duplicates": 10, "out": str(out)}
+    merged = read_samples(out)
+    assert sorted(s.render("compact") for s in merged) == sorted(s.render("compact") for s in a)  # a[p] won
+    assert [s.render("compact") for s in merged] != [s.render("compact") for s in a]  # shuffled ...
+    again = tmp_path / "again.jsonl.gz"
+    main(["data", "merge", str(first), str(second), "--out", str(again)])
+    assert again.read_bytes() == out.read_bytes()  # ... the same way every time
+    (tmp_path / "bad.jsonl").write_text(first.read_text() + '{"task": "Q"}\n')
+    assert main(["data", "merge", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert f"{tmp_path / 'bad.jsonl'}:21: field 'task'" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

@@ -53,6 +53,12 @@ def _data(args: argparse.Namespace) -> int:
                           [f + "\n" for f in fens])
         print(json.dumps({"openings": len(fens), "out": args.out}))
         return 0
+    if args.data_cmd == "merge":
+        from rookworld_rlvr.data.io import merge_samples, write_samples
+
+        samples, dropped = merge_samples(args.sources, args.seed)
+        print(json.dumps({"written": write_samples(args.out, samples), "duplicates": dropped, "out": args.out}))
+        return 0
     if args.data_cmd == "stats":
         from rookworld_rlvr.data.importer import stats
 
@@ -116,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--depth", type=int, default=6, help="Stockfish depth that picks the moves and checks balance")
     o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
+    m = dsub.add_parser("merge", help="sample files -> one shuffled training set, each prompt once (the first "
+                                      "file's sample wins)")
+    m.add_argument("sources", nargs="+", help="our JSONL(.gz) files, in order of precedence")
+    m.add_argument("--out", required=True)
+    m.add_argument("--seed", default="merge", help="the shuffle's seed (a string)")
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
     s.add_argument("file")
     d.set_defaults(func=_data)

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import os
+import random
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -179,3 +180,22 @@ def write_samples(path: str | Path, samples: Iterable[Sample]) -> int:
 
     atomic_write_text(path, rows())
     return count
+
+
+def merge_samples(paths: Iterable[str | Path], seed: str = "merge") -> tuple[list[Sample], int]:
+    """Several sample files as one training set: the first sample of each prompt is kept (so a
+    position's P: answer or an A: transition is trained on once, whichever generation wrote it),
+    then a shuffle seeded by `seed` mixes the sources. Returns (samples, duplicates dropped)."""
+    seen: set[str] = set()
+    kept: list[Sample] = []
+    dropped = 0
+    for path in paths:
+        for s in iter_samples(path):
+            prompt = s.render("compact")[0]
+            if prompt in seen:
+                dropped += 1
+                continue
+            seen.add(prompt)
+            kept.append(s)
+    random.Random(seed).shuffle(kept)
+    return kept, dropped
