@@ -291,3 +291,23 @@ def test_state_files_shard_round_trip_and_refuse_what_they_cannot_store(tmp_path
         load_state(tmp_path, "st")
     with pytest.raises(TypeError, match=r"state\.bad: cannot store a object"):
         save_state(tmp_path, "st", {"bad": object()})
+
+
+def test_the_committed_successor_base_resumes_from_its_own_files():
+    """models/rookworld-board.checkpoint is how a later run continues that SFT exactly: the state
+    loads (no pickle) with its optimizer moments, every file fits git's limits, and the weights
+    load as a board-tokenizer model that writes a P: answer."""
+    from conftest import REPO
+    from rookworld_rlvr.model import generate
+    from rookworld_rlvr.statefile import load_state
+
+    ckpt = REPO / "models" / "rookworld-board.checkpoint"
+    assert all(p.stat().st_size < 25_000_000 for p in ckpt.iterdir())
+    state = load_state(ckpt, "sft_state")
+    assert state["step"] > 0 and state["config"]["tokenizer"] == "board"
+    moments = [v["exp_avg_sq"] for v in state["optimizer"]["state"].values()]
+    assert moments and all(torch.isfinite(m).all() and (m > 0).any() for m in moments)
+    model, tok = load_policy(str(ckpt), device="cpu", verbose=False)
+    prompt = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 "
+    text = generate(model, tok, [prompt], max_new_tokens=60, greedy=True).texts[0]
+    assert text.startswith("M: ") and " B: " in text, text
