@@ -155,7 +155,7 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
-def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch):
+def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch, capsys):
     """6 steps straight equal 3 steps, a crash, and 3 resumed steps: the same losses, the same weights.
     The state is safetensors + JSON; a pickle planted beside it is never opened."""
     import rookworld_rlvr.sft as sft
@@ -186,6 +186,7 @@ def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypat
     (ckpt / "sft_state.pt").write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
     train(config(split), resume=True, progress=False)  # the next session resumes it
     assert not (tmp_path / "pwned").exists()
+    assert "in the checkpoint" not in capsys.readouterr().out  # the same settings: nothing to say
     losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.sft_log.jsonl").read_text().splitlines()]
               for n in ("straight", "split")]
     assert len(losses[0]) == 6 and losses[0] == losses[1]
@@ -311,3 +312,15 @@ def test_the_committed_successor_base_resumes_from_its_own_files():
     prompt = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 "
     text = generate(model, tok, [prompt], max_new_tokens=60, greedy=True).texts[0]
     assert text.startswith("M: ") and " B: " in text, text
+
+
+def test_sft_resume_names_every_setting_that_differs_from_the_checkpoint(tmp_path, small_data, capsys):
+    """A resume with other flags is no longer an exact continuation: each difference is printed."""
+    base = dict(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(tmp_path / "m"),
+                steps=2, batch_size=4, eval_every=100, eval_samples=0, save_every=1, device="cpu", threads=1)
+    train(SFTConfig(**base, lr=1e-3), progress=False)
+    capsys.readouterr()
+    train(SFTConfig(**{**base, "steps": 3, "threads": 2}, lr=5e-4), resume=True, progress=False)
+    out = capsys.readouterr().out
+    assert "sft: lr was 0.001 in the checkpoint, now 0.0005 (from this step on)" in out
+    assert "sft: steps was 2 in the checkpoint, now 3" in out and "threads was" not in out

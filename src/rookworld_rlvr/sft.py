@@ -107,6 +107,17 @@ def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[tuple
     return rows
 
 
+# where the run is and how many threads it uses: neither changes what a resumed run computes
+_PLACE = ("out", "device", "threads")
+
+
+def changed_settings(saved: dict, now: dict) -> list[str]:
+    """The settings a resume changes against the checkpoint's: an exact continuation changes none,
+    so each one is said (it takes effect from the resumed step on)."""
+    return [f"{k} was {saved[k]!r} in the checkpoint, now {now[k]!r} (from this step on)"
+            for k in now if k in saved and k not in _PLACE and saved[k] != now[k]]
+
+
 def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Where a P: target's M: list teaches "never write a move twice": (token index, token id) pairs.
 
@@ -279,6 +290,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         rng.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         print(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
+        for line in changed_settings(state.get("config", {}), asdict(cfg)):
+            print(f"sft: {line}")
         if log_path.exists():  # steps after the checkpoint are redone: drop their old records
             kept = [x for x in log_path.read_text().splitlines() if json.loads(x)["step"] <= step]
             log_path.write_text("".join(x + "\n" for x in kept))
