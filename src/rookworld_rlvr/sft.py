@@ -312,7 +312,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         target = out if final else ckpt
         save_pretrained_atomic(model, tokenizer, target)
         if not final:
-            # shards under 25 MB: a checkpoint can be committed, so a later session resumes it exactly
+            # shards under 25 MB: a checkpoint can be committed, so a later run elsewhere resumes it exactly
             save_state(target, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
                                            "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
                                            "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
