@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="sample the task completions at this temperature (0 = greedy); 'invalid' then "
                         "measures how often sampled answers are malformed")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (--temperature, self-play)")
+    p.add_argument("--legal-moves", action="store_true",
+                   help="decode P: answers among legal moves only: measures the model's choice among legal "
+                        "moves (legality and distinct candidates are then 100%% by construction)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default=d.layout, help="P: prompt layout")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     config = EvalConfig(layout=args.layout, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                         limit=args.limit, selfplay_games=args.selfplay, selfplay_max_plies=args.selfplay_max_plies,
                         selfplay_temperature=args.selfplay_temperature, engine_depth=args.depth,
-                        temperature=args.temperature, seed=args.seed)
+                        temperature=args.temperature, seed=args.seed, legal_moves=args.legal_moves)
     config.validate()
     ok, samples = _guarded(args, f"read data {args.data}", lambda: limit_per_task(iter_samples(args.data), args.limit))
     if not ok:

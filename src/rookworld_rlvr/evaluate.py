@@ -8,6 +8,9 @@ numbers mean is `metrics` (pure: completions in, metrics out); generation is
 - strength (judged positions): expected-score loss, accuracy and blunder rate of the legal
   B: moves, and best-move match, each next to a uniformly random legal mover on the same
   positions (`random`; see tasks.strength); puzzles: solve rate per kind, next to random.
+- `legal_moves`: every P: answer (tasks, judged positions, puzzles, self-play) is decoded among
+  legal moves only: the numbers then measure the model's choice among legal moves, and its
+  legality and distinct candidates are 100% by construction (see legal_decoding).
 - the P: and A: prompts of a batch share one token budget: `max_new_tokens` is capped to what
   the model's context leaves after the batch's longest prompt (`meta.capped_batches` counts it).
 
@@ -45,6 +48,7 @@ class EvalConfig:
     selfplay_top_k: int = 0  # 0 = off; only used when sampling
     seed: int = 0  # sampling seed (temperature > 0, self-play)
     engine_depth: int = 8  # for the Stockfish pool evaluate builds when it needs one
+    legal_moves: bool = False  # P: answers decoded among legal moves only (see legal_decoding)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -59,6 +63,7 @@ class EvalConfig:
             ("selfplay_temperature", self.selfplay_temperature >= 0, ">= 0 (0 = greedy)"),
             ("selfplay_top_k", self.selfplay_top_k >= 0, ">= 0"),
             ("engine_depth", self.engine_depth >= 1, ">= 1"),
+            ("legal_moves", isinstance(self.legal_moves, bool), "True or False"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -161,7 +166,12 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
     config = config or EvalConfig()
     config.validate()
     samples = limit_per_task(samples, config.limit)
-    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size)
+    constraint = None
+    if config.legal_moves:
+        from rookworld_rlvr.legal_decoding import LegalMoveDecoding
+
+        constraint = LegalMoveDecoding(tokenizer)
+    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     completions, reasons = _generate_tasks(gen, samples, config, progress)

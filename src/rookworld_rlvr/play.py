@@ -73,14 +73,17 @@ class StockfishPlayer:
 
 
 class ModelPlayer:
-    """A chess LM answering `P:` prompts; its move is the `B:` of the answer (greedy by default)."""
+    """A chess LM answering `P:` prompts; its move is the `B:` of the answer (greedy by default;
+    `legal_moves`: decoded among legal moves only, see legal_decoding)."""
 
     def __init__(self, model, tokenizer, name: str, layout: str = "compact", temperature: float = 0.0,
-                 seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64) -> None:
+                 seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64, legal_moves: bool = False) -> None:
+        from rookworld_rlvr.legal_decoding import LegalMoveDecoding
         from rookworld_rlvr.model.completions import Completer, sampling
 
         self.name = name
-        self._gen = Completer(model, tokenizer, max_new_tokens, batch_size)
+        self._gen = Completer(model, tokenizer, max_new_tokens, batch_size,
+                              LegalMoveDecoding(tokenizer) if legal_moves else None)
         self._sampling = sampling(temperature, seed)
         self.layout = layout
 
@@ -285,6 +288,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout of the models")
     p.add_argument("--pgn", metavar="OUT", help="write the games as PGN")
     p.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    p.add_argument("--legal-moves", action="store_true",
+                   help="models decode their moves among legal moves only (no game ends on an illegal move)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -303,7 +308,8 @@ def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
     from rookworld_rlvr.model.load import load_policy
 
     model, tokenizer = load_policy(spec, device=args.device, verbose=False)
-    return ModelPlayer(model, tokenizer, spec, layout=args.layout, temperature=args.temperature, seed=seed)
+    return ModelPlayer(model, tokenizer, spec, layout=args.layout, temperature=args.temperature, seed=seed,
+                       legal_moves=args.legal_moves)
 
 
 def run(args: argparse.Namespace, name: str) -> int:

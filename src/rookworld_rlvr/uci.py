@@ -3,7 +3,9 @@
 It answers each `go` with the `B:` move of a greedy `P:` answer for the current position. A
 UCI engine must move legally, so when that move is unreadable or illegal it plays the first
 legal move of the answer's `M:` list, else a random legal move, and says so in an
-`info string` line (a `rookworld match` game, by contrast, is lost on such a move).
+`info string` line (a `rookworld match` game, by contrast, is lost on such a move). With
+`--legal-moves` the answer is decoded among legal moves (see legal_decoding), so the move played
+is always the model's own.
 
 Owns the UCI protocol; the model answers through `play.ModelPlayer` (imported inside `run`, so
 `rookworld --help` stays fast).
@@ -91,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--model", required=True, help="model directory or Hub id")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--legal-moves", action="store_true", help="decode moves among legal moves only")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
 
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace, name: str) -> int:
 
     model, tokenizer = load_policy(args.model, device=args.device, verbose=False)
     player = ModelPlayer(model, tokenizer, args.model, layout=args.layout, temperature=args.temperature,
-                         seed=args.seed, batch_size=1)
+                         seed=args.seed, batch_size=1, legal_moves=args.legal_moves)
     engine = UCIEngine(player, args.model, sys.stdout, args.seed)
     for line in sys.stdin:
         try:

@@ -7,7 +7,7 @@ and transformers, not chess: imports nothing of tasks, data, engine or the train
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -25,8 +25,10 @@ def sampling(temperature: float, seed: int, top_k: int = 0) -> dict[str, Any]:
 class Completer:
     """Batched generation with the token budget capped to the model context."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64) -> None:
+    def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64,
+                 constraint: Callable[[Sequence[str]], Callable] | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.constraint = constraint  # prompts -> a `generate` logits_processor (e.g. legal_decoding)
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.context = max_positions(model)
         self.capped_batches = 0  # batches whose budget the context cut below max_new_tokens
@@ -53,7 +55,10 @@ class Completer:
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             budget = self.budget(max(lengths[i] for i in idx))
-            gen = generate(self.model, self.tokenizer, [prompts[i] for i in idx], max_new_tokens=budget, **sampling)
+            batch = [prompts[i] for i in idx]
+            processor = self.constraint(batch) if self.constraint is not None else None
+            gen = generate(self.model, self.tokenizer, batch, max_new_tokens=budget, logits_processor=processor,
+                           **sampling)
             for i, text, reason in zip(idx, gen.texts, gen.finish_reasons):
                 texts[i], reasons[i] = text, reason
             if bar is not None:

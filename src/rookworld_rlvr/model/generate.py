@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -254,6 +255,7 @@ def generate(
     generator: torch.Generator | None = None,
     autocast_dtype: torch.dtype | None = None,
     record: bool = False,
+    logits_processor: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Generation:
     """Sample `num_return_sequences` completions per prompt (or argmax with greedy=True).
 
@@ -272,6 +274,10 @@ def generate(
     `record`: keep every layer's projection outputs for each prompt and fed token
     (`Generation.recorded`), so that the trainer's first pass on these rows skips those
     products (`gpt2_segments`). A plain GPT-2 without autocast only (the cascade path).
+
+    `logits_processor(prompt_index, completion_so_far, logits) -> logits` rewrites each step's
+    logits of the decoding rows before a token is picked (e.g. `legal_decoding`); `logprobs` are
+    then those of the rewritten distribution, so the trainer's rollouts never use one.
     """
     _check_prompts(prompts)
     if record and not (gpt2_decode.supports(model) and DynamicCache is not None and autocast_dtype is None):
@@ -362,6 +368,8 @@ def generate(
         attention_mask = prompt_mask
         steps = 0
         for step in range(max_new_tokens):
+            if logits_processor is not None:
+                logits = logits_processor(index[rows], completion[rows, :step], logits)
             compacted = rows.numel() < n_rows
             if compacted:  # every row draws, so no row's sample depends on which groups left
                 logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
