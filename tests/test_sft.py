@@ -99,7 +99,7 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
     rows = _encode(tok, samples, "compact")
     own = own_repeat_rows(model, tok, rows)
     assert len(own) >= 4  # the repeats this test is about
-    for ids, n, ((pos, banned),) in own:
+    for ids, n, ((pos, banned),), *_ in own:
         text = tok.decode(ids)
         moves = text.split("M:")[1].split()
         assert n == -1 and moves[-1] in moves[:-1] and pos == len(ids) - 1 and ids[pos] == banned
@@ -109,7 +109,7 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
     def repeat_prob() -> float:
         with torch.no_grad():
             return sum(float(torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, pos - 1], -1)[t])
-                       for ids, _, ((pos, t),) in own)
+                       for ids, _, ((pos, t),), *_ in own)
 
     before = repeat_prob()
     model.train()
@@ -120,6 +120,71 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
         opt.step()
     model.eval()
     assert repeat_prob() < 0.5 * before
+
+
+def test_first_repeat_reads_the_m_list_only():
+    from rookworld_rlvr.sft_rows import first_repeat
+
+    text = "M: g2h2 g2g1 g2h2 E: 1.0 0.5 0.2 B: g2h2"
+    assert text[slice(*first_repeat(text))] == "g2h2" and first_repeat(text)[0] == text.rindex("g2h2 E")
+    assert first_repeat("M: g2h2 E: -999.99 B: g2h2") is None  # B: names an M: move by design
+    assert first_repeat("M: a2a3 b2b3 c2c3 d2d3 e2e4") is None and first_repeat("E: 1.0") is None
+
+
+def test_own_targets_teach_the_best_true_move_not_yet_listed(reference_lines):
+    """With own_targets, each repeat also gives a correction row: the model's own prefix before the
+    repeated move, then the best true candidate it has not listed (DAgger); only that move is learned,
+    at the given weight. A few steps on the rows raise that move's probability where the model repeated."""
+    import contextlib
+
+    from rookworld_rlvr.data.io import Sample
+    from rookworld_rlvr.grpo.control import adamw
+    from rookworld_rlvr.sft_rows import own_repeat_rows, token_weights
+    from rookworld_rlvr.tasks import policy as P
+
+    from conftest import REPO
+
+    model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
+    samples = [Sample("P", P.parse_line(x)) for x in reference_lines[:8]]
+    rows = _encode(tok, samples, "compact", "best-first")
+    assert own_repeat_rows(model, tok, rows, target_weight=0.0) == [r for r in own_repeat_rows(model, tok, rows, target_weight=3.0)
+                                                                      if r.learn_from is None]
+    own = own_repeat_rows(model, tok, rows, target_weight=3.0)
+    fixes = [r for r in own if r.learn_from is not None]
+    assert len(fixes) >= 4
+    by_prompt = {tuple(r.ids[: r.prompt_len]): r for r in rows}
+    for fix in fixes:
+        text = tok.decode(fix.ids)
+        source = next(r for p, r in by_prompt.items() if list(p) == fix.ids[: len(p)])
+        listed = text[len(tok.decode(source.ids[: source.prompt_len])):].split()[1:-1]
+        target = text.split()[-1]
+        assert target == next((m for m in source.moves if m not in listed), "E:"), (text, source.moves)
+        assert len(set(listed)) == len(listed) and target not in listed
+        _, _, labels = make_batch([fix], tok.pad_token_id, "full")
+        assert tok.decode([t for t in labels[0].tolist() if t != -100]) == target  # only the move is learned
+        assert set(token_weights([fix], labels)[0].tolist()) == {0.0, 3.0}
+
+    def target_logp() -> float:
+        with torch.no_grad():
+            total = 0.0
+            for r in fixes:
+                logp = torch.log_softmax(model(input_ids=torch.tensor([r.ids])).logits[0], -1)
+                total += sum(float(logp[k - 1, r.ids[k]]) for k in range(r.learn_from, len(r.ids)))
+            return total
+
+    before = target_logp()
+    model.train()
+    opt = adamw(list(model.parameters()), 2e-4, (0.9, 0.95), 0.0)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        losses.append(_accumulate(model, rows + own, 0, "full", contextlib.nullcontext(), torch.device("cpu"),
+                                  distinct_coef=2.0)[0])
+        opt.step()
+    model.eval()
+    assert target_logp() > before + 10.0 and losses[-1] < losses[0]  # measured -32 -> -9 nats, data loss down
+    with pytest.raises(ValueError, match="own_targets"):
+        SFTConfig(data=str(REPO / "data" / "train.jsonl.gz"), own_targets=-1.0).validate()
 
 
 def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_data, tiny_model_dir):
@@ -202,7 +267,7 @@ def test_sft_order_best_first_writes_the_best_move_first(small_data):
 
     tok = build_board_tokenizer()
     samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
-    for s, (ids, n, _) in zip(samples, _encode(tok, samples, "compact", "best-first")):
+    for s, (ids, n, *_) in zip(samples, _encode(tok, samples, "compact", "best-first")):
         text = tok.decode(ids[n:-1])
         moves = text.split("E:")[0].split()[1:]
         evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]
@@ -324,3 +389,25 @@ def test_sft_resume_names_every_setting_that_differs_from_the_checkpoint(tmp_pat
     out = capsys.readouterr().out
     assert "sft: lr was 0.001 in the checkpoint, now 0.0005 (from this step on)" in out
     assert "sft: steps was 2 in the checkpoint, now 3" in out and "threads was" not in out
+    from rookworld_rlvr.sft import changed_settings  # a setting the checkpoint predates had its default's effect
+
+    saved = {k: v for k, v in SFTConfig(**base).__dict__.items() if k != "own_targets"}
+    assert changed_settings(saved, SFTConfig(**base).__dict__) == []
+    assert changed_settings(saved, SFTConfig(**base, own_targets=5.0).__dict__) == [
+        "own_targets was 0.0 in the checkpoint (its default then), now 5.0 (from this step on)"]
+
+
+def test_sft_autocast_auto_takes_bf16_only_where_the_hardware_does_it_well(tmp_path, small_data, capsys):
+    """auto follows the trainer's rule (CUDA with bf16, a CPU with AMX); elsewhere float32, since bf16
+    on a CPU without bf16 units runs many times slower. The choice is printed; a typo is refused."""
+    from rookworld_rlvr.grpo.precision import autocast_dtype
+    from rookworld_rlvr.model import resolve_device
+
+    cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
+                    out=str(tmp_path / "m"), steps=1, batch_size=4, eval_samples=0, device="cpu", threads=1,
+                    autocast="auto")
+    train(cfg, progress=False)
+    expected = "bf16" if autocast_dtype("auto", resolve_device("cpu")) else "off (float32)"
+    assert f"sft: autocast {expected} (auto)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="sft.autocast must be 'none', 'bf16' or 'auto', got 'fp16'"):
+        SFTConfig(data=str(small_data / "train.jsonl"), autocast="fp16").validate()

@@ -15,14 +15,17 @@ import argparse
 import json
 import math
 import random
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rookworld_rlvr.sft_rows import Row, encode, make_batch, own_repeat_rows, repeat_bans, token_weights, unlikelihood
+
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["SFTConfig", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
 
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
@@ -46,6 +49,9 @@ class SFTConfig:
     # P: rows per step answered greedily by the model; where it repeats a move, that repeat is
     # pushed down (own_repeat_rows, weighted by distinct_coef); 0 = off
     own_repeats: int = 8
+    # weight of the correction on those rows: the best true candidate the model had not listed, learned
+    # where it repeated a move (DAgger); 0 = the ban alone
+    own_targets: float = 0.0
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
     max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
@@ -56,7 +62,9 @@ class SFTConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     dropout: float = 0.0  # 0: the tiny model under-fits, and CPU attention runs ~4x slower with dropout
-    autocast: str = "none"  # none | bf16
+    # none | bf16 | auto (bf16 where the hardware does it well: CUDA with bf16, a CPU with AMX; on a CPU
+    # without bf16 units, bf16 autocast measured 16x slower than float32)
+    autocast: str = "none"
     eval_every: int = 500
     eval_samples: int = 200  # per task, greedy task metrics
     save_every: int = 500
@@ -71,10 +79,12 @@ class SFTConfig:
             raise ValueError(f"sft.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.loss_on not in ("full", "completion"):
             raise ValueError("sft.loss_on must be 'full' or 'completion'")
-        if self.autocast not in ("none", "bf16"):
-            raise ValueError("sft.autocast must be 'none' or 'bf16'")
+        if self.autocast not in ("none", "bf16", "auto"):
+            raise ValueError(f"sft.autocast must be 'none', 'bf16' or 'auto', got {self.autocast!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError("sft.dropout must be in [0, 1)")
+        if not 0 <= self.own_targets or not math.isfinite(self.own_targets):
+            raise ValueError(f"sft.own_targets must be finite and >= 0, got {self.own_targets}")
         if self.own_repeats < 0:
             raise ValueError(f"sft.own_repeats must be >= 0, got {self.own_repeats}")
         if not 0 <= self.distinct_coef or not math.isfinite(self.distinct_coef):
@@ -93,18 +103,9 @@ class SFTConfig:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
-def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[tuple]:
-    """(ids with EOS, prompt length, repeat bans). Prompt and completion are tokenized apart, as at
-    generation. The bans are (position, token) pairs where that token would repeat an M: move."""
-    pairs = [s.render(layout, order) for s in samples]
-    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
-    enc = tokenizer([c for _, c in pairs], add_special_tokens=False, return_offsets_mapping=True)
-    eos = tokenizer.eos_token_id
-    rows = []
-    for (_, text), p, c, offsets in zip(pairs, prompts, enc["input_ids"], enc["offset_mapping"]):
-        bans = tuple((len(p) + k, tok) for k, tok in repeat_bans(text, c, offsets))
-        rows.append((p + c + [eos], len(p), bans))
-    return rows
+def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[Row]:
+    """Rows of samples (see `sft_rows.encode`)."""
+    return encode(tokenizer, samples, layout, order)
 
 
 # where the run is and how many threads it uses: neither changes what a resumed run computes
@@ -113,45 +114,12 @@ _PLACE = ("out", "device", "threads")
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
     """The settings a resume changes against the checkpoint's: an exact continuation changes none,
-    so each one is said (it takes effect from the resumed step on)."""
-    return [f"{k} was {saved[k]!r} in the checkpoint, now {now[k]!r} (from this step on)"
-            for k in now if k in saved and k not in _PLACE and saved[k] != now[k]]
-
-
-def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Where a P: target's M: list teaches "never write a move twice": (token index, token id) pairs.
-
-    A later move that shares all but the last token of an earlier one (the same from-square, say)
-    must not end with that earlier move's last token; the unlikelihood loss pushes that token's
-    probability down there. A model trained on lists alone still repeats its top move under greedy
-    decoding: nothing in the likelihood says the second slot must differ from the first."""
-    if "M:" not in text or "E:" not in text:
-        return []
-    start, stop = text.index("M:") + 2, text.index("E:")
-    moves = []
-    for m in re.finditer(r"\S+", text[start:stop]):
-        a, b = start + m.start(), start + m.end()
-        moves.append([k for k, (x, y) in enumerate(offsets) if y > x and x >= a and y <= b])
-    bans = []
-    for i, cur in enumerate(moves):
-        for prev in moves[:i]:
-            n = len(prev) - 1
-            if n < len(cur) and [ids[k] for k in cur[:n]] == [ids[k] for k in prev[:n]] and ids[cur[n]] != ids[prev[n]]:
-                bans.append((cur[n], ids[prev[n]]))
-    return bans
-
-
-def make_batch(rows: list[tuple[list[int], int]], pad_id: int, loss_on: str):
-    """Right-padded batch; labels -100 on padding (and on the prompt for completion-only loss)."""
-    import torch
-
-    from rookworld_rlvr.model.padding import pad
-
-    input_ids, mask = pad([r[0] for r in rows], pad_id, "right")
-    # targets from column `start` on; a row of prompt length -1 is for the unlikelihood only (own_repeat_rows)
-    start = torch.tensor([input_ids.shape[1] if r[1] < 0 else r[1] if loss_on == "completion" else 1 for r in rows])
-    learned = (torch.arange(input_ids.shape[1]) >= start[:, None]) & mask.bool()
-    return input_ids, mask, torch.where(learned, input_ids, torch.full_like(input_ids, -100))
+    so each one is said (it takes effect from the resumed step on). A setting newer than the
+    checkpoint had the effect of its default there."""
+    defaults = asdict(SFTConfig())
+    was = {k: saved.get(k, defaults.get(k)) for k in now}
+    return [f"{k} was {was[k]!r} in the checkpoint{'' if k in saved else ' (its default then)'}, now {now[k]!r} "
+            "(from this step on)" for k in now if k not in _PLACE and was[k] != now[k]]
 
 
 def set_dropout(model, p: float) -> None:
@@ -166,73 +134,37 @@ def set_dropout(model, p: float) -> None:
             m.p = p
 
 
-def own_repeat_rows(model, tokenizer, rows: list[tuple], max_new_tokens: int = 18) -> list[tuple]:
-    """Rows that teach the model not to repeat a move where it does repeat one: the prompts of P:
-    `rows` answered greedily by the model itself; each answer whose M: list writes a move again
-    becomes a row (prompt + its own M: prefix through the repeat, no likelihood targets) with a ban
-    on the repeated move's last token. The likelihood sees only true lists, where nothing repeats,
-    so without these rows greedy decoding keeps writing the top move five times."""
-    from rookworld_rlvr.model import generate
-
-    if not rows:
-        return []
-    prompts = [tokenizer.decode(ids[:n]) for ids, n, *_ in rows]
-    texts = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True).texts
-    out = []
-    for (ids, n, *_), text in zip(rows, texts):
-        moves = list(re.finditer(r"\S+", text[text.find("M:") + 2:]))[:5] if text.startswith("M:") else []
-        seen, cut = set(), None
-        for m in moves:
-            if m.group() in seen:
-                cut = text.find("M:") + 2 + m.end()
-                break
-            seen.add(m.group())
-        if cut is None:
-            continue
-        enc = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
-        # the repeated move's last token, in the context of the model's own list before it
-        out.append((ids[:n] + enc, -1, ((n + len(enc) - 1, enc[-1]),)))  # prompt length -1: no likelihood targets
-    return out
-
-
-def _unlikelihood(logits, rows) -> "torch.Tensor":
-    """Sum over the rows' repeat bans of -log(1 - p(banned token)) (Welleck et al. 2019)."""
-    import torch
-
-    where = [(i, pos - 1, tok) for i, r in enumerate(rows) for pos, tok in (r[2] if len(r) > 2 else ())]
-    if not where:
-        return logits.new_zeros(())
-    i, t, tok = (torch.tensor(x, device=logits.device) for x in zip(*where))
-    p = torch.softmax(logits[i, t].float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
-    return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
-
-
 def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distinct_coef: float = 0.0):
     """Forward and backward one step's rows as two micro-batches, the shorter half and the longer.
 
     P: and A: samples differ in length (about 120 vs 180 characters); padding them to a
     common width wastes a fifth of the step. The loss is the token mean over the whole
-    step, so the gradient equals that of the single mixed batch. `distinct_coef` adds the
-    unlikelihood of repeating an M: move (see repeat_bans), per token like the likelihood.
-    Returns (likelihood loss, unlikelihood loss).
+    step (each target token weighted by its row's weight: 1 for data), so the gradient equals
+    that of the single mixed batch. `distinct_coef` adds the unlikelihood of repeating an M: move
+    (see repeat_bans), per token like the likelihood. Returns (likelihood loss, unlikelihood loss).
     """
+    import torch.nn.functional as F
+
     rows = sorted(rows, key=lambda r: len(r[0]))
     half = len(rows) // 2
     buckets = [b for b in (rows[:half], rows[half:]) if b]
     batches = [(b, make_batch(b, pad_id, loss_on)) for b in buckets]
-    n_tokens = sum(int((labels != -100).sum()) for _, (_, _, labels) in batches)
+    n_tokens = max(1, sum(int((labels[:, 1:] != -100).sum()) for _, (_, _, labels) in batches))
     total, total_ul = 0.0, 0.0
     for bucket, (input_ids, mask, labels) in batches:
         with autocast:
-            out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), labels=labels.to(device),
-                        num_items_in_batch=n_tokens)
-        loss = out.loss
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        targets = labels[:, 1:].to(device)
+        nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+                              reduction="none").view_as(targets)
+        weights = token_weights(bucket, labels)[:, 1:].to(device)
+        loss = (nll * weights).sum() / n_tokens
         if distinct_coef:
-            ul = _unlikelihood(out.logits, bucket) / n_tokens
+            ul = unlikelihood(logits, bucket) / n_tokens
             loss = loss + distinct_coef * ul
             total_ul += ul.item()
         loss.backward()
-        total += out.loss.item()
+        total += float(nll.detach().sum()) / n_tokens
     return total, total_ul
 
 
@@ -296,7 +228,11 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             kept = [x for x in log_path.read_text().splitlines() if json.loads(x)["step"] <= step]
             log_path.write_text("".join(x + "\n" for x in kept))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
+    from rookworld_rlvr.grpo.precision import autocast_dtype
+
+    amp = autocast_dtype(cfg.autocast, device)
+    print(f"sft: autocast {'bf16' if amp else 'off (float32)'} ({cfg.autocast})")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp is not None)
     t0 = time.time()
     budget = cfg.max_minutes * 60 if cfg.max_minutes else None
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc="sft")
@@ -333,7 +269,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         own = []
         if cfg.own_repeats and cfg.distinct_coef and pol_rows:
             model.config.use_cache = True
-            own = own_repeat_rows(model, tokenizer, pol_rows[: cfg.own_repeats])
+            own = own_repeat_rows(model, tokenizer, pol_rows[: cfg.own_repeats], target_weight=cfg.own_targets)
             model.train()
             model.config.use_cache = False
         loss, ul = _accumulate(model, rows + own, tokenizer.pad_token_id, cfg.loss_on, autocast, device,
@@ -343,7 +279,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         step += 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
-        record = {"step": step, "loss": loss, **({"unlikelihood": ul, "own_repeats": len(own)} if cfg.distinct_coef
+        repeats = sum(r.learn_from is None for r in own)  # the model's own answers that repeated a move
+        record = {"step": step, "loss": loss, **({"unlikelihood": ul, "own_repeats": repeats} if cfg.distinct_coef
                                                  else {}), "lr": lr,
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
@@ -415,8 +352,12 @@ _HELP = {
     "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
     "own_repeats": "P: rows per step the model answers greedily; the moves it repeats there are pushed down "
                    "(with distinct_coef; 0 = off)",
+    "own_targets": "weight of the correction where the model repeats a move: the best true candidate it has not "
+                   "listed yet, learned in its own context (DAgger); 0 = the ban alone",
     "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
              "or given (as stored; upstream shuffled them)",
+    "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
+                "bf16 on a CPU can be many times slower than float32)",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
 }
 

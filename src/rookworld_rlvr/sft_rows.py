@@ -1,0 +1,159 @@
+"""What `rookworld sft` learns from: token rows with their likelihood targets and unlikelihood bans.
+
+A row is the token ids of one sample (or of the model's own answer), where its likelihood targets
+start, which tokens are banned where (the unlikelihood of repeating an M: move), and for a P:
+sample its true candidates best first, so the model's own repeated lists can be corrected
+(`own_repeat_rows`). Owns the rows and their batches; `sft` owns the loop. Imports torch inside
+functions only; the chess it knows is the P: text's `M:` list, read as words.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Row(NamedTuple):
+    ids: list[int]
+    prompt_len: int  # likelihood targets follow it (loss_on completion); -1: no likelihood targets
+    bans: tuple[tuple[int, int], ...] = ()  # (position, token id) the unlikelihood pushes down
+    moves: tuple[str, ...] = ()  # P: the true candidates, best first
+    learn_from: int | None = None  # own rows: the likelihood targets start here, whatever loss_on says
+    weight: float = 1.0  # of each likelihood target token against a data token
+
+
+def encode(tokenizer, samples, layout: str, order: str = "given") -> list[Row]:
+    """Rows of samples, ids ending in EOS. Prompt and completion are tokenized apart, as at
+    generation. The bans are (position, token) pairs where that token would repeat an M: move."""
+    from rookworld_rlvr.tasks.policy import PolicyTruth, ranked
+
+    pairs = [s.render(layout, order) for s in samples]
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+    enc = tokenizer([c for _, c in pairs], add_special_tokens=False, return_offsets_mapping=True)
+    eos = tokenizer.eos_token_id
+    rows = []
+    for s, (_, text), p, c, offsets in zip(samples, pairs, prompts, enc["input_ids"], enc["offset_mapping"]):
+        bans = tuple((len(p) + k, tok) for k, tok in repeat_bans(text, c, offsets))
+        moves = ranked(s.truth)[0] if isinstance(s.truth, PolicyTruth) else ()
+        rows.append(Row(p + c + [eos], len(p), bans, moves))
+    return rows
+
+
+def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where a P: target's M: list teaches "never write a move twice": (token index, token id) pairs.
+
+    A later move that shares all but the last token of an earlier one (the same from-square, say)
+    must not end with that earlier move's last token; the unlikelihood loss pushes that token's
+    probability down there. A model trained on lists alone still repeats its top move under greedy
+    decoding: nothing in the likelihood says the second slot must differ from the first."""
+    if "M:" not in text or "E:" not in text:
+        return []
+    start, stop = text.index("M:") + 2, text.index("E:")
+    moves = []
+    for m in re.finditer(r"\S+", text[start:stop]):
+        a, b = start + m.start(), start + m.end()
+        moves.append([k for k, (x, y) in enumerate(offsets) if y > x and x >= a and y <= b])
+    bans = []
+    for i, cur in enumerate(moves):
+        for prev in moves[:i]:
+            n = len(prev) - 1
+            if n < len(cur) and [ids[k] for k in cur[:n]] == [ids[k] for k in prev[:n]] and ids[cur[n]] != ids[prev[n]]:
+                bans.append((cur[n], ids[prev[n]]))
+    return bans
+
+
+def _field(row, name: str, default):
+    """A Row field, or its default for the plain (ids, prompt length) tuples tests build."""
+    return getattr(row, name, default)
+
+
+def make_batch(rows: list, pad_id: int, loss_on: str):
+    """Right-padded batch; labels -100 on padding (and on the prompt for completion-only loss)."""
+    import torch
+
+    from rookworld_rlvr.model.padding import pad
+
+    input_ids, mask = pad([r[0] for r in rows], pad_id, "right")
+    width = input_ids.shape[1]
+
+    def start(r) -> int:  # the first column with a likelihood target
+        if _field(r, "learn_from", None) is not None:
+            return r.learn_from
+        return width if r[1] < 0 else r[1] if loss_on == "completion" else 1
+
+    starts = torch.tensor([start(r) for r in rows])
+    learned = (torch.arange(width) >= starts[:, None]) & mask.bool()
+    return input_ids, mask, torch.where(learned, input_ids, torch.full_like(input_ids, -100))
+
+
+def token_weights(rows: list, labels: "torch.Tensor") -> "torch.Tensor":
+    """[N, W] weight of each label (the row's weight where it has a target, else 0)."""
+    import torch
+
+    w = torch.tensor([float(_field(r, "weight", 1.0)) for r in rows])[:, None]
+    return (labels != -100).float() * w
+
+
+def unlikelihood(logits, rows) -> "torch.Tensor":
+    """Sum over the rows' repeat bans of -log(1 - p(banned token)) (Welleck et al. 2019)."""
+    import torch
+
+    where = [(i, pos - 1, tok) for i, r in enumerate(rows) for pos, tok in (r[2] if len(r) > 2 else ())]
+    if not where:
+        return logits.new_zeros(())
+    i, t, tok = (torch.tensor(x, device=logits.device) for x in zip(*where))
+    p = torch.softmax(logits[i, t].float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
+    return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
+
+
+def first_repeat(text: str) -> tuple[int, int] | None:
+    """(start, end) of the first M: move that an answer writes a second time, or None.
+    Only the M: list counts (the words before E:): B: names one of its moves by design."""
+    if not text.startswith("M:"):
+        return None
+    stop = text.find("E:")
+    seen = set()
+    for m in re.finditer(r"\S+", text[2: stop if stop >= 0 else len(text)]):
+        if m.group() in seen:
+            return 2 + m.start(), 2 + m.end()
+        seen.add(m.group())
+    return None
+
+
+def own_repeat_rows(model, tokenizer, rows: list, max_new_tokens: int = 30,
+                    target_weight: float = 0.0) -> list[Row]:
+    """Rows that teach the model not to repeat a move where it does repeat one.
+
+    The prompts of P: `rows` are answered greedily by the model itself. Each answer whose M: list
+    writes a move again gives a row of its own prefix through the repeat, with no likelihood target
+    and a ban on the repeated move's last token. With `target_weight` > 0 it also gives the
+    correction (DAgger, Ross et al. 2011): its own prefix before the repeat, then the best true
+    candidate it has not listed yet (or `E:` when it listed them all), learned at that weight. The
+    likelihood sees only true lists, where nothing repeats, so without these rows greedy decoding
+    keeps writing the top move five times: a ban alone says what not to write, the target what to."""
+    from rookworld_rlvr.model import generate
+
+    if not rows:
+        return []
+    prompts = [tokenizer.decode(r[0][: r[1]]) for r in rows]
+    texts = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True).texts
+    out = []
+    for r, text in zip(rows, texts):
+        ids, n = r[0], r[1]
+        span = first_repeat(text)
+        if span is None:
+            continue
+        enc = tokenizer(text[: span[1]], add_special_tokens=False)["input_ids"]
+        # the repeated move's last token, in the context of the model's own list before it
+        out.append(Row(ids[:n] + enc, -1, ((n + len(enc) - 1, enc[-1]),)))
+        if target_weight > 0 and _field(r, "moves", ()):
+            listed = set(text[2: span[0]].split())
+            target = next((m for m in r.moves if m not in listed), "E:")
+            prefix = tokenizer(text[: span[0]], add_special_tokens=False)["input_ids"]
+            whole = tokenizer(text[: span[0]] + target, add_special_tokens=False)["input_ids"]
+            if whole[: len(prefix)] == prefix:  # the prefix tokenizes alike with the target after it
+                out.append(Row(ids[:n] + whole, -1, (), (), n + len(prefix), target_weight))
+    return out
