@@ -162,7 +162,7 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
         if distinct_coef:
             ul = unlikelihood(logits, bucket) / n_tokens
             loss = loss + distinct_coef * ul
-            total_ul += ul.item()
+            total_ul += float(ul.detach())
         loss.backward()
         total += float(nll.detach().sum()) / n_tokens
     return total, total_ul
