@@ -243,7 +243,7 @@ def test_the_std_floor_comparison_runs_each_mode_at_three_seeds_on_the_shipped_t
     configs = [load_config(space.config, {**space.base, **c}) for c in space.grid_overrides()]
     assert sorted((c.std_floor_mode, c.std_floor, c.seed) for c in configs) == \
         [("add", 1e-4, s) for s in range(3)] + [("max", 0.05, s) for s in range(3)]
-    assert all(c.steps == 150 and c.model == "models/rookworld-tiny" for c in configs)  # make train's run
+    assert all(c.steps == 150 and c.model == "models/rookworld-board" for c in configs)  # make train's run
 
 
 def test_the_collapse_preset_reaches_the_settings_that_break_runs_with_the_guards_on(monkeypatch):
