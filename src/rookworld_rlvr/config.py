@@ -1,6 +1,6 @@
 """The GRPO run configuration: one flat dataclass, YAML presets, `--key value` overrides.
 
-Every field has a help text (shown by `rookworld train --help` and in the README), is
+Every field has a help text (shown by `rookworld train --help` and in docs/configuration.md), is
 validated in `validate()`, and is read by the trainer. Flat names keep overrides simple:
 `--kl-coef 0.02` on the command line, `KL_COEF=0.02` in train.sh, `kl_coef: 0.02` in YAML.
 
@@ -366,7 +366,7 @@ def add_field_arguments(group: Any, show_defaults: bool = True) -> None:
 
 
 def help_table() -> str:
-    """Markdown table of every field (for the README)."""
+    """Markdown table of every field (for docs/configuration.md)."""
     rows = ["| field | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(TrainConfig):
         default = getattr(TrainConfig(), f.name)
