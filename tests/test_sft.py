@@ -7,7 +7,7 @@ import torch
 
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.model import load_policy
-from rookworld_rlvr.sft import SFTConfig, _accumulate, _encode, make_batch, set_dropout, train
+from rookworld_rlvr.sft import SFTConfig, _accumulate, encode, make_batch, set_dropout, train
 
 from numerics import assert_rounding_close, gradient_terms  # noqa: E402
 
@@ -29,7 +29,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
     model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
     model.train()
     set_dropout(model, 0.0)
-    rows = _encode(tok, read_samples(small_data / "eval.jsonl"), "compact")[::3]
+    rows = encode(tok, read_samples(small_data / "eval.jsonl"), "compact")[::3]
     assert len({len(ids) for ids, *_ in rows}) > 5  # P: and A: lengths mixed
     for loss_on in ("full", "completion"):
         model.zero_grad()
@@ -96,7 +96,7 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
     model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
     samples = [__import__("rookworld_rlvr.data.io", fromlist=["Sample"]).Sample("P", P.parse_line(x))
                for x in reference_lines[:8]]
-    rows = _encode(tok, samples, "compact")
+    rows = encode(tok, samples, "compact")
     own = own_repeat_rows(model, tok, rows)
     assert len(own) >= 4  # the repeats this test is about
     for ids, n, ((pos, banned),), *_ in own:
@@ -146,7 +146,7 @@ def test_own_targets_teach_the_best_true_move_not_yet_listed(reference_lines):
 
     model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
     samples = [Sample("P", P.parse_line(x)) for x in reference_lines[:8]]
-    rows = _encode(tok, samples, "compact", "best-first")
+    rows = encode(tok, samples, "compact", "best-first")
     assert own_repeat_rows(model, tok, rows, target_weight=0.0) == [r for r in own_repeat_rows(model, tok, rows, target_weight=3.0)
                                                                       if r.learn_from is None]
     own = own_repeat_rows(model, tok, rows, target_weight=3.0)
@@ -263,11 +263,11 @@ def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypat
 def test_sft_order_best_first_writes_the_best_move_first(small_data):
     from rookworld_rlvr.data.io import read_samples
     from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
-    from rookworld_rlvr.sft import _encode
+    from rookworld_rlvr.sft import encode
 
     tok = build_board_tokenizer()
     samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
-    for s, (ids, n, *_) in zip(samples, _encode(tok, samples, "compact", "best-first")):
+    for s, (ids, n, *_) in zip(samples, encode(tok, samples, "compact", "best-first")):
         text = tok.decode(ids[n:-1])
         moves = text.split("E:")[0].split()[1:]
         evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]

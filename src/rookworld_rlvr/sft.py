@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rookworld_rlvr.sft_rows import Row, encode, make_batch, own_repeat_rows, repeat_bans, token_weights, unlikelihood
+from rookworld_rlvr.sft_rows import encode, make_batch, own_repeat_rows, repeat_bans, token_weights, unlikelihood
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SFTConfig", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
+__all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
 
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
@@ -101,11 +101,6 @@ class SFTConfig:
             raise ValueError(f"sft.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
         if self.tokenizer is not None and self.init:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
-
-
-def _encode(tokenizer, samples, layout: str, order: str = "given") -> list[Row]:
-    """Rows of samples (see `sft_rows.encode`)."""
-    return encode(tokenizer, samples, layout, order)
 
 
 # where the run is and how many threads it uses: neither changes what a resumed run computes
@@ -203,14 +198,14 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
     samples = read_samples(cfg.data)
-    by_task = {t: _encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order) for t in ("P", "A")}
+    by_task = {t: encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order) for t in ("P", "A")}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, *_ in rows)
         if too_long:
             raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
     eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
-    eval_rows = {t: _encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order)
+    eval_rows = {t: encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order)
                  for t in ("P", "A")}
 
     opt = adamw(list(model.parameters()), cfg.lr, (0.9, 0.95), cfg.weight_decay)
