@@ -38,7 +38,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
         whole.backward()
         expected = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
-        split, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
+        split, _, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
         n = gradient_terms(model, mask)  # the loss and every weight gradient sum over the batch's tokens
         assert_rounding_close(torch.tensor(split), whole.detach(), n, f"{loss_on} loss")
         for (name, p), g in zip(model.named_parameters(), expected):
@@ -71,13 +71,13 @@ def test_repeat_bans_teach_that_no_move_is_written_twice():
     assert [(k, tok.convert_ids_to_tokens(t)) for k, t in repeat_bans(text, enc["input_ids"], enc["offset_mapping"])] \
         == [(text.index("g7h8") + 3, "7")]
     row = (enc["input_ids"] + [0], 0, tuple(repeat_bans(text, enc["input_ids"], enc["offset_mapping"])))
-    _, ul = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0)
+    _, ul, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0)
     ids = torch.tensor([row[0]])
     logits = model(input_ids=ids).logits[0]
     k, t = row[2][0]
     p = torch.softmax(logits[k - 1], -1)[t]
     assert ul == pytest.approx(float(-torch.log1p(-p)) / (len(row[0]) - 1), rel=1e-4)
-    _, none = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=0.0)
+    _, none, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=0.0)
     assert none == 0.0
 
 
@@ -120,6 +120,74 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
         opt.step()
     model.eval()
     assert repeat_prob() < 0.5 * before
+
+
+def test_legal_sets_are_the_legal_continuations_of_each_move_not_yet_listed():
+    """At each token of a P: move, the set holds the tokens that continue a legal move from the same
+    prefix; in M:, the moves listed before it are no longer allowed. An illegal target ends the sets."""
+    from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer
+    from rookworld_rlvr.sft_rows import legal_sets
+
+    start = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    text = "M: e2e4 e2e3 g1f3 E: 0.3 0.2 0.1 B: e2e4"
+    tok = build_board_tokenizer()
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    sets = legal_sets(start, text, enc["input_ids"], enc["offset_mapping"], tok)
+    named = [(tok.convert_ids_to_tokens(enc["input_ids"][k]), sorted(tok.convert_ids_to_tokens(list(s)))) for k, s in sets]
+    froms = sorted([f"{f}2" for f in "abcdefgh"] + ["b1", "g1"])
+    assert named == [("e2", froms), ("e4", ["e3", "e4"]),  # e2e4
+                     ("e2", froms), ("e3", ["e3"]),  # e2e3: e2e4 is listed already
+                     ("g1", [f for f in froms if f != "e2"]), ("f3", ["f3", "h3"]),  # e2's two moves are both listed
+                     ("e2", froms), ("e4", ["e3", "e4"])]  # B: names a listed move by design
+    chars = build_chess_tokenizer()
+    enc = chars(text, add_special_tokens=False, return_offsets_mapping=True)
+    sets = legal_sets(start, text, enc["input_ids"], enc["offset_mapping"], chars)
+    assert len(sets) == 16 and sorted(chars.convert_ids_to_tokens(list(sets[7][1]))) == ["3"]  # e2e3's last char
+    bad = "M: e2e4 e2e5 g1f3 E: 0.3 0.2 0.1 B: e2e4"  # e2e5 is illegal: only e2e4's sets
+    enc = tok(bad, add_special_tokens=False, return_offsets_mapping=True)
+    assert len(legal_sets(start, bad, enc["input_ids"], enc["offset_mapping"], tok)) == 2
+
+
+def test_legality_loss_is_the_log_mass_off_legal_moves_and_training_on_it_raises_held_out_legality(
+        tiny_model_dir, small_data):
+    """legality_loss is -log of the probability on the legal set, summed over the sets; a few steps with
+    legal_coef put more held-out probability on legal continuations than the same steps without it."""
+    import contextlib
+
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.grpo.control import adamw
+    from rookworld_rlvr.sft_rows import legality_loss
+
+    _, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    train_rows = encode(tok, read_samples(small_data / "train.jsonl"), "compact", legal=True)
+    held = encode(tok, [s for s in read_samples(small_data / "eval.jsonl") if s.task == "P"], "compact", legal=True)
+    assert all(r.legal for r in held) and not any(r.legal for r in train_rows if not r.moves)  # P: rows only
+
+    def held_out(model) -> float:
+        ids, mask, _ = make_batch(held, 0, "full")
+        with torch.no_grad():
+            return float(legality_loss(model(input_ids=ids, attention_mask=mask).logits, held))
+
+    model, _ = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    r = held[0]
+    logp = torch.log_softmax(model(input_ids=torch.tensor([r.ids])).logits[0].detach(), -1)
+    by_hand = -sum(float(torch.logsumexp(logp[pos - 1, list(toks)], 0)) for pos, toks in r.legal)
+    ids, mask, _ = make_batch([r], 0, "full")
+    assert float(legality_loss(model(input_ids=ids, attention_mask=mask).logits.detach(), [r])) == pytest.approx(by_hand, rel=1e-5)
+    after = {}
+    for coef in (0.0, 50.0):
+        model, _ = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+        model.train()
+        opt = adamw(list(model.parameters()), 1e-2, (0.9, 0.95), 0.0)
+        for _ in range(8):
+            opt.zero_grad()
+            _accumulate(model, train_rows, 0, "full", contextlib.nullcontext(), torch.device("cpu"), legal_coef=coef)
+            opt.step()
+        model.eval()
+        after[coef] = held_out(model)
+    assert after[50.0] < 0.75 * after[0.0], after  # measured 0.64
+    with pytest.raises(ValueError, match="legal_coef"):
+        SFTConfig(data=str(small_data / "train.jsonl"), legal_coef=-1.0).validate()
 
 
 def test_first_repeat_reads_the_m_list_only():

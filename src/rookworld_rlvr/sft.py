@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rookworld_rlvr.sft_rows import encode, make_batch, own_repeat_rows, repeat_bans, token_weights, unlikelihood
+from rookworld_rlvr.sft_rows import (encode, legality_loss, make_batch, own_repeat_rows, repeat_bans, token_weights,
+                                    unlikelihood)
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +53,9 @@ class SFTConfig:
     # weight of the correction on those rows: the best true candidate the model had not listed, learned
     # where it repeated a move (DAgger); 0 = the ban alone
     own_targets: float = 0.0
+    # weight of the legality loss: at every token of a P: move, -log of the probability that the token
+    # continues a legal move not yet listed (sft_rows.legal_sets); 0 = off
+    legal_coef: float = 0.0
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
     max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
@@ -87,8 +91,10 @@ class SFTConfig:
             raise ValueError(f"sft.own_targets must be finite and >= 0, got {self.own_targets}")
         if self.own_repeats < 0:
             raise ValueError(f"sft.own_repeats must be >= 0, got {self.own_repeats}")
-        if not 0 <= self.distinct_coef or not math.isfinite(self.distinct_coef):
-            raise ValueError(f"sft.distinct_coef must be finite and >= 0, got {self.distinct_coef}")
+        for name in ("distinct_coef", "legal_coef"):
+            value = getattr(self, name)
+            if not 0 <= value or not math.isfinite(value):
+                raise ValueError(f"sft.{name} must be finite and >= 0, got {value}")
         if not 0 <= self.env_share <= 1:
             raise ValueError("sft.env_share must be in [0, 1]")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -129,14 +135,16 @@ def set_dropout(model, p: float) -> None:
             m.p = p
 
 
-def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distinct_coef: float = 0.0):
+def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distinct_coef: float = 0.0,
+                legal_coef: float = 0.0):
     """Forward and backward one step's rows as two micro-batches, the shorter half and the longer.
 
     P: and A: samples differ in length (about 120 vs 180 characters); padding them to a
     common width wastes a fifth of the step. The loss is the token mean over the whole
     step (each target token weighted by its row's weight: 1 for data), so the gradient equals
     that of the single mixed batch. `distinct_coef` adds the unlikelihood of repeating an M: move
-    (see repeat_bans), per token like the likelihood. Returns (likelihood loss, unlikelihood loss).
+    (see repeat_bans), per token like the likelihood; `legal_coef` the legality loss (legal_sets).
+    Returns (likelihood loss, unlikelihood loss, legality loss).
     """
     import torch.nn.functional as F
 
@@ -145,7 +153,7 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     buckets = [b for b in (rows[:half], rows[half:]) if b]
     batches = [(b, make_batch(b, pad_id, loss_on)) for b in buckets]
     n_tokens = max(1, sum(int((labels[:, 1:] != -100).sum()) for _, (_, _, labels) in batches))
-    total, total_ul = 0.0, 0.0
+    total, total_ul, total_legal = 0.0, 0.0, 0.0
     for bucket, (input_ids, mask, labels) in batches:
         with autocast:
             logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
@@ -158,9 +166,13 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
             ul = unlikelihood(logits, bucket) / n_tokens
             loss = loss + distinct_coef * ul
             total_ul += float(ul.detach())
+        if legal_coef:
+            ll = legality_loss(logits, bucket) / n_tokens
+            loss = loss + legal_coef * ll
+            total_legal += float(ll.detach())
         loss.backward()
         total += float(nll.detach().sum()) / n_tokens
-    return total, total_ul
+    return total, total_ul, total_legal
 
 
 def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
@@ -198,14 +210,15 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
     samples = read_samples(cfg.data)
-    by_task = {t: encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order) for t in ("P", "A")}
+    by_task = {t: encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order, legal=cfg.legal_coef > 0)
+               for t in ("P", "A")}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, *_ in rows)
         if too_long:
             raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
     eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
-    eval_rows = {t: encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order)
+    eval_rows = {t: encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order, legal=True)
                  for t in ("P", "A")}
 
     opt = adamw(list(model.parameters()), cfg.lr, (0.9, 0.95), cfg.weight_decay)
@@ -267,8 +280,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             own = own_repeat_rows(model, tokenizer, pol_rows[: cfg.own_repeats], target_weight=cfg.own_targets)
             model.train()
             model.config.use_cache = False
-        loss, ul = _accumulate(model, rows + own, tokenizer.pad_token_id, cfg.loss_on, autocast, device,
-                               cfg.distinct_coef)
+        loss, ul, legal = _accumulate(model, rows + own, tokenizer.pad_token_id, cfg.loss_on, autocast, device,
+                                      cfg.distinct_coef, cfg.legal_coef)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
@@ -276,7 +289,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
         repeats = sum(r.learn_from is None for r in own)  # the model's own answers that repeated a move
         record = {"step": step, "loss": loss, **({"unlikelihood": ul, "own_repeats": repeats} if cfg.distinct_coef
-                                                 else {}), "lr": lr,
+                                                 else {}), **({"legality": legal} if cfg.legal_coef else {}),
+                  "lr": lr,
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
         done = step >= cfg.steps or progress_frac() >= 1.0
@@ -308,8 +322,12 @@ def _evaluate(model, tokenizer, eval_rows, eval_samples, cfg: SFTConfig, device)
         for t, rows in eval_rows.items():
             if rows:
                 ids, mask, labels = (x.to(device) for x in make_batch(rows[:128], tokenizer.pad_token_id, "completion"))
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+                res = model(input_ids=ids, attention_mask=mask, labels=labels)
+                loss = res.loss.item()
                 out[f"eval_loss_{t}"] = loss
+                n_sets = sum(len(r.legal) for r in rows[:128])
+                if n_sets:  # nats per move token off the legal moves (legality_loss), whatever legal_coef is
+                    out[f"eval_legality_{t}"] = float(legality_loss(res.logits, rows[:128])) / n_sets
                 # per character (EOS counts as one), comparable across tokenizers
                 n_tokens = int((labels[:, 1:] != -100).sum())
                 n_chars = sum(len(tokenizer.decode(x[n:], skip_special_tokens=True)) + 1 for x, n, *_ in rows[:128])
@@ -349,6 +367,8 @@ _HELP = {
                    "(with distinct_coef; 0 = off)",
     "own_targets": "weight of the correction where the model repeats a move: the best true candidate it has not "
                    "listed yet, learned in its own context (DAgger); 0 = the ban alone",
+    "legal_coef": "weight of the legality loss: at each token of a P: move, -log p(a token that continues a legal "
+                  "move not yet listed); 0 = off",
     "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
              "or given (as stored; upstream shuffled them)",
     "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "

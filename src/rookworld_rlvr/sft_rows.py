@@ -23,23 +23,83 @@ class Row(NamedTuple):
     moves: tuple[str, ...] = ()  # P: the true candidates, best first
     learn_from: int | None = None  # own rows: the likelihood targets start here, whatever loss_on says
     weight: float = 1.0  # of each likelihood target token against a data token
+    # (position, token ids) where a P: move's token must be one that continues a legal move (legal_sets)
+    legal: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
-def encode(tokenizer, samples, layout: str, order: str = "given") -> list[Row]:
+def encode(tokenizer, samples, layout: str, order: str = "given", legal: bool = False) -> list[Row]:
     """Rows of samples, ids ending in EOS. Prompt and completion are tokenized apart, as at
-    generation. The bans are (position, token) pairs where that token would repeat an M: move."""
+    generation. The bans are (position, token) pairs where that token would repeat an M: move;
+    with `legal`, P: rows also carry their legal sets (see legal_sets)."""
     from rookworld_rlvr.tasks.policy import PolicyTruth, ranked
 
     pairs = [s.render(layout, order) for s in samples]
     prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
     enc = tokenizer([c for _, c in pairs], add_special_tokens=False, return_offsets_mapping=True)
     eos = tokenizer.eos_token_id
+    spelled: dict[str, tuple[int, ...]] = {}  # UCI move -> its tokens (a move tokenizes alike anywhere)
     rows = []
     for s, (_, text), p, c, offsets in zip(samples, pairs, prompts, enc["input_ids"], enc["offset_mapping"]):
         bans = tuple((len(p) + k, tok) for k, tok in repeat_bans(text, c, offsets))
         moves = ranked(s.truth)[0] if isinstance(s.truth, PolicyTruth) else ()
-        rows.append(Row(p + c + [eos], len(p), bans, moves))
+        sets = ()
+        if legal and isinstance(s.truth, PolicyTruth):
+            sets = tuple((len(p) + k, toks) for k, toks in legal_sets(s.truth.fen, text, c, offsets, tokenizer, spelled))
+        rows.append(Row(p + c + [eos], len(p), bans, moves, legal=sets))
     return rows
+
+
+def _words(text: str, offsets: list[tuple[int, int]], start: int, stop: int) -> list[tuple[str, list[int]]]:
+    """The words of text[start:stop], each with the indices of the tokens that spell it."""
+    out = []
+    for m in re.finditer(r"\S+", text[start:stop]):
+        a, b = start + m.start(), start + m.end()
+        out.append((m.group(), [k for k, (x, y) in enumerate(offsets) if y > x and x >= a and y <= b]))
+    return out
+
+
+def legal_sets(fen: str, text: str, ids: list[int], offsets: list[tuple[int, int]], tokenizer,
+               spelled: dict[str, tuple[int, ...]] | None = None) -> list[tuple[int, tuple[int, ...]]]:
+    """Where a P: target writes a move, the tokens that would keep it a legal move not yet listed.
+
+    For each token of each M: move (and of B:'s move): (token index, the ids of every token that
+    continues some legal move from the same prefix; in M:, moves listed before it excluded). The
+    set likelihood -log sum p(set) (legality_loss) then teaches the rules at every move, not only
+    the one move the target wrote: the likelihood alone left a third of the greedy best moves
+    illegal. A move whose tokens are not its own spelling (a tokenizer that merges across words)
+    gets no set."""
+    import chess
+
+    if "M:" not in text or "E:" not in text:
+        return []
+    spelled = {} if spelled is None else spelled
+    try:
+        board = chess.Board(fen)
+    except ValueError:
+        return []
+
+    def spell(uci: str) -> tuple[int, ...]:
+        if uci not in spelled:
+            spelled[uci] = tuple(tokenizer(uci, add_special_tokens=False)["input_ids"])
+        return spelled[uci]
+
+    legal = {m.uci(): spell(m.uci()) for m in board.legal_moves}
+    m_at, e_at = text.index("M:") + 2, text.index("E:")
+    words = [(w, ks, True) for w, ks in _words(text, offsets, m_at, e_at)]
+    if "B:" in text:
+        b_at = text.index("B:") + 2
+        words += [(w, ks, False) for w, ks in _words(text, offsets, b_at, len(text))[:1]]
+    out, listed = [], set()
+    for word, ks, in_m in words:
+        seq = tuple(ids[k] for k in ks)
+        if word not in legal or legal[word] != seq or (in_m and word in listed):
+            return out  # an illegal or oddly spelled target: nothing to say from here on
+        pool = [t for m, t in legal.items() if not (in_m and m in listed)]
+        for j, k in enumerate(ks):
+            out.append((k, tuple(sorted({t[j] for t in pool if len(t) > j and t[:j] == seq[:j]}))))
+        if in_m:
+            listed.add(word)
+    return out
 
 
 def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -51,11 +111,7 @@ def repeat_bans(text: str, ids: list[int], offsets: list[tuple[int, int]]) -> li
     decoding: nothing in the likelihood says the second slot must differ from the first."""
     if "M:" not in text or "E:" not in text:
         return []
-    start, stop = text.index("M:") + 2, text.index("E:")
-    moves = []
-    for m in re.finditer(r"\S+", text[start:stop]):
-        a, b = start + m.start(), start + m.end()
-        moves.append([k for k, (x, y) in enumerate(offsets) if y > x and x >= a and y <= b])
+    moves = [ks for _, ks in _words(text, offsets, text.index("M:") + 2, text.index("E:"))]
     bans = []
     for i, cur in enumerate(moves):
         for prev in moves[:i]:
@@ -107,6 +163,24 @@ def unlikelihood(logits, rows) -> "torch.Tensor":
     i, t, tok = (torch.tensor(x, device=logits.device) for x in zip(*where))
     p = torch.softmax(logits[i, t].float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
     return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
+
+
+def legality_loss(logits, rows) -> "torch.Tensor":
+    """Sum over the rows' legal sets of -log sum over the set of p(token): the probability that the
+    token at a move's place continues a legal move (not yet listed). Zero where the model already
+    puts all its mass on legal continuations; the likelihood then chooses among them."""
+    import torch
+
+    where = [(i, pos - 1, toks) for i, r in enumerate(rows) for pos, toks in _field(r, "legal", ())]
+    if not where:
+        return logits.new_zeros(())
+    i = torch.tensor([w[0] for w in where], device=logits.device)
+    t = torch.tensor([w[1] for w in where], device=logits.device)
+    allowed = torch.zeros(len(where), logits.shape[-1], dtype=torch.bool, device=logits.device)
+    for n, (_, _, toks) in enumerate(where):
+        allowed[n, list(toks)] = True
+    z = logits[i, t].float()
+    return (torch.logsumexp(z, -1) - torch.logsumexp(z.masked_fill(~allowed, float("-inf")), -1)).sum()
 
 
 def first_repeat(text: str) -> tuple[int, int] | None:
