@@ -54,7 +54,8 @@ class SFTConfig:
     # where it repeated a move (DAgger); 0 = the ban alone
     own_targets: float = 0.0
     # weight of the legality loss: at every token of a P: move, -log of the probability that the token
-    # continues a legal move not yet listed (sft_rows.legal_sets); 0 = off
+    # continues a legal move not yet listed (sft_rows.legal_sets); 0 = off (measured on rookworld-board:
+    # legality up, move quality and mates in one down; models/README.md)
     legal_coef: float = 0.0
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
@@ -368,7 +369,8 @@ _HELP = {
     "own_targets": "weight of the correction where the model repeats a move: the best true candidate it has not "
                    "listed yet, learned in its own context (DAgger); 0 = the ban alone",
     "legal_coef": "weight of the legality loss: at each token of a P: move, -log p(a token that continues a legal "
-                  "move not yet listed); 0 = off",
+                  "move not yet listed); 0 = off. On rookworld-board it raised legal moves and lowered their "
+                  "quality (models/README.md)",
     "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
              "or given (as stored; upstream shuffled them)",
     "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
