@@ -68,22 +68,18 @@ def legal_sets(fen: str, text: str, ids: list[int], offsets: list[tuple[int, int
     the one move the target wrote: the likelihood alone left a third of the greedy best moves
     illegal. A move whose tokens are not its own spelling (a tokenizer that merges across words)
     gets no set."""
-    import chess
+    from rookworld_rlvr.tasks.strength import legal_moves
 
     if "M:" not in text or "E:" not in text:
         return []
     spelled = {} if spelled is None else spelled
-    try:
-        board = chess.Board(fen)
-    except ValueError:
-        return []
 
     def spell(uci: str) -> tuple[int, ...]:
         if uci not in spelled:
             spelled[uci] = tuple(tokenizer(uci, add_special_tokens=False)["input_ids"])
         return spelled[uci]
 
-    legal = {m.uci(): spell(m.uci()) for m in board.legal_moves}
+    legal = {m: spell(m) for m in legal_moves(fen)}  # empty for an unreadable FEN
     m_at, e_at = text.index("M:") + 2, text.index("E:")
     words = [(w, ks, True) for w, ks in _words(text, offsets, m_at, e_at)]
     if "B:" in text:
@@ -177,8 +173,8 @@ def legality_loss(logits, rows) -> "torch.Tensor":
     i = torch.tensor([w[0] for w in where], device=logits.device)
     t = torch.tensor([w[1] for w in where], device=logits.device)
     allowed = torch.zeros(len(where), logits.shape[-1], dtype=torch.bool, device=logits.device)
-    for n, (_, _, toks) in enumerate(where):
-        allowed[n, list(toks)] = True
+    at = [(n, tok) for n, (_, _, toks) in enumerate(where) for tok in toks]
+    allowed[[n for n, _ in at], [tok for _, tok in at]] = True  # one indexed write, not one per set
     z = logits[i, t].float()
     return (torch.logsumexp(z, -1) - torch.logsumexp(z.masked_fill(~allowed, float("-inf")), -1)).sum()
 
