@@ -126,11 +126,11 @@ def test_nan_every_update_rolls_back_once_then_stops(tmp_path, tiny_model_dir, s
     with pytest.raises(TrainingStopped, match=r"^non-finite loss") as info:
         tr.train(writer=lambda rec: weights.append(_snapshot(tr.policy)))
     msg = str(info.value)
-    assert "1/1 rollbacks" in msg and "LR scale now 0.5" in msg and "4 steps skipped" in msg, msg
-    assert tr.nan_guard.rollbacks == 1 and tr.lr_scale == 0.5
+    assert "1/1 rollbacks" in msg and "LR scale now 0.3" in msg and "4 steps skipped" in msg, msg
+    assert tr.nan_guard.rollbacks == 1 and tr.lr_scale == 0.3
     rolled = [line for line in logs if "rolled back to" in line]
     assert len(rolled) == 1, rolled
-    assert "rolled back to step_000000" in rolled[0] and "LR x0.5" in rolled[0], rolled
+    assert "rolled back to step_000000" in rolled[0] and "LR x0.3" in rolled[0], rolled
     last = ckpt.latest_checkpoint(tmp_path / "run")
     assert last.name == "step_000000"
     from transformers import AutoModelForCausalLM

@@ -129,7 +129,7 @@ def test_rollback_restores_adapters(tmp_path, tiny_model_dir, small_data):
     rollback(tr, "test")
     assert all(torch.equal(v, adapters(tr)[n]) for n, v in saved.items())
     assert all(torch.equal(v, base_weights(tr)[n]) for n, v in base.items())
-    assert tr.lr_scale == 0.5
+    assert tr.lr_scale == 0.3  # the default rollback_lr_factor
 
 
 def test_config_rejects_lora_dropout_and_conflicts():

@@ -380,7 +380,7 @@ ROWS = [
     Row("nan_max_rollbacks", {"nan_max_rollbacks": 0}, P(nan_step), lambda b, o: o["stopped"] and not b["stopped"],
         base={"nan_max_consecutive": 1}),
     Row("rollback_lr_factor", {"rollback_lr_factor": 0.25}, P(nan_step),
-        lambda b, o: (b["lr_scale"], o["lr_scale"]) == (0.5, 0.25), base={"nan_max_consecutive": 1}),
+        lambda b, o: (b["lr_scale"], o["lr_scale"]) == (0.3, 0.25), base={"nan_max_consecutive": 1}),
     *[Row(name, {name: value}, P(lambda env, over, s=stream: _guard_events(env, over, s)),
           lambda b, o: b == [] and len(o) == 1)
       for name, value, stream in GUARD_STREAMS],

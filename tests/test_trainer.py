@@ -203,7 +203,7 @@ def test_rollback_restores_weights_and_lowers_lr(tmp_path, tiny_model_dir, small
             p.add_(1.0)
     rollback(tr, "test")
     assert all(torch.equal(a, b) for a, b in zip(saved, tr.policy.parameters()))
-    assert tr.lr_scale == 0.5
+    assert tr.lr_scale == 0.3  # the default rollback_lr_factor
 
 
 def test_kl_threshold_recovers_then_stops_with_a_message(tmp_path, tiny_model_dir, small_data, scorer):
@@ -214,7 +214,7 @@ def test_kl_threshold_recovers_then_stops_with_a_message(tmp_path, tiny_model_di
     assert tr.guard.recoveries == 1
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [(e["signal"], e["action"]) for e in events] == [("kl_mean", "recover"), ("kl_mean", "stop")]
-    assert events[0]["to_step"] == 0 and events[0]["lr_scale"] == 0.5
+    assert events[0]["to_step"] == 0 and events[0]["lr_scale"] == 0.3
 
 
 def test_master_weights_stay_fp32_under_bf16(tmp_path, tiny_model_dir, small_data, scorer):

@@ -157,7 +157,8 @@ class TrainConfig:
     # -- stability guards ----------------------------------------------------------------------
     nan_max_consecutive: int = _f(3, "non-finite steps in a row before a rollback")
     nan_max_rollbacks: int = _f(2, "rollbacks before the run stops")
-    rollback_lr_factor: float = _f(0.5, "LR multiplier after each rollback (non-finite, or a collapse guard's recovery)")
+    rollback_lr_factor: float = _f(0.3, "LR multiplier after each rollback (non-finite, or a collapse guard's recovery); "
+                                          "0.3 brings lr 1e-3 to 9e-5 in two recoveries (0.5 left it collapsing)")
     rollback_kl_factor: float = _f(1.0, "β multiplier after each collapse guard recovery (1 = unchanged; β 0 stays 0)")
     guard_valid_drop: float | None = _f(0.3, "collapse guard: a task's sampled well-formed share (valid/P, valid/A) more "
                                              "than this below its recent median (null = off)")
@@ -177,7 +178,7 @@ class TrainConfig:
     guard_window: int = _f(10, "steps of accepted history whose median the relative collapse signals compare with "
                                "(they start after 3)")
     guard_patience: int = _f(2, "steps in a row a signal must be out of bounds before the guard acts")
-    guard_max_recoveries: int = _f(2, "collapse recoveries (roll back to the last good state before the signal went "
+    guard_max_recoveries: int = _f(3, "collapse recoveries (roll back to the last good state before the signal went "
                                       "out of bounds, LR x rollback_lr_factor) before the run stops with the cause")
     guard_snapshot_every: int = _f(5, "keep the training state in memory every N steps as a rollback target (between "
                                       "checkpoints; about 3 x the trainable weights' size each, at most "

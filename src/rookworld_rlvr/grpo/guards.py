@@ -96,7 +96,7 @@ class CollapseGuard:
 
     def __init__(self, valid_drop: float | None = 0.3, reward_drop: float | None = 0.2, kl_mean: float | None = 1.0,
                  kl_max: float | None = 5.0, entropy_factor: float | None = 2.0, truncation_rise: float | None = 0.3,
-                 eval_drop: float | None = 0.05, window: int = 10, patience: int = 2, max_recoveries: int = 2) -> None:
+                 eval_drop: float | None = 0.05, window: int = 10, patience: int = 2, max_recoveries: int = 3) -> None:
         for name, v in (("valid_drop", valid_drop), ("reward_drop", reward_drop), ("kl_mean", kl_mean),
                         ("kl_max", kl_max), ("truncation_rise", truncation_rise), ("eval_drop", eval_drop)):
             if v is not None and not v > 0:
@@ -203,7 +203,7 @@ class NonFiniteGuard:
     rollback needed after ``max_rollbacks`` rollbacks answers "stop". A finite step resets
     the run of skips."""
 
-    def __init__(self, max_consecutive: int = 3, max_rollbacks: int = 2, lr_factor: float = 0.5) -> None:
+    def __init__(self, max_consecutive: int = 3, max_rollbacks: int = 2, lr_factor: float = 0.3) -> None:
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
         if max_rollbacks < 0:
