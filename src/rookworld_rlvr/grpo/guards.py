@@ -21,6 +21,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from rookworld_rlvr.config import TrainConfig
+
+
+def _default(name: str) -> Any:
+    """The TrainConfig field's default: the guards' defaults are the trainer's, written once."""
+    return TrainConfig.__dataclass_fields__[name].default
+
 GuardAction = Literal["ok", "skip", "recover", "rollback", "stop"]
 
 
@@ -94,9 +101,14 @@ class CollapseGuard:
                 "guard_eval_drop sets this bound",
     }
 
-    def __init__(self, valid_drop: float | None = 0.3, reward_drop: float | None = 0.2, kl_mean: float | None = 1.0,
-                 kl_max: float | None = 5.0, entropy_factor: float | None = 2.0, truncation_rise: float | None = 0.3,
-                 eval_drop: float | None = 0.05, window: int = 10, patience: int = 2, max_recoveries: int = 3) -> None:
+    def __init__(self, valid_drop: float | None = _default("guard_valid_drop"),
+                 reward_drop: float | None = _default("guard_reward_drop"),
+                 kl_mean: float | None = _default("guard_kl_mean"), kl_max: float | None = _default("guard_kl_max"),
+                 entropy_factor: float | None = _default("guard_entropy_factor"),
+                 truncation_rise: float | None = _default("guard_truncation_rise"),
+                 eval_drop: float | None = _default("guard_eval_drop"), window: int = _default("guard_window"),
+                 patience: int = _default("guard_patience"),
+                 max_recoveries: int = _default("guard_max_recoveries")) -> None:
         for name, v in (("valid_drop", valid_drop), ("reward_drop", reward_drop), ("kl_mean", kl_mean),
                         ("kl_max", kl_max), ("truncation_rise", truncation_rise), ("eval_drop", eval_drop)):
             if v is not None and not v > 0:
@@ -203,7 +215,9 @@ class NonFiniteGuard:
     rollback needed after ``max_rollbacks`` rollbacks answers "stop". A finite step resets
     the run of skips."""
 
-    def __init__(self, max_consecutive: int = 3, max_rollbacks: int = 2, lr_factor: float = 0.3) -> None:
+    def __init__(self, max_consecutive: int = _default("nan_max_consecutive"),
+                 max_rollbacks: int = _default("nan_max_rollbacks"),
+                 lr_factor: float = _default("rollback_lr_factor")) -> None:
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
         if max_rollbacks < 0:
