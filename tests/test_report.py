@@ -41,6 +41,7 @@ def _metrics(steps: int, seed: int, *, with_entropy: bool = True, with_timings: 
                "completion_len/mean": 60 + rng.gauss(0, 5), "completion_len/max": 120,
                "truncation_rate": rng.random() * 0.05, "lr": 1e-6, "loss": rng.gauss(0, 0.1)}
         rec.update({f"reward/P/{c}": rng.random() for c in POLICY_COMPONENTS})
+        rec.update({"reward/puzzle": rng.random(), "reward/puzzle/format": 1.0, "reward/puzzle/solved": rng.random()})
         if s % 2:  # A: is sampled on odd steps only
             rec.update({"reward/A": 0.5 + rng.gauss(0, 0.1), "valid/A": 0.9})
             rec.update({f"reward/A/{c}": rng.random() for c in ENV_COMPONENTS})
@@ -117,7 +118,7 @@ def single(tmp_path_factory) -> Path:
 def test_single_run_writes_plots_next_to_the_run(single):
     assert single == single.parent / "report.html" and (single.parent / "metrics.jsonl").exists()
     plots = {p.stem: p for p in (single.parent / "plots").glob("*.png")}
-    expected = {"reward", "components_P", "components_A", "kl", "entropy", "clip", "grad_norm", "lengths",
+    expected = {"reward", "components_P", "components_puzzle", "components_A", "kl", "entropy", "clip", "grad_norm", "lengths",
                 "timings", "eval"}
     assert expected <= set(plots)
     for p in plots.values():

@@ -321,7 +321,7 @@ def test_env_terminal_share_fixes_the_share_of_game_ending_a_prompts(tmp_path, t
 
 def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_model_dir, small_data, scorer):
     """A quarter of the P: prompts are puzzles, deterministically and across resumes; a puzzle row's
-    reward comes from its solving moves (components format, solved)."""
+    reward comes from its solving moves (components format, solved), logged apart from the P: positions'."""
     from rookworld_rlvr.data.io import Sample
     from rookworld_rlvr.data.judged import write_rows
     from rookworld_rlvr.grpo.prompts import PromptSampler
@@ -353,6 +353,17 @@ def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_mo
     puzzle_rows = [r for g in groups for r in g if isinstance(r.truth, Puzzle)]
     assert len(puzzle_rows) == 2 * tr.cfg.group_size
     assert all(set(r.components) == {"format", "solved"} and r.reward in (-0.3, 0.0, 1.0) for r in puzzle_rows)
+    # the step's record keeps the two sources apart: P: components over the P: positions only
+    from rookworld_rlvr.grpo.runlog import step_record
+
+    rec = step_record(0, tr.assemble(groups), {}, {}, 1.0, tr.cfg.group_size, False, {})
+    positions = [r for g in groups for r in g if not isinstance(r.truth, Puzzle)]
+    assert rec["reward/puzzle"] == pytest.approx(sum(r.reward for r in puzzle_rows) / len(puzzle_rows))
+    assert rec["reward/puzzle/solved"] == pytest.approx(sum(r.components["solved"] for r in puzzle_rows) / len(puzzle_rows))
+    for comp in ("format", "quality", "candidates"):
+        assert rec[f"reward/P/{comp}"] == pytest.approx(sum(r.components[comp] for r in positions) / len(positions))
+    assert "reward/P/solved" not in rec and "reward/puzzle/quality" not in rec
+    assert rec["reward/P"] == pytest.approx(sum(r.reward for r in puzzle_rows + positions) / len(puzzle_rows + positions))
     with pytest.raises(ValueError, match="mix_puzzle_ratio"):
         TrainConfig(mix_puzzle_ratio=0.5).validate()
 

@@ -55,6 +55,15 @@ def truncate_logs(run_dir: Path, step: int) -> None:
             atomic_write_text(path, [line + "\n" for line in keep])
 
 
+def _by_source(rows: list) -> dict[str, list]:
+    """Rows by what scored them: P: positions, puzzles (their components are format and solved,
+    `RewardScorer._score_puzzle`) and A:."""
+    out: dict[str, list] = {}
+    for r in rows:
+        out.setdefault("puzzle" if r.task == "P" and "solved" in r.components else r.task, []).append(r)
+    return out
+
+
 def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float, group_size: int, use_ref: bool,
                 drawn: dict[str, float]) -> dict[str, Any]:
     """The metrics.jsonl record of step `step` (0-based) from its batch, the update's metrics `m`,
@@ -73,14 +82,16 @@ def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float,
     lengths = [len(r.completion_ids) for r in rows]  # what was sampled (truncated_completions mask hides some)
     rec["completion_len/mean"], rec["completion_len/max"] = sum(lengths) / len(lengths), float(max(lengths))
     rec["truncation_rate"] = sum(r.finish == "length" for r in rows) / len(rows)
-    for task in ("P", "A"):
+    for task in ("P", "A"):  # P: counts its puzzle rows too (what the guards watch)
         tr = [r for r in rows if r.task == task]
-        if not tr:
-            continue
-        rec[f"reward/{task}"] = sum(r.reward for r in tr) / len(tr)
-        rec[f"valid/{task}"] = sum(r.valid for r in tr) / len(tr)
-        for comp in tr[0].components:
-            rec[f"reward/{task}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
+        if tr:
+            rec[f"reward/{task}"] = sum(r.reward for r in tr) / len(tr)
+            rec[f"valid/{task}"] = sum(r.valid for r in tr) / len(tr)
+    for source, tr in _by_source(rows).items():  # components per source, never diluted by the other's rows
+        if source == "puzzle":
+            rec["reward/puzzle"] = sum(r.reward for r in tr) / len(tr)
+        for comp in dict.fromkeys(k for r in tr for k in r.components):
+            rec[f"reward/{source}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
     rec["beta"] = m.get("beta", 0.0)
     rec["kl_share"] = m.get("kl_share", 0.0)
     rec["reward_mean"] = rec["reward/mean"]

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from rookworld_rlvr.report.runs import Run, eval_records, is_noisy, moving_average, series, smoothing_window
 from rookworld_rlvr.tables import number
-from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS
+from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, PUZZLE_COMPONENTS
 
 @dataclass(frozen=True)
 class Panel:
@@ -40,11 +40,12 @@ class PlotSpec:
 
 
 PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
-TASK_LABELS = {"P": "policy (P:)", "A": "environment (A:)"}
+TASK_LABELS = {"P": "policy (P:)", "puzzle": "puzzles (P:)", "A": "environment (A:)"}
 
 STATIC_PLOTS = (
     PlotSpec("reward", "Reward per task", (
-        Panel("mean reward", (("reward/mean", "all"), ("reward/P", "P:"), ("reward/A", "A:")), "reward"),
+        Panel("mean reward", (("reward/mean", "all"), ("reward/P", "P:"), ("reward/puzzle", "puzzles"),
+                                ("reward/A", "A:")), "reward"),
         Panel("valid completions", (("valid/P", "P:"), ("valid/A", "A:")), "share"),
     )),
     PlotSpec("kl", "KL to the reference and β", (
@@ -82,7 +83,7 @@ STATIC_PLOTS = (
 def component_plots(runs: Sequence[Run]) -> list[PlotSpec]:
     """One figure per task with the reward components logged by any run (known ones first)."""
     specs = []
-    for task, known in (("P", POLICY_COMPONENTS), ("A", ENV_COMPONENTS)):
+    for task, known in (("P", POLICY_COMPONENTS), ("puzzle", PUZZLE_COMPONENTS), ("A", ENV_COMPONENTS)):
         prefix = f"reward/{task}/"
         seen = {k[len(prefix):] for r in runs for rec in r.metrics for k in rec if k.startswith(prefix)}
         names = [c for c in known if c in seen] + sorted(seen - set(known))
