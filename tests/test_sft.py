@@ -288,6 +288,21 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
+def test_sft_eval_data_missing_is_named_and_empty_means_no_held_out_eval(tmp_path, small_data, tiny_model_dir):
+    """A run resumed from another directory once found no data/eval.jsonl.gz and crashed inside the
+    tokenizer; a missing file is now named before any work, and '' trains without held-out metrics."""
+    common = dict(data=str(small_data / "train.jsonl"), init=str(tiny_model_dir), steps=2, batch_size=4,
+                  eval_every=1, eval_samples=2, lr=1e-3, device="cpu", threads=1)
+    missing = tmp_path / "nowhere" / "eval.jsonl.gz"
+    with pytest.raises(ValueError, match=r"sft.eval_data: .*nowhere/eval.jsonl.gz: no such file"):
+        train(SFTConfig(out=str(tmp_path / "a"), eval_data=str(missing), **common), progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.sft_log.jsonl").exists()
+    train(SFTConfig(out=str(tmp_path / "b"), eval_data="", **common), progress=False)
+    log = [json.loads(x) for x in (tmp_path / "b.sft_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert not any(k.startswith(("eval_", "policy/", "environment/")) for r in log for k in r)
+
+
 def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch, capsys):
     """6 steps straight equal 3 steps, a crash, and 3 resumed steps: the same losses, the same weights.
     The state is safetensors + JSON; a pickle planted beside it is never opened."""

@@ -34,7 +34,7 @@ SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no
 @dataclass
 class SFTConfig:
     data: str = "data/train.jsonl.gz"
-    eval_data: str = "data/eval.jsonl.gz"
+    eval_data: str = "data/eval.jsonl.gz"  # held-out samples for eval_every; "" = none
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
     preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
@@ -102,6 +102,9 @@ class SFTConfig:
             raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
         if not Path(self.data).exists():
             raise ValueError(f"sft.data: {self.data}: no such file")
+        if self.eval_data and not Path(self.eval_data).exists():
+            raise ValueError(f"sft.eval_data: {self.eval_data}: no such file (pass --eval-data '' to train "
+                             "without a held-out evaluation)")
         from rookworld_rlvr.chess_tokenizers import TOKENIZERS
 
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
@@ -218,7 +221,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         too_long = sum(len(ids) > limit for ids, *_ in rows)
         if too_long:
             raise ValueError(f"{too_long} {t}: samples are longer than the model context ({limit} tokens)")
-    eval_samples = read_samples(cfg.eval_data) if Path(cfg.eval_data).exists() else []
+    eval_samples = read_samples(cfg.eval_data) if cfg.eval_data else []
     eval_rows = {t: encode(tokenizer, [s for s in eval_samples if s.task == t][:256], cfg.layout, cfg.order, legal=True)
                  for t in ("P", "A")}
 
@@ -375,6 +378,7 @@ _HELP = {
              "or given (as stored; upstream shuffled them)",
     "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
                 "bf16 on a CPU can be many times slower than float32)",
+    "eval_data": "held-out samples, evaluated every eval_every steps (default: data/eval.jsonl.gz; '' = none)",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
 }
 

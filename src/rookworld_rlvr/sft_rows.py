@@ -34,6 +34,8 @@ def encode(tokenizer, samples, layout: str, order: str = "given", legal: bool = 
     from rookworld_rlvr.tasks.policy import PolicyTruth, ranked
 
     pairs = [s.render(layout, order) for s in samples]
+    if not pairs:  # the tokenizer cannot take an empty batch
+        return []
     prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
     enc = tokenizer([c for _, c in pairs], add_special_tokens=False, return_offsets_mapping=True)
     eos = tokenizer.eos_token_id
