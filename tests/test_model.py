@@ -215,6 +215,10 @@ def test_tiny_config_presets():
     assert cfg.eos_token_id == cfg.bos_token_id == cfg.pad_token_id == 0
     with torch.device("meta"):  # count parameters without allocating them
         assert 4.5e6 < GPT2LMHeadModel(cfg).num_parameters() < 5.5e6
+        for preset, shape, (low, high) in (("small", (8, 384, 6), (13e6, 15e6)), ("wide", (6, 512, 8), (18e6, 20e6))):
+            mid = tiny_config(162, preset=preset, n_positions=320)
+            assert (mid.n_layer, mid.n_embd, mid.n_head) == shape
+            assert low < GPT2LMHeadModel(mid).num_parameters() < high
         big = tiny_config(50257, preset="gpt2-124m")
         assert (big.n_layer, big.n_embd, big.n_head, big.n_positions) == (12, 768, 12, 1024)
         assert 123e6 < GPT2LMHeadModel(big).num_parameters() < 125e6

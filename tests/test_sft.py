@@ -378,6 +378,17 @@ def test_sft_square_tokenizer_trains_a_fresh_model_and_ships_it(tmp_path, small_
         SFTConfig(data=str(small_data / "train.jsonl"), tokenizer="char", init=str(tiny_model_dir)).validate()
 
 
+def test_sft_preset_sets_the_shape_of_a_fresh_model(tmp_path, small_data):
+    out = tmp_path / "small"
+    cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(out), preset="small", steps=1,
+                    batch_size=2, eval_samples=0, own_repeats=0, device="cpu", threads=1)
+    train(cfg, progress=False)
+    model, _ = load_policy(str(out), device="cpu", verbose=False)
+    assert (model.config.n_layer, model.config.n_embd, model.config.n_head, model.config.n_positions) == (8, 384, 6, 320)
+    with pytest.raises(ValueError, match="sft.preset must be one of tiny, small, wide, gpt2-124m, got 'huge'"):
+        SFTConfig(data=str(small_data / "train.jsonl"), preset="huge").validate()
+
+
 def test_cli_help_lists_every_subcommand(capsys):
     try:
         main(["--help"])

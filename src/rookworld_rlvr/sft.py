@@ -37,7 +37,7 @@ class SFTConfig:
     eval_data: str = "data/eval.jsonl.gz"  # held-out samples for eval_every; "" = none
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
-    preset: str = "tiny"  # tiny | gpt2-124m (fresh models only)
+    preset: str = "tiny"  # tiny | small | wide | gpt2-124m (fresh models only; model.load.PRESETS)
     # char | square | board, fresh models only (default board: square tokens for moves and FEN boards
     # written square by square); --init and --resume keep the model's own
     tokenizer: str | None = None
@@ -106,6 +106,10 @@ class SFTConfig:
             raise ValueError(f"sft.eval_data: {self.eval_data}: no such file (pass --eval-data '' to train "
                              "without a held-out evaluation)")
         from rookworld_rlvr.chess_tokenizers import TOKENIZERS
+        from rookworld_rlvr.model.load import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"sft.preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
 
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise ValueError(f"sft.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
@@ -379,6 +383,8 @@ _HELP = {
     "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
                 "bf16 on a CPU can be many times slower than float32)",
     "eval_data": "held-out samples, evaluated every eval_every steps (default: data/eval.jsonl.gz; '' = none)",
+    "preset": "shape of a fresh model: tiny (6 x 256, 4.9M parameters), small (8 x 384, 14M), wide (6 x 512, 19M) "
+              "or gpt2-124m",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
 }
 
