@@ -39,7 +39,8 @@ _BENIGN_KEY_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".crossattention.bias
 
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 6, "n_embd": 256, "n_head": 8},  # 4.9M with the board vocab: the shipped bases
-    "small": {"n_layer": 8, "n_embd": 384, "n_head": 6},  # 14M: the next size, for CPUs with fast bf16
+    # the next sizes, measured against tiny per CPU minute in models/README.md
+    "small": {"n_layer": 8, "n_embd": 384, "n_head": 6},  # 14M
     "wide": {"n_layer": 6, "n_embd": 512, "n_head": 8},  # 19M
     "gpt2-124m": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
 }
