@@ -51,10 +51,38 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     assert out["random"]["blunder"] == pytest.approx(((n_a - 1) / n_a + (n_b - 1) / n_b) / 2)
     assert out["random"]["best"] == pytest.approx((1 / n_a + 1 / n_b) / 2)
     assert out["loss_below_random"] == 1.0 and out["blunder_below_random"] == 1.0
+    # why the illegal ones are illegal, as shares of all positions: e2e5 is no pawn move
+    assert out["illegal"]["geometry"] == pytest.approx(1 / 3)
+    assert sum(out["illegal"].values()) == pytest.approx(1 - out["legal"])
     worse = S.move_quality([b], ["a2a3"])
     assert worse["blunder"] == 1 and worse["loss_below_random"] < 0  # worse than random on that position
     none = S.move_quality([b], [None])
     assert none["legal"] == 0 and none["loss"] is None and none["random"]["loss"] is None
+
+
+@pytest.mark.parametrize("fen, move, kind", [
+    (chess.STARTING_FEN, "g1f3", None),
+    (chess.STARTING_FEN, None, "unreadable"),
+    (chess.STARTING_FEN, "e2", "unreadable"),
+    (chess.STARTING_FEN, "0000", "unreadable"),
+    (chess.STARTING_FEN, "e3e4", "no_piece"),  # an empty square
+    (chess.STARTING_FEN, "e7e5", "no_piece"),  # the opponent's pawn
+    (chess.STARTING_FEN, "e1e2", "own_piece"),
+    (chess.STARTING_FEN, "e2e5", "geometry"),
+    (chess.STARTING_FEN, "b1b3", "geometry"),
+    (chess.STARTING_FEN, "f1c4", "blocked"),  # through the e2 pawn
+    (chess.STARTING_FEN, "e2d3", "blocked"),  # a pawn capture with nothing to capture
+    ("4k3/8/8/8/8/8/8/R3KB1R w KQ - 0 1", "e1g1", "castling"),  # a piece between
+    ("4k3/8/8/8/8/8/8/R3K2R w Q - 0 1", "e1g1", "castling"),  # no right
+    ("4kr2/8/8/8/8/8/8/R3K2R w KQ - 0 1", "e1g1", "castling"),  # through check
+    (chess.STARTING_FEN, "e2e4q", "promotion"),
+    ("7k/4P3/8/8/8/8/8/K7 w - - 0 1", "e7e8", "promotion"),
+    ("7k/4P3/8/8/8/8/8/K7 w - - 0 1", "e7e8q", None),
+    ("4k3/8/8/8/8/8/8/r3K3 w - - 0 1", "e1d1", "check"),  # stays on the rook's rank
+    ("4k3/8/8/8/8/8/3b4/4K2R w K - 0 1", "h1h2", "check"),  # ignores the check from d2
+])
+def test_illegal_moves_are_told_apart_by_why(fen, move, kind):
+    assert S.illegal_kind(fen, move) == kind
 
 
 def test_candidates_count_each_legal_move_once():

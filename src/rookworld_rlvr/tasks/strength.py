@@ -60,6 +60,52 @@ def is_legal(position: str | chess.Board, move: str | None) -> bool:
     return move is not None and move in legal_moves(position)
 
 
+ILLEGAL_KINDS = ("unreadable", "no_piece", "own_piece", "geometry", "blocked", "castling", "promotion", "check")
+
+
+def illegal_kind(fen: str, move: str | None) -> str | None:
+    """Why a move is illegal in a position, or None for a legal one: what a model still gets wrong.
+
+    unreadable (not a UCI move), no_piece (the from-square holds no piece of the side to move),
+    own_piece (the to-square holds one), geometry (the piece cannot move that way even on an empty
+    board), blocked (it could on an empty board: a piece in the way, or a pawn capture onto an empty
+    square), castling (no right, a piece between, or through check), promotion (a missing or
+    needless promotion piece), check (otherwise fine, but the king is left in check)."""
+    board = chess.Board(fen)
+    try:
+        m = chess.Move.from_uci(move or "")
+    except ValueError:
+        return "unreadable"
+    if not m:  # the null move 0000
+        return "unreadable"
+    if board.is_legal(m):
+        return None
+    piece = board.piece_at(m.from_square)
+    if piece is None or piece.color != board.turn:
+        return "no_piece"
+    target = board.piece_at(m.to_square)
+    if target is not None and target.color == board.turn:
+        return "own_piece"
+    if board.is_pseudo_legal(m):
+        return "check"
+    rank, file = chess.square_rank, chess.square_file
+    if (piece.piece_type == chess.KING and rank(m.from_square) == rank(m.to_square)
+            and abs(file(m.from_square) - file(m.to_square)) == 2):
+        return "castling"
+    alone = chess.Board(None)
+    alone.set_piece_at(m.from_square, piece)
+    alone.turn = board.turn
+    reach = {x.to_square for x in alone.pseudo_legal_moves}
+    if piece.piece_type == chess.PAWN:
+        reach |= set(alone.attacks(m.from_square))  # its captures, with something to capture
+    if m.to_square not in reach:
+        return "geometry"
+    last = rank(m.to_square) in (0, 7) and piece.piece_type == chess.PAWN
+    if last != bool(m.promotion) or (m.promotion in (chess.PAWN, chess.KING)):
+        return "promotion"
+    return "blocked"
+
+
 def mates(fen: str, move: str) -> bool:
     """Whether the legal move `move` checkmates at once."""
     board = chess.Board(fen)
@@ -190,6 +236,9 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "best": _mean([1.0 if m in p.best_moves() else 0.0 for p, m in zip(positions, moves)]),
         "random": {k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder", "best")},
     }
+    kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
+    # why the illegal moves are illegal, each kind a share of all positions (they sum to 1 - legal)
+    out["illegal"] = {k: sum(x == k for x in kinds) / len(positions) for k in ILLEGAL_KINDS} if positions else {}
     out["loss_below_random"] = _ratio_below(out["loss"], out["random"]["loss"])
     out["blunder_below_random"] = _ratio_below(out["blunder"], out["random"]["blunder"])
     return out
