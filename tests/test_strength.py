@@ -60,6 +60,24 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     assert none["legal"] == 0 and none["loss"] is None and none["random"]["loss"] is None
 
 
+def test_move_quality_says_how_sure_it_is():
+    """The ratio against the random mover comes with a 95% interval over the positions: it holds the
+    figure, narrows with more positions, and is the same for the same answers."""
+    pos = judged(chess.STARTING_FEN, "e2e4", 0.3, -3.0)
+    small = S.move_quality([pos] * 40, ["e2e4", "a2a3"] * 20)  # half best, half blunders
+    ci = small["loss_below_random_ci"]
+    assert ci["low"] < small["loss_below_random"] < ci["high"]
+    blunders = small["blunder_below_random_ci"]
+    assert blunders["low"] < small["blunder_below_random"] < blunders["high"]
+    large = S.move_quality([pos] * 640, ["e2e4", "a2a3"] * 320)
+    assert large["loss_below_random"] == pytest.approx(small["loss_below_random"])
+    assert large["loss_below_random_ci"]["high"] - large["loss_below_random_ci"]["low"] < (ci["high"] - ci["low"]) / 2
+    assert S.move_quality([pos] * 40, ["e2e4", "a2a3"] * 20)["loss_below_random_ci"] == ci
+    perfect = S.move_quality([pos] * 10, ["e2e4"] * 10)["loss_below_random_ci"]
+    assert perfect == {"low": 1.0, "high": 1.0}
+    assert S.move_quality([pos], ["e2e4"])["loss_below_random_ci"] is None  # one position says nothing
+
+
 @pytest.mark.parametrize("fen, move, kind", [
     (chess.STARTING_FEN, "g1f3", None),
     (chess.STARTING_FEN, None, "unreadable"),
