@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--model", required=True, help="model directory or Hub id")
     p.add_argument("--data", required=True, help="our JSONL(.gz) or upstream RookWorld text lines (P: and A: mixed)")
     p.add_argument("--strength", metavar="FILE", help="judged positions (`rookworld data judge`): move quality of the "
-                                                     "greedy B: next to a random legal mover, and why the illegal ones are illegal "
-                                                     "(strength.illegal.*), e.g. data/strength.jsonl.gz")
+                                                     "greedy B: next to a random legal mover, and why the illegal ones are "
+                                                     "illegal (strength.illegal.*), e.g. data/strength.jsonl.gz")
     p.add_argument("--puzzles", metavar="FILE", help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating "
                                                     "moves` lines), e.g. data/puzzles_eval.jsonl.gz")
     p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")

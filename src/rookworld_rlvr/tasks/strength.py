@@ -219,8 +219,8 @@ def _ratio_below(model: float | None, random: float | None) -> float | None:
 def ratio_below_ci(model: Sequence[float], random_: Sequence[float], level: float = 0.95,
                    resamples: int = 1000, seed: int = 0) -> dict[str, float] | None:
     """Bootstrap interval of 1 - mean(model) / mean(random) over paired positions (percentile,
-    fixed seed: the same answers always give the same interval). On 600 positions it spans about
-    ten points, wider than most differences between checkpoints of one run."""
+    fixed seed: the same answers always give the same interval). On 600 positions it spans 15-22
+    points, wider than most differences between checkpoints of one run."""
     n = len(model)
     if n < 2:
         return None
@@ -228,9 +228,9 @@ def ratio_below_ci(model: Sequence[float], random_: Sequence[float], level: floa
     stats = []
     for _ in range(resamples):
         idx = [rng.randrange(n) for _ in range(n)]
-        r = sum(random_[i] for i in idx)
-        if r > 0:
-            stats.append(1.0 - sum(model[i] for i in idx) / r)
+        below = _ratio_below(sum(model[i] for i in idx), sum(random_[i] for i in idx))  # sums: means' ratio
+        if below is not None:
+            stats.append(below)
     if not stats:
         return None
     stats.sort()
