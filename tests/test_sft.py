@@ -508,3 +508,46 @@ def test_sft_autocast_auto_takes_bf16_only_where_the_hardware_does_it_well(tmp_p
     assert f"sft: autocast {expected} (auto)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="sft.autocast must be 'none', 'bf16' or 'auto', got 'fp16'"):
         SFTConfig(data=str(small_data / "train.jsonl"), autocast="fp16").validate()
+
+
+def test_grow_layers_starts_from_the_init_models_exact_outputs_and_the_new_blocks_learn(tmp_path, small_data,
+                                                                                       tiny_model_dir):
+    """Growing keeps what the base knows: the deeper model computes the same logits (so the first
+    step's loss is the unchanged model's), the new blocks move off their no-op start, and a resume
+    continues the grown model instead of growing it again."""
+    import torch
+
+    from rookworld_rlvr.model.grow import grow_depth, insert_after
+
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    ids = torch.tensor([tok.encode("P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1 M: e7e5")])
+    with torch.no_grad():
+        for n in (3, 4, 7):
+            grown = grow_depth(model, n)
+            assert grown.config.n_layer == n
+            assert torch.equal(grown(ids).logits, model(ids).logits)
+    assert insert_after(6, 12) == [0, 1, 2, 3, 4, 5] and insert_after(6, 9) == [0, 2, 4]
+    with pytest.raises(ValueError, match="growing to 2 layers needs more than the model's 2"):
+        grow_depth(model, 2)
+
+    common = dict(data=str(small_data / "train.jsonl"), eval_data="", init=str(tiny_model_dir), steps=2,
+                  batch_size=4, eval_samples=0, lr=1e-2, warmup_steps=1, save_every=1, device="cpu", threads=1)
+    train(SFTConfig(out=str(tmp_path / "plain"), **common), progress=False)
+    cfg = SFTConfig(out=str(tmp_path / "deep"), grow_layers=4, **common)
+    train(cfg, progress=False)
+    first = [json.loads((tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()[0])["loss"]
+             for name in ("plain", "deep")]
+    assert first[0] == first[1]
+    deep, _ = load_policy(str(tmp_path / "deep"), device="cpu", verbose=False)
+    assert deep.config.n_layer == 4
+    for j in (1, 3):  # the added blocks (after blocks 0 and 1)
+        assert deep.transformer.h[j].attn.c_proj.weight.abs().sum() > 0
+        assert deep.transformer.h[j].mlp.c_proj.weight.abs().sum() > 0
+    cfg.steps = 3
+    train(cfg, resume=True, progress=False)
+    resumed, _ = load_policy(str(tmp_path / "deep"), device="cpu", verbose=False)
+    assert resumed.config.n_layer == 4
+    with pytest.raises(ValueError, match="grow_layers deepens an --init model"):
+        SFTConfig(data=str(small_data / "train.jsonl"), grow_layers=8).validate()
+    with pytest.raises(ValueError, match="grow_layers must be >= 0"):
+        SFTConfig(data=str(small_data / "train.jsonl"), init=str(tiny_model_dir), grow_layers=-1).validate()

@@ -37,6 +37,9 @@ class SFTConfig:
     eval_data: str = "data/eval.jsonl.gz"  # held-out samples for eval_every; "" = none
     out: str = "models/rookworld-tiny"
     init: str | None = None  # continue from this model directory instead of a fresh one
+    # deepen the --init model to this many blocks before training (model.grow: the new blocks start as
+    # exact no-ops, so the model begins where the init model stopped); 0 = keep its depth
+    grow_layers: int = 0
     preset: str = "tiny"  # tiny | small | wide | gpt2-124m (fresh models only; model.load.PRESETS)
     # char | square | board, fresh models only (default board: square tokens for moves and FEN boards
     # written square by square); --init and --resume keep the model's own
@@ -90,6 +93,10 @@ class SFTConfig:
             raise ValueError("sft.dropout must be in [0, 1)")
         if not 0 <= self.own_targets or not math.isfinite(self.own_targets):
             raise ValueError(f"sft.own_targets must be finite and >= 0, got {self.own_targets}")
+        if self.grow_layers < 0:
+            raise ValueError(f"sft.grow_layers must be >= 0, got {self.grow_layers}")
+        if self.grow_layers and not self.init:
+            raise ValueError("sft.grow_layers deepens an --init model; a fresh model takes its shape from --preset")
         if self.own_repeats < 0:
             raise ValueError(f"sft.own_repeats must be >= 0, got {self.own_repeats}")
         for name in ("distinct_coef", "legal_coef"):
@@ -207,6 +214,12 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         state = load_state(ckpt, SFT_STATE)
     elif cfg.init:
         model, tokenizer = load_policy(cfg.init, device=str(device))
+        if cfg.grow_layers:  # on --resume the checkpoint already holds the grown model
+            from rookworld_rlvr.model.grow import grow_depth
+
+            old = model.config.n_layer
+            model = grow_depth(model, cfg.grow_layers)
+            print(f"sft: grew {cfg.init} from {old} to {cfg.grow_layers} blocks (the new ones start as no-ops)")
     else:
         from transformers import GPT2LMHeadModel
 
@@ -386,6 +399,9 @@ _HELP = {
     "preset": "shape of a fresh model: tiny (6 x 256, 4.9M parameters), small (8 x 384, 14M), wide (6 x 512, 19M) "
               "or gpt2-124m",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
+    "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
+                   "with its output projections at zero, so training starts from the init model's exact outputs "
+                   "(0 = keep its depth)",
 }
 
 
