@@ -171,3 +171,48 @@ def test_merge_keeps_each_prompt_once_first_file_first_and_shuffles_by_seed(gene
     assert main(["data", "merge", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "x.jsonl")]) == 1
     assert f"{tmp_path / 'bad.jsonl'}:21: field 'task'" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_near_misses_are_the_illegal_moves_a_model_writes_sorted_by_kind():
+    """Each kind on a position built to have it, and every move checked against the classifier
+    `rookworld eval` reports (`illegal_kind`): a pinned knight (check), a rook behind its own pawn
+    and a bishop behind an enemy one (blocked), a king onto its own rook (own piece)."""
+    from rookworld_rlvr.data.nearmiss import near_misses
+    from rookworld_rlvr.tasks.strength import illegal_kind
+
+    fen = "4r1k1/8/p7/3p4/p7/1p2N3/1P6/R3K2B w - - 0 1"  # the e3 knight is pinned by the e8 rook
+    found = near_misses(fen)
+    everything = sum(found.values(), [])
+    assert set(found) == {"check", "blocked", "own_piece"}
+    assert {"e3d5", "e3g4"} <= set(found["check"])
+    assert {"h1c6", "a1a5", "b2b3", "b2c3"} <= set(found["blocked"])  # one piece in the way; pawns
+    assert "a1a7" not in everything and "a1a8" not in everything  # two pieces in the way: nobody's near miss
+    assert "a1e1" in found["own_piece"]
+    assert "a1a2" not in everything and "a1a4" not in everything  # legal
+    for kind, moves in found.items():
+        for move in moves:
+            assert illegal_kind(fen, move) == kind, (move, kind)
+
+
+def test_near_miss_samples_keep_the_history_and_carry_the_environments_answer(tmp_path, capsys):
+    from rookworld_rlvr.data.nearmiss import near_miss_samples
+
+    rows = [Sample("A", t) for t in random_transitions(60, seed=3)]
+    made, kinds = near_miss_samples(rows, 20, seed=1)
+    assert len(made) == 20 and sum(kinds.values()) == 20 and set(kinds) <= {"check", "blocked", "own_piece"}
+    by_fen = {s.truth.fen: s.truth for s in rows if not s.truth.truncated}
+    for s in made:
+        t, origin = s.truth, by_fen[s.truth.fen]
+        assert (t.new_fen, t.reward, t.terminated, t.truncated) == (t.fen, E.REWARD_ILLEGAL, False, True)
+        assert t.history.split() == origin.history.split()[:-1][-(E.HISTORY_LEN - 1):] + [t.move]
+        assert s.source == "nearmiss"
+    assert [s.truth for s in near_miss_samples(rows, 20, seed=1)[0]] == [s.truth for s in made]
+
+    src, out = tmp_path / "train.jsonl", tmp_path / "near.jsonl.gz"
+    write_samples(src, rows)
+    assert main(["data", "near-misses", str(src), "--out", str(out), "--n", "20", "--seed", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["written"] == 20 and [s.truth for s in read_samples(out)] == [s.truth for s in made]
+    write_samples(src, read_samples(REFERENCE)[:3])  # P: rows only
+    assert main(["data", "near-misses", str(src), "--out", str(out)]) == 1
+    assert "no A: samples with a legal move" in capsys.readouterr().err

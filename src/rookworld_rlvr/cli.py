@@ -59,6 +59,11 @@ def _data(args: argparse.Namespace) -> int:
         samples, dropped = merge_samples(args.sources, args.seed)
         print(json.dumps({"written": write_samples(args.out, samples), "duplicates": dropped, "out": args.out}))
         return 0
+    if args.data_cmd == "near-misses":
+        from rookworld_rlvr.data.nearmiss import write_near_misses
+
+        print(json.dumps(write_near_misses(args.source, args.out, args.n, args.seed)))
+        return 0
     if args.data_cmd == "stats":
         from rookworld_rlvr.data.importer import stats
 
@@ -127,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("sources", nargs="+", help="our JSONL(.gz) files, in order of precedence")
     m.add_argument("--out", required=True)
     m.add_argument("--seed", default="merge", help="the shuffle's seed (a string)")
+    nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "
+                                             "in the way, onto an own piece) from a training set's A: positions")
+    nm.add_argument("source", help="our JSONL(.gz) training set; its A: positions and histories are used")
+    nm.add_argument("--out", required=True)
+    nm.add_argument("--n", type=int, default=15000, help="samples to write, one per position")
+    nm.add_argument("--seed", type=int, default=0)
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
     s.add_argument("file")
     d.set_defaults(func=_data)
