@@ -529,6 +529,12 @@ def test_grow_layers_starts_from_the_init_models_exact_outputs_and_the_new_block
     assert insert_after(6, 12) == [0, 1, 2, 3, 4, 5] and insert_after(6, 9) == [0, 2, 4]
     with pytest.raises(ValueError, match="growing to 2 layers needs more than the model's 2"):
         grow_depth(model, 2)
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    other = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(ValueError, match="growing works on GPT-2 models, not 'gpt_neox'"):
+        grow_depth(other, 2)
 
     common = dict(data=str(small_data / "train.jsonl"), eval_data="", init=str(tiny_model_dir), steps=2,
                   batch_size=4, eval_samples=0, lr=1e-2, warmup_steps=1, save_every=1, device="cpu", threads=1)

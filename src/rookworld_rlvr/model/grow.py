@@ -28,6 +28,8 @@ def grow_depth(model: torch.nn.Module, n_layer: int) -> torch.nn.Module:
     `model` computes. The new model is in float32 unless `model` was not, on `model`'s device."""
     from transformers import GPT2LMHeadModel
 
+    if model.config.model_type != "gpt2":
+        raise ValueError(f"growing works on GPT-2 models, not {model.config.model_type!r}")
     old = model.config.n_layer
     after = insert_after(old, n_layer)
     config = model.config.__class__.from_dict({**model.config.to_dict(), "n_layer": n_layer})
