@@ -7,7 +7,8 @@ rows are few and far from these. This builds them from the `A:` positions of a t
 keeping each position's game history, so the environment task sees the attacks and blocked lines
 that the policy gets wrong.
 
-Chess and files only: imports no torch and nothing of the model or trainer.
+Owns the near-miss moves and the samples built on them. Chess and files only: imports no torch and
+nothing of the model or trainer.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ fresh, larger model would have to pay them again. Growing keeps them: each new b
 the block before it with its two output projections (attention and MLP) set to zero, so it adds
 nothing to the residual stream and the grown model's logits equal the old model's exactly. Training
 then moves those projections off zero and the new blocks start to contribute.
+
+Owns depth up-scaling. Imports torch and transformers, nothing outside the model room.
 """
 
 from __future__ import annotations
