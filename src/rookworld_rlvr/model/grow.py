@@ -11,8 +11,6 @@ Owns depth up-scaling. Imports torch and transformers, nothing outside the model
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 
@@ -27,7 +25,7 @@ def insert_after(old: int, new: int) -> list[int]:
 
 def grow_depth(model: torch.nn.Module, n_layer: int) -> torch.nn.Module:
     """A GPT-2 (transformers `GPT2LMHeadModel`) with `n_layer` blocks that computes exactly what
-    `model` computes. The new model is in float32 unless `model` was not, on `model`'s device."""
+    `model` computes, in `model`'s dtype and on its device."""
     from transformers import GPT2LMHeadModel
 
     if model.config.model_type != "gpt2":
@@ -40,11 +38,7 @@ def grow_depth(model: torch.nn.Module, n_layer: int) -> torch.nn.Module:
         source.append((i, False))
         source.extend((i, True) for _ in range(after.count(i)))
     state = model.state_dict()
-    grown = {}
-    block = re.compile(r"^transformer\.h\.(\d+)\.(.*)$")
-    for key, value in state.items():
-        if not block.match(key):
-            grown[key] = value.clone()
+    grown = {key: value.clone() for key, value in state.items() if not key.startswith("transformer.h.")}
     for j, (i, added) in enumerate(source):
         prefix = f"transformer.h.{i}."
         for key, value in state.items():
