@@ -557,3 +557,20 @@ def test_grow_layers_starts_from_the_init_models_exact_outputs_and_the_new_block
         SFTConfig(data=str(small_data / "train.jsonl"), grow_layers=8).validate()
     with pytest.raises(ValueError, match="grow_layers must be >= 0"):
         SFTConfig(data=str(small_data / "train.jsonl"), init=str(tiny_model_dir), grow_layers=-1).validate()
+
+
+def test_cooldown_steps_take_the_lr_down_a_straight_line_at_the_end_of_a_resumed_run(tmp_path, small_data):
+    """--cooldown-steps N: the last N steps of --steps bring the scheduled lr linearly toward zero; a resume
+    with a larger --steps ends an already-decayed run on that cooldown (how the shipped base is continued)."""
+    base = dict(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=3, batch_size=4,
+                lr=1e-3, min_lr_ratio=1.0, warmup_steps=1, save_every=1, device="cpu", threads=1)
+    train(SFTConfig(**base), progress=False)
+    train(SFTConfig(**{**base, "steps": 7, "cooldown_steps": 3}), resume=True, progress=False)
+    log = [json.loads(x) for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r["lr"] for r in log] == pytest.approx([1e-3] * 4 + [7.5e-4, 5e-4, 2.5e-4], rel=1e-12)
+    for bad in (-1, 8):
+        with pytest.raises(ValueError, match="sft.cooldown_steps must be in"):
+            SFTConfig(**{**base, "steps": 7, "cooldown_steps": bad}).validate()
+    with pytest.raises(ValueError, match="sft.min_lr_ratio must be in"):
+        SFTConfig(**{**base, "min_lr_ratio": 1.5}).validate()

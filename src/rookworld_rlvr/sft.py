@@ -66,6 +66,9 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
+    # the last N steps (of --steps) take the scheduled lr linearly down to zero (a warmup-stable-decay
+    # cooldown): a long run ends on a cooldown without paying the cosine again; 0 = off
+    cooldown_steps: int = 0
     warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -107,6 +110,10 @@ class SFTConfig:
             raise ValueError("sft.env_share must be in [0, 1]")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
+        if not 0 <= self.cooldown_steps <= self.steps:
+            raise ValueError(f"sft.cooldown_steps must be in [0, steps={self.steps}], got {self.cooldown_steps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"sft.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not Path(self.data).exists():
             raise ValueError(f"sft.data: {self.data}: no such file")
         if self.eval_data and not Path(self.eval_data).exists():
@@ -136,6 +143,14 @@ def changed_settings(saved: dict, now: dict) -> list[str]:
     was = {k: saved.get(k, defaults.get(k)) for k in now}
     return [f"{k} was {was[k]!r} in the checkpoint{'' if k in saved else ' (its default then)'}, now {now[k]!r} "
             "(from this step on)" for k in now if k not in _PLACE and was[k] != now[k]]
+
+
+def cooldown(step: int, total_steps: int, cooldown_steps: int) -> float:
+    """LR multiplier of a warmup-stable-decay cooldown: 1 before the last `cooldown_steps` of `total_steps`,
+    then a straight line toward zero: N/(N+1), ..., 1/(N+1) over those N steps (0 after them)."""
+    if cooldown_steps <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (total_steps - step) / (cooldown_steps + 1)))
 
 
 def set_dropout(model, p: float) -> None:
@@ -287,7 +302,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     model.config.use_cache = False
     while step < cfg.steps and progress_frac() < 1.0:
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress
-        lr = cfg.lr * warm * cosine_lr(int(progress_frac() * cfg.steps), cfg.steps, 0, cfg.min_lr_ratio)
+        at = int(progress_frac() * cfg.steps)
+        lr = cfg.lr * warm * cosine_lr(at, cfg.steps, 0, cfg.min_lr_ratio) * cooldown(at, cfg.steps, cfg.cooldown_steps)
         for g in opt.param_groups:
             g["lr"] = lr
         n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))
@@ -399,6 +415,8 @@ _HELP = {
     "preset": "shape of a fresh model: tiny (6 x 256, 4.9M parameters), small (8 x 384, 14M), wide (6 x 512, 19M) "
               "or gpt2-124m",
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
+    "cooldown_steps": "the last N steps of --steps take the lr linearly down to zero (0 = off); on a resume, "
+                      "--steps S --cooldown-steps N with S - N at the checkpoint's step ends a run on a cooldown",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",
