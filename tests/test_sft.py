@@ -574,3 +574,29 @@ def test_cooldown_steps_take_the_lr_down_a_straight_line_at_the_end_of_a_resumed
             SFTConfig(**{**base, "steps": 7, "cooldown_steps": bad}).validate()
     with pytest.raises(ValueError, match="sft.min_lr_ratio must be in"):
         SFTConfig(**{**base, "min_lr_ratio": 1.5}).validate()
+
+
+def test_env_share_sets_the_task_mix_of_each_batch(tmp_path, small_data):
+    """--env-share: the share of A: rows in a batch (the rest P:), counted in the step log as A_rows."""
+    import random
+
+    from rookworld_rlvr.sft import draw_batch
+
+    by_task = {"A": ["a"] * 5, "P": ["p"] * 5}
+    rng = random.Random(0)
+    drawn = [draw_batch(rng, by_task, 64, 0.2) for _ in range(100)]
+    assert all(len(a) + len(p) == 64 for a, p in drawn)
+    assert sum(len(a) for a, _ in drawn) / 6400 == pytest.approx(0.2, abs=0.025)  # 5 sd of 6,400 draws
+    assert draw_batch(rng, by_task, 64, 0.0) == ([], ["p"] * 64)
+    assert draw_batch(rng, by_task, 64, 1.0) == (["a"] * 64, [])
+    assert draw_batch(rng, {"A": [], "P": ["p"]}, 8, 1.0) == ([], ["p"] * 8)
+
+    base = dict(data=str(small_data / "train.jsonl"), eval_data="", steps=2, batch_size=4, own_repeats=0,
+                save_every=10, device="cpu", threads=1)
+    for share, a_rows in ((0.0, 0), (1.0, 4)):
+        out = tmp_path / f"m{share}"
+        train(SFTConfig(**base, out=str(out), env_share=share), progress=False)
+        log = [json.loads(x) for x in (tmp_path / f"m{share}.sft_log.jsonl").read_text().splitlines()]
+        assert [r["A_rows"] for r in log] == [a_rows, a_rows]
+    with pytest.raises(ValueError, match="sft.env_share must be in"):
+        SFTConfig(**base, env_share=1.5).validate()

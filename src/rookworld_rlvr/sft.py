@@ -26,7 +26,8 @@ from rookworld_rlvr.sft_rows import (encode, legality_loss, make_batch, own_repe
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
+__all__ = ["SFTConfig", "draw_batch", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout",
+           "train"]
 
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
@@ -151,6 +152,16 @@ def cooldown(step: int, total_steps: int, cooldown_steps: int) -> float:
     if cooldown_steps <= 0:
         return 1.0
     return min(1.0, max(0.0, (total_steps - step) / (cooldown_steps + 1)))
+
+
+def draw_batch(rng: random.Random, by_task: dict[str, list], batch_size: int, env_share: float) -> tuple[list, list]:
+    """One batch of training rows: each slot is an `A:` row with probability `env_share`, else a `P:` row
+    (drawn with replacement). With no `A:` rows every slot takes a `P:` row; with no `P:` rows the batch holds
+    only the `A:` slots."""
+    n_env = sum(rng.random() < env_share for _ in range(batch_size))
+    env_rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
+    pol_rows = rng.choices(by_task["P"], k=batch_size - len(env_rows)) if by_task["P"] else []
+    return env_rows, pol_rows
 
 
 def set_dropout(model, p: float) -> None:
@@ -306,9 +317,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         lr = cfg.lr * warm * cosine_lr(at, cfg.steps, 0, cfg.min_lr_ratio) * cooldown(at, cfg.steps, cfg.cooldown_steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        n_env = sum(rng.random() < cfg.env_share for _ in range(cfg.batch_size))
-        env_rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
-        pol_rows = rng.choices(by_task["P"], k=cfg.batch_size - len(env_rows)) if by_task["P"] else []
+        env_rows, pol_rows = draw_batch(rng, by_task, cfg.batch_size, cfg.env_share)
         rows = env_rows + pol_rows
         opt.zero_grad(set_to_none=True)
         own = []
@@ -325,8 +334,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
         repeats = sum(r.learn_from is None for r in own)  # the model's own answers that repeated a move
-        record = {"step": step, "loss": loss, **({"unlikelihood": ul, "own_repeats": repeats} if cfg.distinct_coef
-                                                 else {}), **({"legality": legal} if cfg.legal_coef else {}),
+        record = {"step": step, "loss": loss, "A_rows": len(env_rows),
+                  **({"unlikelihood": ul, "own_repeats": repeats} if cfg.distinct_coef else {}),
+                  **({"legality": legal} if cfg.legal_coef else {}),
                   "lr": lr,
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
@@ -417,6 +427,8 @@ _HELP = {
     "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
     "cooldown_steps": "the last N steps of --steps take the lr linearly down to zero (0 = off); on a resume, "
                       "--steps S --cooldown-steps N with S - N at the checkpoint's step ends a run on a cooldown",
+    "env_share": "share of each batch drawn from the A: (environment) rows, the rest P: (policy) rows; the "
+                 "step's log counts them (A_rows). Default 0.5",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",
