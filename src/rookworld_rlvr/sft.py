@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rookworld_rlvr.sft_rows import (encode, legality_loss, make_batch, own_repeat_rows, repeat_bans, token_weights,
-                                    unlikelihood)
+from rookworld_rlvr.sft_rows import (draw_batch, encode, legality_loss, make_batch, own_repeat_rows, repeat_bans,
+                                    token_weights, unlikelihood)
 
 if TYPE_CHECKING:
     import torch
@@ -152,16 +152,6 @@ def cooldown(step: int, total_steps: int, cooldown_steps: int) -> float:
     if cooldown_steps <= 0:
         return 1.0
     return min(1.0, max(0.0, (total_steps - step) / (cooldown_steps + 1)))
-
-
-def draw_batch(rng: random.Random, by_task: dict[str, list], batch_size: int, env_share: float) -> tuple[list, list]:
-    """One batch of training rows: each slot is an `A:` row with probability `env_share`, else a `P:` row
-    (drawn with replacement). With no `A:` rows every slot takes a `P:` row; with no `P:` rows the batch holds
-    only the `A:` slots."""
-    n_env = sum(rng.random() < env_share for _ in range(batch_size))
-    env_rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
-    pol_rows = rng.choices(by_task["P"], k=batch_size - len(env_rows)) if by_task["P"] else []
-    return env_rows, pol_rows
 
 
 def set_dropout(model, p: float) -> None:

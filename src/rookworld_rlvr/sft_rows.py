@@ -3,8 +3,9 @@
 A row is the token ids of one sample (or of the model's own answer), where its likelihood targets
 start, which tokens are banned where (the unlikelihood of repeating an M: move), and for a P:
 sample its true candidates best first, so the model's own repeated lists can be corrected
-(`own_repeat_rows`). Owns the rows and their batches; `sft` owns the loop. Imports torch inside
-functions only; the chess it knows is the P: text's `M:` list, read as words.
+(`own_repeat_rows`). Owns the rows, their batches and the task mix of a batch (`draw_batch`); `sft`
+owns the loop. Imports torch inside functions only; the chess it knows is the P: text's `M:` list,
+read as words.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    import random
+
     import torch
 
 
@@ -229,3 +232,13 @@ def own_repeat_rows(model, tokenizer, rows: list, max_new_tokens: int = 30,
             if whole[: len(prefix)] == prefix:  # the prefix tokenizes alike with the target after it
                 out.append(Row(ids[:n] + whole, -1, (), (), n + len(prefix), target_weight))
     return out
+
+
+def draw_batch(rng: random.Random, by_task: dict[str, list], batch_size: int, env_share: float) -> tuple[list, list]:
+    """One batch of training rows: each slot is an `A:` row with probability `env_share`, else a `P:` row
+    (drawn with replacement). With no `A:` rows every slot takes a `P:` row; with no `P:` rows the batch holds
+    only the `A:` slots."""
+    n_env = sum(rng.random() < env_share for _ in range(batch_size))
+    env_rows = rng.choices(by_task["A"], k=n_env) if by_task["A"] and n_env else []
+    pol_rows = rng.choices(by_task["P"], k=batch_size - len(env_rows)) if by_task["P"] else []
+    return env_rows, pol_rows
