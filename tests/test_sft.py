@@ -580,7 +580,7 @@ def test_env_share_sets_the_task_mix_of_each_batch(tmp_path, small_data):
     """--env-share: the share of A: rows in a batch (the rest P:), counted in the step log as A_rows."""
     import random
 
-    from rookworld_rlvr.sft import draw_batch
+    from rookworld_rlvr.sft_rows import draw_batch
 
     by_task = {"A": ["a"] * 5, "P": ["p"] * 5}
     rng = random.Random(0)
@@ -594,8 +594,7 @@ def test_env_share_sets_the_task_mix_of_each_batch(tmp_path, small_data):
     base = dict(data=str(small_data / "train.jsonl"), eval_data="", steps=2, batch_size=4, own_repeats=0,
                 save_every=10, device="cpu", threads=1)
     for share, a_rows in ((0.0, 0), (1.0, 4)):
-        out = tmp_path / f"m{share}"
-        train(SFTConfig(**base, out=str(out), env_share=share), progress=False)
+        train(SFTConfig(**base, out=str(tmp_path / f"m{share}"), env_share=share), progress=False)
         log = [json.loads(x) for x in (tmp_path / f"m{share}.sft_log.jsonl").read_text().splitlines()]
         assert [r["A_rows"] for r in log] == [a_rows, a_rows]
     with pytest.raises(ValueError, match="sft.env_share must be in"):

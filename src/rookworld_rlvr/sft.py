@@ -26,8 +26,7 @@ from rookworld_rlvr.sft_rows import (draw_batch, encode, legality_loss, make_bat
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SFTConfig", "draw_batch", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout",
-           "train"]
+__all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
 
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
