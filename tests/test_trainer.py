@@ -408,6 +408,14 @@ def test_anchor_config_is_validated():
             load_config(None, over)
 
 
+def test_anchor_without_its_tasks_samples_fails_before_any_work(tmp_path, tiny_model_dir, small_data, scorer):
+    lines = (small_data / "train.jsonl").read_text().splitlines()
+    only_p = tmp_path / "p.jsonl"
+    only_p.write_text("\n".join(x for x in lines if json.loads(x)["task"] == "P") + "\n")
+    with pytest.raises(ValueError, match=r"'anchor_tasks' \(A\) needs A: samples.*p.jsonl has none"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, data=str(only_p), mix_env_ratio=0.0, anchor_coef=1.0)
+
+
 def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=4)
     tr.anchor.batch(tr.policy)  # fits the model's 320 positions

@@ -23,6 +23,10 @@ AnchorBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # ids, atten
 class Anchor:
     def __init__(self, cfg: TrainConfig, by_task: dict[str, list], tokenizer, device: torch.device) -> None:
         self.cfg, self.tokenizer, self.device = cfg, tokenizer, device
+        for t in cfg.anchor_tasks:  # here, not at the first step after the base evaluation
+            if not by_task[t]:
+                raise ValueError(f"config field 'anchor_tasks' ({cfg.anchor_tasks}) needs {t}: samples, and the "
+                                 f"training data {cfg.data} has none (add them, or set anchor_coef 0)")
         self.sampler = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1)
 
     def batch(self, model) -> AnchorBatch:
