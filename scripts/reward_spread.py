@@ -1,0 +1,109 @@
+"""Which reward components the GRPO advantage follows on real batches (no training: about a minute).
+
+    python scripts/reward_spread.py                          # configs/default.yaml, 16 batches
+    python scripts/reward_spread.py --batches 32 --config configs/stable.yaml
+
+Samples batches as step 0 of `rookworld train` does (the preset's model, data, sampling and
+rewards), keeps the P: position groups (puzzles have one component) and splits each group's
+reward variance exactly among the weighted components: a component's share is
+sum_groups cov(w_k * c_k, r) / sum_groups var(r), so the shares add up to 1. It does this over
+whole groups and again over the legal samples of each group alone, and splits each group's
+variance into legal-against-illegal and within each side. A large `best_legal`/legal-against-
+illegal share means the advantage mostly says "be legal"; the `quality` share among legal
+samples is what is left to say "play the better move".
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+from rookworld_rlvr.config import load_config
+from rookworld_rlvr.grpo.cli import build
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def shares(groups: list[list[tuple[float, dict[str, float]]]], weights: dict[str, float]) -> tuple[dict[str, float], float]:
+    """Each weighted component's share of the summed within-group reward variance, and that variance."""
+    cov = {k: 0.0 for k in weights}
+    var = 0.0
+    total_w = sum(weights.values())
+    for g in groups:
+        if len(g) < 2:
+            continue
+        r = [x for x, _ in g]
+        mr = _mean(r)
+        var += sum((x - mr) ** 2 for x in r)
+        for k, w in weights.items():
+            c = [w / total_w * comps.get(k, 0.0) for _, comps in g]
+            mc = _mean(c)
+            cov[k] += sum((ci - mc) * (ri - mr) for ci, ri in zip(c, r))
+    return ({k: v / var for k, v in cov.items()} if var > 0 else {k: 0.0 for k in cov}), var
+
+
+def legality_split(groups: list[list[tuple[float, dict[str, float]]]]) -> tuple[float, float, float]:
+    """Shares of the within-group variance: legal against illegal, among legal, among illegal."""
+    between = legal = illegal = 0.0
+    for g in groups:
+        r = [x for x, _ in g]
+        mr = _mean(r)
+        for side, acc in ((1.0, "legal"), (0.0, "illegal")):
+            part = [x for x, c in g if c.get("best_legal", 0.0) == side]
+            if not part:
+                continue
+            mp = _mean(part)
+            between += len(part) * (mp - mr) ** 2
+            within = sum((x - mp) ** 2 for x in part)
+            if acc == "legal":
+                legal += within
+            else:
+                illegal += within
+    total = between + legal + illegal
+    return (between / total, legal / total, illegal / total) if total > 0 else (0.0, 0.0, 0.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--batches", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(args.config, {"output_dir": tmp, "eval_data": "", "seed": args.seed, "progress": False,
+                                        "tensorboard": False, "report": False})
+        trainer, pool = build(cfg, log=lambda *_: None)
+        groups = []
+        try:
+            for step in range(args.batches):
+                for g in trainer.collect(step, {}):
+                    if g[0].task == "P" and "quality" in g[0].components:
+                        groups.append([(x.reward, x.components) for x in g])
+        finally:
+            pool.close()
+    weights = dict(cfg.policy_weights)
+    samples = [x for g in groups for x in g]
+    n_legal = sum(c.get("best_legal", 0.0) == 1.0 for _, c in samples)
+    print(f"{args.config}: {len(groups)} P: position groups of {cfg.group_size}, "
+          f"{n_legal / len(samples):.1%} of the sampled B: moves legal")
+    whole, var_all = shares(groups, weights)
+    legal_groups = [[x for x in g if x[1].get("best_legal", 0.0) == 1.0] for g in groups]
+    among, var_legal = shares(legal_groups, weights)
+    between, within_legal, within_illegal = legality_split(groups)
+    print(f"within-group reward variance: {between:.1%} legal against illegal, {within_legal:.1%} among legal "
+          f"samples, {within_illegal:.1%} among illegal ones")
+    print(f"{'component':>10} {'weight':>7} {'share (all samples)':>20} {'share (legal samples)':>22}")
+    for k in weights:
+        print(f"{k:>10} {weights[k]:>7g} {whole[k]:>20.1%} {among[k]:>22.1%}")
+    print(f"summed variance: all {var_all:.3f}, legal only {var_legal:.3f}")
+    q_sd = sorted(statistics.stdev(c["quality"] for _, c in g) for g in legal_groups if len(g) >= 2)
+    if q_sd:  # what quality_advantage multiplies: pick it against the group-normalised advantage's std of 1
+        print(f"quality among a group's legal samples: std median {statistics.median(q_sd):.3f}, "
+              f"90th percentile {q_sd[len(q_sd) * 9 // 10]:.3f} ({len(q_sd)} groups with 2 or more legal samples)")
+
+
+if __name__ == "__main__":
+    main()
