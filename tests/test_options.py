@@ -38,6 +38,24 @@ def flat_on_p(prompts, completions, truths, weights):
                                                                                                  truths, weights))]
 
 
+class _Scored:
+    def __init__(self, total, components):
+        self.total, self.components, self.valid_format = total, components, True
+
+
+def quality_only(prompts, completions, truths, weights):
+    """P: rows all legal, of one total (a flat group) but of different quality; A: rows varied."""
+    out = varied_reward(prompts, completions, truths, weights)
+    return [r if p.startswith("A") else _Scored(0.5, {"best_legal": 1.0, "quality": r.total})
+            for p, r in zip(prompts, out)]
+
+
+def _p_advantages(env: "Env", over: dict) -> list[float]:
+    tr = env.trainer(over, quality_only)
+    batch = tr.assemble(tr.collect(0, {}))
+    return [a for r, a in zip(batch.rows, batch.advantages.tolist()) if r.task == "P"]
+
+
 @dataclass
 class Env:
     tmp: Path
@@ -339,6 +357,8 @@ ROWS = [
       for s in ("batch", "none")],
     Row("std_floor", {"std_floor": 10.0}, STEP, lambda b, o: last(o, "adv/max") < last(b, "adv/max")),
     Row("std_floor_mode", {"std_floor_mode": "add"}, STEP, lambda b, o: last(o, "adv/max") < last(b, "adv/max")),
+    Row("quality_advantage", {"quality_advantage": 2.0}, P(_p_advantages),  # a flat P: group learns from quality
+        lambda b, o: set(b) == {0.0} and len(set(o)) > 1 and abs(sum(o)) < 1e-5),
     Row("reward_norm", {"reward_norm": True}, STEP, lambda b, o: last(o, "adv/std") != last(b, "adv/std"),
         base={"scale_rewards": "none"}),
     Row("reward_norm_momentum", {"reward_norm_momentum": 0.5}, STEP2,
@@ -642,6 +662,7 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),
              ({"dynamic_sampling_oversample": 2.0}, "dynamic_sampling_oversample: dynamic_sampling is 0"),
              ({"mix_env_ratio": 0.0, "env_terminal_share": 0.2}, "env_terminal_share: no A: prompts"),
+             ({"mix_env_ratio": 1.0, "quality_advantage": 1.0}, "quality_advantage: no P: positions"),
              ({"mix_env_ratio": 0.0, "task_sampling": {"A": {"temperature": 0.7}}}, "task_sampling: A:"),
              ({"mix_env_ratio": 0.0, "temperature": 0.9, "task_sampling": {"P": {"temperature": 0.7}}},
               "temperature: every sampled task sets its own"),

@@ -125,6 +125,9 @@ class TrainConfig:
     std_floor_mode: str = _f("max", "max: divide by max(std, std_floor), which shrinks groups whose std is below the floor "
                                     "(one of 8 rewards 0.1 apart: -29% at 0.05) | add: divide by std + std_floor (TRL, "
                                     "with std_floor 1e-4)")
+    quality_advantage: float = _f(0.0, "add to each legal P: sample's advantage this x (its quality minus the mean quality "
+                                       "of its group's legal samples): a signal for the better legal move that the "
+                                       "legal-against-illegal spread does not drown (grpo/quality_term.py; 0 = off)")
     reward_norm: bool = _f(False, "divide advantages by an EMA of the reward std (needs scale_rewards none: group or batch "
                                   "scaling would cancel it)")
     reward_norm_momentum: float = _f(0.9, "EMA momentum of the reward normaliser")

@@ -70,6 +70,8 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.tis_cap is None or cfg.tis_cap >= 1, "tis_cap", "must be >= 1 or null")
     need(not cfg.reward_norm or cfg.scale_rewards == "none", "reward_norm",
          "needs scale_rewards none: under group or batch scaling the EMA's mean and std cancel out")
+    need(cfg.quality_advantage >= 0 and math.isfinite(cfg.quality_advantage), "quality_advantage",
+         "must be finite and >= 0")
     need(0 <= cfg.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
     need(cfg.anchor_coef >= 0 and math.isfinite(cfg.anchor_coef), "anchor_coef", "must be finite and >= 0")
     need(cfg.anchor_batch >= len(cfg.anchor_tasks) and cfg.anchor_batch % len(cfg.anchor_tasks) == 0,
@@ -132,6 +134,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list
         (("reward_norm_momentum",), not cfg.reward_norm, "reward_norm is off"),
         (("std_floor", "std_floor_mode"), cfg.scale_rewards == "none", "scale_rewards none divides by nothing"),
         (("dynamic_sampling_oversample",), cfg.dynamic_sampling == 0, "dynamic_sampling is 0"),
+        (("quality_advantage",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
+         "no P: positions are sampled (their quality is what the term compares)"),
         (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
         (("eval_limit", "eval_every"), not cfg.eval_data, "eval_data is empty (no evaluation)"),
     ]

@@ -24,6 +24,7 @@ from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.control import RewardNormalizer
 from rookworld_rlvr.grpo.loss import group_advantages
 from rookworld_rlvr.grpo.prompts import PromptSampler
+from rookworld_rlvr.grpo.quality_term import legal_quality_advantages
 from rookworld_rlvr.model import generate
 from rookworld_rlvr.model.generate import positions_from_mask
 from rookworld_rlvr.model.padding import pad, pad_pairs
@@ -214,8 +215,13 @@ def assemble(groups: list[list[Row]], cfg: TrainConfig, normalizer: RewardNormal
     # scaling and the normaliser are those of one process; then this rank's slice
     everyone = dist.all_gather_tensor(rewards)
     shaped = normalizer.normalize(everyone) if cfg.reward_norm else everyone
-    adv = dist.shard(group_advantages(shaped, cfg.group_size, cfg.scale_rewards, cfg.std_floor,
-                                      cfg.std_floor_mode).float())
+    adv = group_advantages(shaped, cfg.group_size, cfg.scale_rewards, cfg.std_floor, cfg.std_floor_mode).float()
+    if cfg.quality_advantage:  # P: positions only: puzzles and A: rows have no quality component
+        quality = dist.all_gather_tensor(torch.tensor([r.components.get("quality", 0.0) for r in rows]))
+        legal = dist.all_gather_tensor(torch.tensor(
+            [float("quality" in r.components and r.components.get("best_legal") == 1.0) for r in rows]))
+        adv = adv + cfg.quality_advantage * legal_quality_advantages(quality, legal > 0, cfg.group_size)
+    adv = dist.shard(adv)
     completion = mask[:, P:].float()
     if cfg.truncated_completions == "mask":  # still in their groups' advantages, out of the loss
         completion[[i for i, r in enumerate(rows) if r.finish == "length"]] = 0.0
