@@ -401,6 +401,25 @@ def test_anchor_trains_on_ground_truth_answers_and_plain_grpo_does_not(tmp_path,
     assert records[0]["reward/mean"] == plain_log[0]["reward/mean"]
 
 
+def test_step_record_reports_move_quality_apart_from_legality():
+    """reward/P/quality counts an illegal move as 0; quality_legal is the quality of the legal moves alone,
+    so a run that only gets more legal shows up as flat there."""
+    from types import SimpleNamespace
+
+    from rookworld_rlvr.grpo.rollout import Row
+    from rookworld_rlvr.grpo.runlog import step_record
+
+    def row(legal: float, quality: float) -> Row:
+        return Row("P", "", None, [1], [2], [0.0], "", "stop", quality, {"best_legal": legal, "quality": quality})
+
+    rows = [row(1.0, 0.9), row(1.0, 0.5), row(0.0, 0.0), row(0.0, 0.0)]
+    batch = SimpleNamespace(rows=rows, rewards=torch.tensor([0.9, 0.5, 0.0, 0.0]), advantages=torch.zeros(4))
+    rec = step_record(0, batch, {}, {}, 1.0, 4, False, {})
+    assert rec["reward/P/quality"] == pytest.approx(0.35) and rec["reward/P/quality_legal"] == pytest.approx(0.7)
+    batch.rows = [row(0.0, 0.0)] * 4
+    assert "reward/P/quality_legal" not in step_record(0, batch, {}, {}, 1.0, 4, False, {})
+
+
 def test_anchor_config_is_validated():
     for over, field in (({"anchor_coef": -1.0}, "anchor_coef"), ({"anchor_tasks": "X"}, "anchor_tasks"),
                         ({"anchor_tasks": "PA", "anchor_batch": 3}, "anchor_batch")):

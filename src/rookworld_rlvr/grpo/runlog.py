@@ -92,6 +92,9 @@ def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float,
             rec["reward/puzzle"] = sum(r.reward for r in tr) / len(tr)
         for comp in dict.fromkeys(k for r in tr for k in r.components):
             rec[f"reward/{source}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
+    legal = [r for r in rows if "quality" in r.components and r.components.get("best_legal") == 1.0]
+    if legal:  # move quality apart from legality (reward/P/quality counts an illegal move as 0)
+        rec["reward/P/quality_legal"] = sum(r.components["quality"] for r in legal) / len(legal)
     rec["beta"] = m.get("beta", 0.0)
     rec["kl_share"] = m.get("kl_share", 0.0)
     rec["reward_mean"] = rec["reward/mean"]
