@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 
-from rookworld_rlvr.config import load_config
-from rookworld_rlvr.grpo.cli import build
+from step0_batches import sampled_groups
 
 
 def _mean(xs: list[float]) -> float:
@@ -72,18 +70,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(args.config, {"output_dir": tmp, "eval_data": "", "seed": args.seed, "progress": False,
-                                        "tensorboard": False, "report": False})
-        trainer, pool = build(cfg, log=lambda *_: None)
-        groups = []
-        try:
-            for step in range(args.batches):
-                for g in trainer.collect(step, {}):
-                    if g[0].task == "P" and "quality" in g[0].components:
-                        groups.append([(x.reward, x.components) for x in g])
-        finally:
-            pool.close()
+    cfg, sampled = sampled_groups(args.config, args.batches, args.seed)
+    groups = [[(x.reward, x.components) for x in g] for g in sampled
+              if g[0].task == "P" and "quality" in g[0].components]
     weights = dict(cfg.policy_weights)
     samples = [x for g in groups for x in g]
     n_legal = sum(c.get("best_legal", 0.0) == 1.0 for _, c in samples)
@@ -98,7 +87,7 @@ def main() -> None:
     print(f"{'component':>10} {'weight':>7} {'share (all samples)':>20} {'share (legal samples)':>22}")
     for k in weights:
         print(f"{k:>10} {weights[k]:>7g} {whole[k]:>20.1%} {among[k]:>22.1%}")
-    print(f"summed variance: all {var_all:.3f}, legal only {var_legal:.3f}")
+    print(f"summed squared deviations from the group means: all samples {var_all:.3f}, legal ones {var_legal:.3f}")
     q_sd = sorted(statistics.stdev(c["quality"] for _, c in g) for g in legal_groups if len(g) >= 2)
     if q_sd:  # what quality_advantage multiplies: pick it against the group-normalised advantage's std of 1
         print(f"quality among a group's legal samples: std median {statistics.median(q_sd):.3f}, "

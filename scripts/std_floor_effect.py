@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 
 import torch
-
-from rookworld_rlvr.config import load_config
-from rookworld_rlvr.grpo.cli import build
+from step0_batches import sampled_groups
 
 
 def main() -> None:
@@ -30,19 +27,12 @@ def main() -> None:
     ap.add_argument("--floors", default="max:0.05,add:0.05,add:0.0001", help="mode:floor pairs to compare")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(args.config, {"output_dir": tmp, "eval_data": "", "seed": args.seed, "progress": False,
-                                        "tensorboard": False, "report": False})
-        trainer, pool = build(cfg, log=lambda *_: None)
-        try:
-            stds = []
-            for step in range(args.batches):
-                for g in trainer.collect(step, {}):
-                    r = torch.tensor([x.reward for x in g], dtype=torch.float64)
-                    if r.max() - r.min() > 1e-8:
-                        stds.append(float(r.std()))
-        finally:
-            pool.close()
+    cfg, groups = sampled_groups(args.config, args.batches, args.seed)
+    stds = []
+    for g in groups:
+        r = torch.tensor([x.reward for x in g], dtype=torch.float64)
+        if r.max() - r.min() > 1e-8:
+            stds.append(float(r.std()))
     n = cfg.batch_positions * args.batches
     print(f"{args.config}: {n} groups of {cfg.group_size}, {len(stds)} with a learning signal "
           f"({n - len(stds)} flat); their reward std: median {statistics.median(stds):.4f}, "

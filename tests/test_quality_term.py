@@ -70,3 +70,22 @@ def test_it_speaks_for_quality_where_legality_dominates_the_group():
     assert torch.allclose(with_term[4:], plain[4:])
     assert torch.allclose((with_term - plain)[:4], 4.0 * (quality[:4] - quality[:4].mean()))
     assert with_term[0] - with_term[3] > plain[0] - plain[3] + 3.0 * (quality[0] - quality[3])
+
+
+def test_reward_spread_splits_the_group_variance_exactly():
+    """scripts/reward_spread.py, whose figures the docs quote: by hand on one group of four."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from reward_spread import legality_split, shares
+    finally:
+        sys.path.pop(0)
+    group = [(1.0, {"best_legal": 1.0, "quality": 1.0}), (0.6, {"best_legal": 1.0, "quality": 0.2}),
+             (0.0, {"best_legal": 0.0, "quality": 0.0}), (0.0, {"best_legal": 0.0, "quality": 0.0})]
+    got, var = shares([group], {"best_legal": 1.0, "quality": 1.0})  # reward = (legal + quality) / 2
+    assert var == pytest.approx(0.72)
+    assert got["best_legal"] == pytest.approx(0.4 / 0.72) and got["quality"] == pytest.approx(0.32 / 0.72)
+    assert legality_split([group]) == pytest.approx((0.64 / 0.72, 0.08 / 0.72, 0.0))
