@@ -8,8 +8,9 @@ its group (0 for illegal samples and for groups with fewer than two legal ones):
 
     A_i += quality_advantage * (q_i - mean_{j legal in group} q_j)      (i legal)
 
-Its expected policy gradient is P(legal) * grad E[quality | legal]: the move quality among legal
-moves, whatever share of the group is illegal. Centred, not divided by a std, so groups whose
+Its expected policy gradient is E[max(n_legal - 1, 0)] * grad E[quality | legal] exactly (n_legal:
+the legal samples in a group; tests/test_quality_term.py enumerates it): it follows the move
+quality among legal moves, whatever share of the group is illegal. Centred, not divided by a std, so groups whose
 legal moves are nearly equal add nearly nothing rather than amplified noise.
 
 Owns that term. Imports torch only: nothing of the model, the trainer or chess.
