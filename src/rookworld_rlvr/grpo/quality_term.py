@@ -10,8 +10,8 @@ its group (0 for illegal samples and for groups with fewer than two legal ones):
 
 Its expected policy gradient is E[max(n_legal - 1, 0)] * grad E[quality | legal] exactly (n_legal:
 the legal samples in a group; tests/test_quality_term.py enumerates it): it follows the move
-quality among legal moves, whatever share of the group is illegal. Centred, not divided by a std, so groups whose
-legal moves are nearly equal add nearly nothing rather than amplified noise.
+quality among legal moves, whatever share of the group is illegal. Centred, not divided by a std,
+so groups whose legal moves are nearly equal add nearly nothing rather than amplified noise.
 
 Owns that term. Imports torch only: nothing of the model, the trainer or chess.
 """
@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def legal_position_move(components: dict[str, float]) -> bool:
+    """A P: position's sample (it has a quality; puzzles and A: rows do not) whose B: move is legal."""
+    return "quality" in components and components.get("best_legal") == 1.0
 
 
 def legal_quality_advantages(quality: Tensor, legal: Tensor, group_size: int) -> Tensor:

@@ -24,7 +24,7 @@ from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.control import RewardNormalizer
 from rookworld_rlvr.grpo.loss import group_advantages
 from rookworld_rlvr.grpo.prompts import PromptSampler
-from rookworld_rlvr.grpo.quality_term import legal_quality_advantages
+from rookworld_rlvr.grpo.quality_term import legal_position_move, legal_quality_advantages
 from rookworld_rlvr.model import generate
 from rookworld_rlvr.model.generate import positions_from_mask
 from rookworld_rlvr.model.padding import pad, pad_pairs
@@ -218,8 +218,7 @@ def assemble(groups: list[list[Row]], cfg: TrainConfig, normalizer: RewardNormal
     adv = group_advantages(shaped, cfg.group_size, cfg.scale_rewards, cfg.std_floor, cfg.std_floor_mode).float()
     if cfg.quality_advantage:  # P: positions only: puzzles and A: rows have no quality component
         quality = dist.all_gather_tensor(torch.tensor([r.components.get("quality", 0.0) for r in rows]))
-        legal = dist.all_gather_tensor(torch.tensor(
-            [float("quality" in r.components and r.components.get("best_legal") == 1.0) for r in rows]))
+        legal = dist.all_gather_tensor(torch.tensor([float(legal_position_move(r.components)) for r in rows]))
         adv = adv + cfg.quality_advantage * legal_quality_advantages(quality, legal > 0, cfg.group_size)
     adv = dist.shard(adv)
     completion = mask[:, P:].float()

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from rookworld_rlvr.data.io import atomic_write_text
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.loss import zero_variance_groups
+from rookworld_rlvr.grpo.quality_term import legal_position_move
 from rookworld_rlvr.grpo.rollout import Batch
 
 
@@ -92,7 +93,7 @@ def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float,
             rec["reward/puzzle"] = sum(r.reward for r in tr) / len(tr)
         for comp in dict.fromkeys(k for r in tr for k in r.components):
             rec[f"reward/{source}/{comp}"] = sum(r.components.get(comp, 0.0) for r in tr) / len(tr)
-    legal = [r for r in rows if "quality" in r.components and r.components.get("best_legal") == 1.0]
+    legal = [r for r in rows if legal_position_move(r.components)]
     if legal:  # move quality apart from legality (reward/P/quality counts an illegal move as 0)
         rec["reward/P/quality_legal"] = sum(r.components["quality"] for r in legal) / len(legal)
     rec["beta"] = m.get("beta", 0.0)
