@@ -10,7 +10,9 @@ sum_groups cov(w_k * c_k, r) / sum_groups var(r), so the shares add up to 1. It 
 whole groups and again over the legal samples of each group alone, and splits each group's
 variance into legal-against-illegal and within each side. A large `best_legal`/legal-against-
 illegal share means the advantage mostly says "be legal"; the `quality` share among legal
-samples is what is left to say "play the better move".
+samples is what is left to say "play the better move". Last, the mean quality of the sampled legal
+moves beside what a uniformly random legal move earns on the judged held-out positions (--strength):
+chance's figure for reward/P/quality_legal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import argparse
 import statistics
 
 from step0_batches import sampled_groups
+
+from rookworld_rlvr.data.judged import read_judged
+from rookworld_rlvr.tasks import strength
+from rookworld_rlvr.tasks.rewards import move_quality
 
 
 def _mean(xs: list[float]) -> float:
@@ -64,11 +70,24 @@ def legality_split(groups: list[list[tuple[float, dict[str, float]]]]) -> tuple[
     return (between / total, legal / total, illegal / total) if total > 0 else (0.0, 0.0, 0.0)
 
 
+def random_mover_quality(path: str, quality_scale: float) -> float:
+    """The mean `quality` a uniformly random legal move earns on judged positions (every legal move's
+    eval: `rookworld data judge`), scored as the reward scores it: what chance gives reward/P/quality_legal."""
+    per_position = []
+    for pos in read_judged(path):
+        per_position.append(statistics.fmean(
+            1.0 if e == pos.best_eval or strength.mates(pos.fen, m) else move_quality(pos.best_eval, e, quality_scale)
+            for m, e in pos.evals.items()))
+    return statistics.fmean(per_position)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/default.yaml")
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--strength", default="data/strength.jsonl.gz",
+                    help="judged positions for the random mover's quality ('' = skip)")
     args = ap.parse_args()
     cfg, sampled = sampled_groups(args.config, args.batches, args.seed)
     groups = [[(x.reward, x.components) for x in g] for g in sampled
@@ -92,6 +111,11 @@ def main() -> None:
     if q_sd:  # what quality_advantage multiplies: pick it against the group-normalised advantage's std of 1
         print(f"quality among a group's legal samples: std median {statistics.median(q_sd):.3f}, "
               f"90th percentile {q_sd[len(q_sd) * 9 // 10]:.3f} ({len(q_sd)} groups with 2 or more legal samples)")
+
+    if args.strength:
+        q = statistics.fmean(c["quality"] for g in groups for _, c in g if c.get("best_legal") == 1.0)
+        print(f"quality of the sampled legal moves {q:.3f}; of a uniformly random legal move on {args.strength} "
+              f"{random_mover_quality(args.strength, cfg.reward_config().quality_scale):.3f}")
 
 
 if __name__ == "__main__":

@@ -72,15 +72,16 @@ def test_it_speaks_for_quality_where_legality_dominates_the_group():
     assert with_term[0] - with_term[3] > plain[0] - plain[3] + 3.0 * (quality[0] - quality[3])
 
 
-def test_reward_spread_splits_the_group_variance_exactly():
-    """scripts/reward_spread.py, whose figures the docs quote: by hand on one group of four."""
+def test_reward_spread_splits_the_group_variance_exactly(tmp_path):
+    """scripts/reward_spread.py, whose figures the docs quote: the split by hand on one group of four, and the
+    random mover's quality by the reward's own scoring of each legal move."""
     import sys
 
     from conftest import REPO
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
-        from reward_spread import legality_split, shares
+        from reward_spread import legality_split, random_mover_quality, shares
     finally:
         sys.path.pop(0)
     group = [(1.0, {"best_legal": 1.0, "quality": 1.0}), (0.6, {"best_legal": 1.0, "quality": 0.2}),
@@ -89,3 +90,15 @@ def test_reward_spread_splits_the_group_variance_exactly():
     assert var == pytest.approx(0.72)
     assert got["best_legal"] == pytest.approx(0.4 / 0.72) and got["quality"] == pytest.approx(0.32 / 0.72)
     assert legality_split([group]) == pytest.approx((0.64 / 0.72, 0.08 / 0.72, 0.0))
+    # the chance figure beside reward/P/quality_legal: the reward's own quality of each legal move, averaged
+    import json
+
+    fen, evals = "7k/8/8/8/8/8/8/K7 w - - 0 1", {"a1b2": 0.0, "a1a2": -0.5, "a1b1": -0.9}
+    judged = tmp_path / "judged.jsonl"
+    judged.write_text(json.dumps({"fen": fen, "evals": evals}) + "\n")
+    got = random_mover_quality(str(judged), RewardScorer().config.quality_scale)
+    truth = PolicyTruth(fen, tuple(evals), tuple(evals.values()), ("a1b2",))
+    head = completion(truth).rsplit("B:", 1)[0]
+    each = [RewardScorer().score(prompt(fen), head + f"B: {m}", truth).components["quality"] for m in evals]
+    assert each[0] == 1.0 > each[1] > each[2] >= 0.0
+    assert got == pytest.approx(sum(each) / 3)

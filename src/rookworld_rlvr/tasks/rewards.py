@@ -244,9 +244,8 @@ class RewardScorer:
         elif correct:
             c["quality"] = 1.0
         else:
-            value = self._move_value(truth, best, len(legal), notes)
-            loss = strength.move_loss(max(truth.evals), value)
-            c["quality"] = min(0.99, max(0.0, 1.0 - loss / cfg.quality_scale))  # full credit only for a best move
+            c["quality"] = move_quality(max(truth.evals), self._move_value(truth, best, len(legal), notes),
+                                        cfg.quality_scale)
         c["candidates"] = _candidate_score(parsed.moves or [], truth, legal)
         c["evals"] = self._eval_score(parsed, truth)
         q = _weighted(c, weights)
@@ -297,6 +296,12 @@ class RewardScorer:
         c = {"format": 1.0 if parsed.valid else 0.5, "solved": 1.0 if solved else 0.0}
         total = 1.0 if solved and parsed.valid else 0.0
         return RewardResult(total, c, parsed.valid, "P", notes, solved)
+
+
+def move_quality(best_eval: float, move_eval: float, quality_scale: float) -> float:
+    """`quality` of a legal move that is not a best move (those score 1): 1 - its expected-score loss /
+    quality_scale, in [0, 0.99], so full credit comes only for a best move."""
+    return min(0.99, max(0.0, 1.0 - strength.move_loss(best_eval, move_eval) / quality_scale))
 
 
 def _candidate_score(written: list[str], truth: PolicyTruth, legal: set[str]) -> float:
