@@ -576,6 +576,39 @@ def test_cooldown_steps_take_the_lr_down_a_straight_line_at_the_end_of_a_resumed
         SFTConfig(**{**base, "min_lr_ratio": 1.5}).validate()
 
 
+def test_stop_after_minutes_pauses_the_run_and_max_minutes_ends_it(tmp_path, small_data, monkeypatch):
+    """--stop-after-minutes ends a session, not the run: the lr keeps the --steps schedule and --resume
+    finishes exactly the run one straight invocation makes. --max-minutes is the run's budget: the
+    schedule follows it, so the same two minutes end on the decayed lr. A fake clock makes a step a minute."""
+    import rookworld_rlvr.sft as sft
+
+    clock, real = [0.0], sft._accumulate
+
+    def one_minute_step(*args, **kwargs):
+        clock[0] += 60
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "_accumulate", one_minute_step)
+    monkeypatch.setattr(sft.time, "time", lambda: clock[0])
+
+    def run(name, resume=False, **kw):
+        train(SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), steps=6,
+                        batch_size=4, own_repeats=0, lr=1e-3, warmup_steps=1, save_every=100, device="cpu",
+                        threads=1, **kw), resume=resume, progress=False)
+        return [json.loads(x) for x in (tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()]
+
+    straight = run("straight")
+    assert [r["step"] for r in run("split", stop_after_minutes=2)] == [1, 2]
+    split = run("split", resume=True)
+    assert [(r["step"], r["lr"], r["loss"]) for r in split] == [(r["step"], r["lr"], r["loss"]) for r in straight]
+    budget = run("budget", max_minutes=2)
+    assert [r["step"] for r in budget] == [1, 2]
+    assert budget[0]["lr"] == straight[0]["lr"] and budget[1]["lr"] < straight[1]["lr"]
+    for field in ("stop_after_minutes", "max_minutes"):
+        with pytest.raises(ValueError, match=f"sft.{field} must be a positive number of minutes"):
+            SFTConfig(data=str(small_data / "train.jsonl"), **{field: 0}).validate()
+
+
 def test_env_share_sets_the_task_mix_of_each_batch(tmp_path, small_data):
     """--env-share: the share of A: rows in a batch (the rest P:), counted in the step log as A_rows."""
     import random

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _OPTIONAL = {
     "eval": ("rookworld_rlvr.eval_cli", "evaluate a model on the held-out set (greedy)"),
-    "sft": ("rookworld_rlvr.sft", "supervised bootstrap of a base model"),
+    "sft": ("rookworld_rlvr.sft_cli", "supervised bootstrap of a base model"),
     "train": ("rookworld_rlvr.grpo.cli", "GRPO training (the main job)"),
     "check-batch": ("rookworld_rlvr.grpo.cli", "collect one batch and check it"),
     "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),

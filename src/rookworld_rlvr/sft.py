@@ -11,7 +11,6 @@ stays fast.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -62,7 +61,10 @@ class SFTConfig:
     legal_coef: float = 0.0
     env_share: float = 0.5  # share of A: samples in each batch
     steps: int = 3000
-    max_minutes: float | None = None  # stop early at this wall-clock budget (the schedule follows the budget)
+    max_minutes: float | None = None  # the whole run's wall-clock budget, over resumes (the schedule follows it)
+    # end this invocation after so many minutes, checkpointed; the schedule still follows --steps, so
+    # --resume continues the same run (how a long run is spread over sessions)
+    stop_after_minutes: float | None = None
     batch_size: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -112,6 +114,10 @@ class SFTConfig:
             raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
         if not 0 <= self.cooldown_steps <= self.steps:
             raise ValueError(f"sft.cooldown_steps must be in [0, steps={self.steps}], got {self.cooldown_steps}")
+        for name in ("max_minutes", "stop_after_minutes"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"sft.{name} must be a positive number of minutes, got {value}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"sft.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not Path(self.data).exists():
@@ -300,7 +306,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     model.train()
     model.config.use_cache = False
-    while step < cfg.steps and progress_frac() < 1.0:
+    def paused() -> bool:  # this invocation's time is up (stop_after_minutes); the run itself goes on
+        return cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60
+
+    while step < cfg.steps and progress_frac() < 1.0 and not paused():
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress
         at = int(progress_frac() * cfg.steps)
         lr = cfg.lr * warm * cosine_lr(at, cfg.steps, 0, cfg.min_lr_ratio) * cooldown(at, cfg.steps, cfg.cooldown_steps)
@@ -329,7 +338,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
                   "lr": lr,
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
-        done = step >= cfg.steps or progress_frac() >= 1.0
+        done = step >= cfg.steps or progress_frac() >= 1.0 or paused()
         if step % cfg.eval_every == 0 or done:
             record.update(_evaluate(model, tokenizer, eval_rows, eval_samples, cfg, device))
             model.train()
@@ -344,7 +353,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     model.config.use_cache = True
     save()
     save(final=True)
-    print(f"sft: saved {out} after {step} steps, {(elapsed_before + time.time() - t0) / 60:.1f} min")
+    print(f"sft: saved {out} after {step} steps, {(elapsed_before + time.time() - t0) / 60:.1f} min"
+          + (f"; paused, --resume continues to step {cfg.steps}" if step < cfg.steps and paused() else ""))
     return metrics
 
 
@@ -393,49 +403,3 @@ def _scorer():
 
         _SCORER = RewardScorer(engine=StockfishPool(EngineConfig(depth=8, workers=1)))
     return _SCORER
-
-
-_HELP = {
-    "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
-                 "(square, and FEN boards written square by square); fresh models only, default board",
-    "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
-    "own_repeats": "P: rows per step the model answers greedily; the moves it repeats there are pushed down "
-                   "(with distinct_coef; 0 = off)",
-    "own_targets": "weight of the correction where the model repeats a move: the best true candidate it has not "
-                   "listed yet, learned in its own context (DAgger); 0 = the ban alone",
-    "legal_coef": "weight of the legality loss: at each token of a P: move, -log p(a token that continues a legal "
-                  "move not yet listed); 0 = off. On rookworld-board it raised legal moves and lowered their "
-                  "quality (models/README.md)",
-    "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
-             "or given (as stored; upstream shuffled them)",
-    "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
-                "bf16 on a CPU can be many times slower than float32)",
-    "eval_data": "held-out samples, evaluated every eval_every steps (default: data/eval.jsonl.gz; '' = none)",
-    "preset": "shape of a fresh model: tiny (6 x 256, 4.9M parameters), small (8 x 384, 14M), wide (6 x 512, 19M) "
-              "or gpt2-124m",
-    "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
-    "cooldown_steps": "the last N steps of --steps take the lr linearly down to zero (0 = off); on a resume, "
-                      "--steps S --cooldown-steps N with S - N at the checkpoint's step ends a run on a cooldown",
-    "env_share": "share of each batch drawn from the A: (environment) rows, the rest P: (policy) rows; the "
-                 "step's log counts them (A_rows). Default 0.5",
-    "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
-                   "with its output projections at zero, so training starts from the init model's exact outputs "
-                   "(0 = keep its depth)",
-}
-
-
-def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    defaults = SFTConfig()
-    for field, value in asdict(defaults).items():
-        flag = "--" + field.replace("_", "-")
-        kind = type(value) if value is not None else {"max_minutes": float, "threads": int}.get(field, str)
-        p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
-    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
-    p.add_argument("--quiet", action="store_true")
-
-
-def run(args: argparse.Namespace, name: str) -> int:
-    fields = asdict(SFTConfig())
-    cfg = SFTConfig(**{k: getattr(args, k) for k in fields})
-    train(cfg, resume=args.resume, progress=not args.quiet)
-    return 0

@@ -1,0 +1,61 @@
+"""`rookworld sft`'s command line: one flag per `SFTConfig` field, with the help a user needs.
+
+Owns the flags and their help text; the training itself is `sft.train`. Imports only the
+config here, so `rookworld --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from rookworld_rlvr.sft import SFTConfig, train
+
+_HELP = {
+    "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
+                 "(square, and FEN boards written square by square); fresh models only, default board",
+    "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
+    "own_repeats": "P: rows per step the model answers greedily; the moves it repeats there are pushed down "
+                   "(with distinct_coef; 0 = off)",
+    "own_targets": "weight of the correction where the model repeats a move: the best true candidate it has not "
+                   "listed yet, learned in its own context (DAgger); 0 = the ban alone",
+    "legal_coef": "weight of the legality loss: at each token of a P: move, -log p(a token that continues a legal "
+                  "move not yet listed); 0 = off. On rookworld-board it raised legal moves and lowered their "
+                  "quality (models/README.md)",
+    "order": "P: candidates in the target: best-first (by eval; greedy decoding then writes distinct moves) "
+             "or given (as stored; upstream shuffled them)",
+    "autocast": "none, bf16 or auto (bf16 where the hardware does it well: CUDA, or a CPU with AMX; elsewhere "
+                "bf16 on a CPU can be many times slower than float32)",
+    "eval_data": "held-out samples, evaluated every eval_every steps (default: data/eval.jsonl.gz; '' = none)",
+    "preset": "shape of a fresh model: tiny (6 x 256, 4.9M parameters), small (8 x 384, 14M), wide (6 x 512, 19M) "
+              "or gpt2-124m",
+    "init": "continue from this model directory (with its own tokenizer) instead of a fresh model",
+    "cooldown_steps": "the last N steps of --steps take the lr linearly down to zero (0 = off); on a resume, "
+                      "--steps S --cooldown-steps N with S - N at the checkpoint's step ends a run on a cooldown",
+    "max_minutes": "the whole run's wall-clock budget in minutes, counted over resumes; the lr schedule follows "
+                   "it (the run ends on its decay when the time is up)",
+    "stop_after_minutes": "end this invocation after so many minutes, with the checkpoint saved; the lr schedule "
+                          "still follows --steps, so --resume later continues the same run",
+    "env_share": "share of each batch drawn from the A: (environment) rows, the rest P: (policy) rows; the "
+                 "step's log counts them (A_rows). Default 0.5",
+    "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
+                   "with its output projections at zero, so training starts from the init model's exact outputs "
+                   "(0 = keep its depth)",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    defaults = SFTConfig()
+    for field, value in asdict(defaults).items():
+        flag = "--" + field.replace("_", "-")
+        kind = type(value) if value is not None else {"max_minutes": float, "stop_after_minutes": float, "threads": int}.get(field, str)
+        p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
+    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
+    p.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    fields = asdict(SFTConfig())
+    cfg = SFTConfig(**{k: getattr(args, k) for k in fields})
+    train(cfg, resume=args.resume, progress=not args.quiet)
+    return 0
