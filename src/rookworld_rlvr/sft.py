@@ -137,8 +137,8 @@ class SFTConfig:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
-# where the run is and how many threads it uses: neither changes what a resumed run computes
-_PLACE = ("out", "device", "threads")
+# where the run is, how many threads it uses and when this session ends: none changes what a resumed run computes
+_PLACE = ("out", "device", "threads", "stop_after_minutes")
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
