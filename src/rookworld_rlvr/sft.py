@@ -306,6 +306,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     model.train()
     model.config.use_cache = False
+
     def paused() -> bool:  # this invocation's time is up (stop_after_minutes); the run itself goes on
         return cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60
 

@@ -1,7 +1,7 @@
 """`rookworld sft`'s command line: one flag per `SFTConfig` field, with the help a user needs.
 
-Owns the flags and their help text; the training itself is `sft.train`. Imports only the
-config here, so `rookworld --help` stays fast.
+Owns the flags and their help text; the training itself is `sft.train`. Imports `sft`, which
+imports torch inside functions only, so `rookworld sft --help` stays fast.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     defaults = SFTConfig()
     for field, value in asdict(defaults).items():
         flag = "--" + field.replace("_", "-")
-        kind = type(value) if value is not None else {"max_minutes": float, "stop_after_minutes": float, "threads": int}.get(field, str)
+        untyped = {"max_minutes": float, "stop_after_minutes": float, "threads": int}  # default None
+        kind = type(value) if value is not None else untyped.get(field, str)
         p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
     p.add_argument("--quiet", action="store_true")
