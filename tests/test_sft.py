@@ -577,7 +577,7 @@ def test_cooldown_steps_take_the_lr_down_a_straight_line_at_the_end_of_a_resumed
 
 
 def test_stop_after_minutes_pauses_the_run_and_max_minutes_ends_it(tmp_path, small_data, monkeypatch, capsys):
-    """--stop-after-minutes ends a session, not the run: the lr keeps the --steps schedule and --resume
+    """--stop-after-minutes ends an invocation, not the run: the lr keeps the --steps schedule and --resume
     finishes exactly the run one straight invocation makes. --max-minutes is the run's budget: the
     schedule follows it, so the same two minutes end on the decayed lr. A fake clock makes a step a minute."""
     import rookworld_rlvr.sft as sft
@@ -600,7 +600,7 @@ def test_stop_after_minutes_pauses_the_run_and_max_minutes_ends_it(tmp_path, sma
     straight = run("straight")
     assert [r["step"] for r in run("split", stop_after_minutes=2)] == [1, 2]
     split = run("split", resume=True)
-    assert "in the checkpoint" not in capsys.readouterr().out  # a session's length changes nothing computed
+    assert "in the checkpoint" not in capsys.readouterr().out  # an invocation's length changes nothing computed
     assert [(r["step"], r["lr"], r["loss"]) for r in split] == [(r["step"], r["lr"], r["loss"]) for r in straight]
     budget = run("budget", max_minutes=2)
     assert [r["step"] for r in budget] == [1, 2]

@@ -63,7 +63,7 @@ class SFTConfig:
     steps: int = 3000
     max_minutes: float | None = None  # the whole run's wall-clock budget, over resumes (the schedule follows it)
     # end this invocation after so many minutes, checkpointed; the schedule still follows --steps, so
-    # --resume continues the same run (how a long run is spread over sessions)
+    # --resume continues the same run (how a long run is spread over several invocations)
     stop_after_minutes: float | None = None
     batch_size: int = 64
     lr: float = 1e-3
@@ -137,7 +137,7 @@ class SFTConfig:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
 
 
-# where the run is, how many threads it uses and when this session ends: none changes what a resumed run computes
+# where the run is, how many threads it uses and when this invocation ends: none changes what a resumed run computes
 _PLACE = ("out", "device", "threads", "stop_after_minutes")
 
 
