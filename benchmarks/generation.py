@@ -1,6 +1,6 @@
 """Generation throughput: our KV-cache sampler vs transformers' `generate` on the same model.
 
-    python benchmarks/generation.py [--model models/rookworld-tiny] [--threads 1] [--repeats 3]
+    python benchmarks/generation.py [--model models/rookworld-board] [--threads 1] [--repeats 3]
 
 Batch 64 = 8 prompts x 8 completions, 100 new tokens, greedy (every row runs to the limit
 when --no-eos is given) and sampled at T=1. Prints new tokens per second (median of repeats).
@@ -20,7 +20,7 @@ from rookworld_rlvr.model import generate, load_policy
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="models/rookworld-tiny")
+    ap.add_argument("--model", default="models/rookworld-board")
     ap.add_argument("--data", default="data/eval.jsonl.gz")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)

@@ -17,7 +17,7 @@ outputs the sampler computed instead of recomputing them where the model is 512 
 a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
 steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 
-Configurations: `small` is the shipped `models/rookworld-tiny` when it has weights (else a random
+Configurations: `small` is the shipped `models/rookworld-board` when it has weights (else a random
 model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
 (`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
 RookWorld-LM scale. Per configuration and β it prints the median s/step of each trainer and the
@@ -362,7 +362,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=("small", "124m", "both"), default="both",
-                    help="small: models/rookworld-tiny; 124m: random GPT-2 124M architecture (default: both)")
+                    help="small: models/rookworld-board; 124m: random GPT-2 124M architecture (default: both)")
     ap.add_argument("--steps", type=int, default=5, help="measured steps of each trainer (small config)")
     ap.add_argument("--steps-124m", type=int, default=3, help="measured steps of each trainer (124m config)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps of each trainer (small config)")
@@ -370,7 +370,7 @@ def main() -> int:
     ap.add_argument("--beta", type=float, nargs="+", default=[0.0, 0.04], help="KL coefficients, one run pair each")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both trainers, matmul timing)")
     ap.add_argument("--json", help="write all numbers here")
-    ap.add_argument("--model", help="small config model (default: models/rookworld-tiny if it has weights, "
+    ap.add_argument("--model", help="small config model (default: models/rookworld-board if it has weights, "
                                     "else a random tiny model)")
     ap.add_argument("--data", type=Path, default=ROOT / "data/train.jsonl.gz")
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -425,7 +425,7 @@ def main() -> int:
         tmp = Path(tmpdir)
         plans = []
         if args.config in ("small", "both"):
-            shipped = ROOT / "models/rookworld-tiny"
+            shipped = ROOT / "models/rookworld-board"
             if args.model:
                 small = Path(args.model)
             elif has_weights(shipped):

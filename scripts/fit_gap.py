@@ -1,7 +1,7 @@
 """Held-out against training loss of a base model: is it short of data or of capacity? (about 30 s)
 
     python scripts/fit_gap.py                                    # models/rookworld-board, 512 rows a task
-    python scripts/fit_gap.py --model models/rookworld-tiny --rows 1024
+    python scripts/fit_gap.py --model models/rookworld-board --rows 1024
 
 Per task, the answer-token loss (nats a token, as `rookworld sft` logs `eval_loss_*`) on a seeded
 sample of the training rows and of the held-out rows. A held-out loss far above the training

@@ -458,7 +458,7 @@ def test_malformed_lines_fail_dry_run_and_build_with_file_line(tmp_path, tiny_mo
 # transient (it stops once the guard has recovered), and the recovery factor is 1, so a recovered run
 # must end exactly as the run that never saw the fault: same records, same weights, bit for bit.
 
-SHIPPED = Path(__file__).resolve().parents[1] / "models" / "rookworld-tiny"
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "rookworld-board"
 FAULT_STEP = 4  # the 5th step: 4 healthy records first, more than the guard's 3 of history
 
 

@@ -21,7 +21,7 @@ from rookworld_rlvr.tasks.strength import legal_moves
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SHIPPED = Path(__file__).resolve().parents[1] / "models" / "rookworld-tiny"
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "rookworld-board"
 START = chess.STARTING_FEN
 PROMOTE = "8/P6k/8/8/8/8/8/K7 w - - 0 1"  # a7a8q/r/b/n plus king moves
 FENS = [START, PROMOTE, "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"]

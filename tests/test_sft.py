@@ -45,7 +45,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
             assert_rounding_close(p.grad, g, n, f"{loss_on} gradient of {name}")
 
 
-def test_repeat_bans_teach_that_no_move_is_written_twice():
+def test_repeat_bans_teach_that_no_move_is_written_twice(tiny_model_dir):
     """The unlikelihood targets: where a later M: move shares all but its last token with an earlier
     one, that earlier move's last token is banned; with distinct_coef the loss pushes it down."""
     import contextlib
@@ -64,8 +64,7 @@ def test_repeat_bans_teach_that_no_move_is_written_twice():
             assert named == [("f7", "h7"), ("g6", "h7"), ("g6", "f7")], (pieces, named)
         else:  # characters: the banned char is the last of the earlier move (same first three chars)
             assert named == [], named  # g7h7 / g7f7 differ at the third char, not only the last
-    model, tok = load_policy(str(__import__("conftest").REPO / "models" / "rookworld-tiny"), device="cpu",
-                             verbose=False)
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)  # a char-tokenizer GPT-2
     text = "M: g7h7 g7h8 E: 1.0 0.5 B: g7h7"  # char model: g7h8 shares "g7h" with g7h7
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     assert [(k, tok.convert_ids_to_tokens(t)) for k, t in repeat_bans(text, enc["input_ids"], enc["offset_mapping"])] \
@@ -93,7 +92,7 @@ def test_own_repeat_rows_push_down_the_moves_the_model_repeats(reference_lines):
 
     from conftest import REPO
 
-    model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
+    model, tok = load_policy(str(REPO / "models" / "rookworld-board"), device="cpu", verbose=False)
     samples = [__import__("rookworld_rlvr.data.io", fromlist=["Sample"]).Sample("P", P.parse_line(x))
                for x in reference_lines[:8]]
     rows = encode(tok, samples, "compact")
@@ -212,7 +211,7 @@ def test_own_targets_teach_the_best_true_move_not_yet_listed(reference_lines):
 
     from conftest import REPO
 
-    model, tok = load_policy(str(REPO / "models" / "rookworld-tiny"), device="cpu", verbose=False)
+    model, tok = load_policy(str(REPO / "models" / "rookworld-board"), device="cpu", verbose=False)
     samples = [Sample("P", P.parse_line(x)) for x in reference_lines[:8]]
     rows = encode(tok, samples, "compact", "best-first")
     assert own_repeat_rows(model, tok, rows, target_weight=0.0) == [r for r in own_repeat_rows(model, tok, rows, target_weight=3.0)
@@ -454,26 +453,6 @@ def test_state_files_shard_round_trip_and_refuse_what_they_cannot_store(tmp_path
         load_state(tmp_path, "st")
     with pytest.raises(TypeError, match=r"state\.bad: cannot store a object"):
         save_state(tmp_path, "st", {"bad": object()})
-
-
-def test_the_committed_successor_base_resumes_from_its_own_files():
-    """models/rookworld-board.checkpoint is how a later run continues that SFT exactly: the state
-    loads (no pickle) with its optimizer moments, every file fits git's limits, and the weights
-    load as a board-tokenizer model that writes a P: answer."""
-    from conftest import REPO
-    from rookworld_rlvr.model import generate
-    from rookworld_rlvr.statefile import load_state
-
-    ckpt = REPO / "models" / "rookworld-board.checkpoint"
-    assert all(p.stat().st_size < 25_000_000 for p in ckpt.iterdir())
-    state = load_state(ckpt, "sft_state")
-    assert state["step"] > 0 and state["config"]["tokenizer"] == "board"
-    moments = [v["exp_avg_sq"] for v in state["optimizer"]["state"].values()]
-    assert moments and all(torch.isfinite(m).all() and (m > 0).any() for m in moments)
-    model, tok = load_policy(str(ckpt), device="cpu", verbose=False)
-    prompt = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 "
-    text = generate(model, tok, [prompt], max_new_tokens=60, greedy=True).texts[0]
-    assert text.startswith("M: ") and " B: " in text, text
 
 
 def test_sft_resume_names_every_setting_that_differs_from_the_checkpoint(tmp_path, small_data, capsys):

@@ -34,7 +34,7 @@ SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no
 class SFTConfig:
     data: str = "data/train.jsonl.gz"
     eval_data: str = "data/eval.jsonl.gz"  # held-out samples for eval_every; "" = none
-    out: str = "models/rookworld-tiny"
+    out: str = "runs/sft/model"
     init: str | None = None  # continue from this model directory instead of a fresh one
     # deepen the --init model to this many blocks before training (model.grow: the new blocks start as
     # exact no-ops, so the model begins where the init model stopped); 0 = keep its depth
