@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 
 import pytest
 import torch
@@ -328,3 +329,55 @@ def test_symptom_monitor_rate_limits_and_resumes():
     for step in range(12, 20):
         assert mon.observe(step, {"zero_var_share": 0.9}) == clone.observe(step, {"zero_var_share": 0.9})
     assert _fired(mon, 100, zero_var_share=float("nan")) == []
+
+
+# -- a collapse, a hard batch and a certain answer are three different things ------------------------------
+
+PER_TASK = {**{k: v for k, v in HEALTHY.items() if k != "entropy"}, "entropy/P": 0.5, "entropy/A": 0.3,
+            "reward_se/P": 0.02, "reward_se/A": 0.02}
+
+
+def test_a_deterministic_task_growing_certain_is_not_a_collapse_but_certainty_with_falling_reward_is():
+    """A:'s entropy falling tenfold while its reward holds or rises is what a deterministic task
+    should do: no event. The same fall with the reward falling too fires, naming entropy/A; a rise
+    fires whatever the reward does; entropy/P is judged apart from entropy/A."""
+    guard = CollapseGuard(patience=2)
+    certain = [{**PER_TASK, "entropy/A": 0.3 * 0.5 ** i, "reward/A": min(0.99, 0.8 + 0.02 * i)} for i in range(12)]
+    assert _feed(guard, certain) == []
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [PER_TASK] * 5)
+    (step, ev), = _feed(guard, [{**PER_TASK, "entropy/A": 0.03, "reward/A": 0.7}] * 2, start=6)
+    assert step == 7 and ev.signal == "entropy/A" and ev.bound == pytest.approx(0.3 / 2.0)
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [PER_TASK] * 5)
+    (_, ev), = _feed(guard, [{**PER_TASK, "entropy/P": 1.5, "reward/P": 0.9}] * 2, start=6)
+    assert ev.signal == "entropy/P" and ev.bound == pytest.approx(0.5 * 2.0)
+    # with per-task entropies in the record, the all-task `entropy` (a mix of both) is not judged
+    guard = CollapseGuard(patience=1)
+    assert _feed(guard, [{**PER_TASK, "entropy": 0.5}] * 4 + [{**PER_TASK, "entropy": 0.01}] * 3) == []
+
+
+def test_a_batch_of_hard_prompts_is_not_a_collapse_but_a_reward_fall_on_every_prompt_is():
+    """Rewards swing with the prompts drawn. A batch whose mean is 0.24 below the usual, with group
+    means spread so that its standard error is 0.11 (8 prompts between 0 and 0.9), is inside three
+    standard errors: no event, for as long as such batches come. The same fall with every group
+    low (standard error 0.02) is a collapse and fires; so does a fall far beyond the noise."""
+    from rookworld_rlvr.grpo.runlog import prompt_noise
+
+    group_means = [0.1, 0.0, 0.9, 0.2, 0.0, 0.1, 0.5, 0.3]
+    rewards = [m for m in group_means for _ in range(8)]
+    se = prompt_noise(rewards, 8)
+    assert se == pytest.approx(statistics.stdev(group_means) / math.sqrt(8))
+    assert 0.10 < se < 0.12 and prompt_noise([0.5] * 64, 8) == 0.0 and prompt_noise([0.3] * 8, 8) == 0.0
+    usual = {**PER_TASK, "reward/P": 0.42}
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [usual] * 6)
+    assert _feed(guard, [{**usual, "reward/P": 0.18, "reward_se/P": se}] * 4, start=7) == []
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [usual] * 6)
+    (_, ev), = _feed(guard, [{**usual, "reward/P": 0.18, "reward_se/P": 0.02}] * 2, start=7)
+    assert ev.signal == "reward/P" and ev.bound == pytest.approx(0.42 - 0.2)
+    guard = CollapseGuard(patience=2)
+    _feed(guard, [usual] * 6)
+    (_, ev), = _feed(guard, [{**usual, "reward/P": -0.3, "reward_se/P": se}] * 2, start=7)
+    assert ev.signal == "reward/P" and ev.bound == pytest.approx(0.42 - 3 * se)

@@ -127,7 +127,7 @@ def test_shipped_training_data_holds_no_held_out_position():
     import json
 
     from conftest import REPO
-    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.generate import START_FEN, is_eval_fen
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
     from rookworld_rlvr.play import read_openings
 
@@ -139,11 +139,20 @@ def test_shipped_training_data_holds_no_held_out_position():
     train = {board_key(json.loads(line)["truth"]["fen"]) for line in gzip.open(data / "train.jsonl.gz", "rt")}
     held_out = [json.loads(line)["truth"]["fen"] for line in gzip.open(data / "eval.jsonl.gz", "rt")]
     held_out += [p.fen for p in read_judged(data / "strength.jsonl.gz")]
-    held_out += [p.fen for p in read_puzzles(data / "puzzles_eval.jsonl.gz")]
+    puzzles = read_puzzles(data / "puzzles_eval.jsonl.gz")
+    held_out += [p.fen for p in puzzles if p.kind != "check"]
     held_out += read_openings(data / "openings.txt")
-    assert len(held_out) > 2500 and all(is_eval_fen(f, 40) for f in held_out)
+    held_out += [s.fen for s in read_samples(data / "eval_histories.jsonl.gz")]
+    # the shipped eval set was split while the start position was on the held-out side (10 A: rows start
+    # there); `data generate` now keeps it on the training side, since every game passes through it
+    assert len(held_out) > 2500 and all(is_eval_fen(f, 40) or f == START_FEN for f in held_out)
     overlap = {board_key(f) for f in held_out} & train
     assert len(overlap) <= 0.005 * len(held_out), sorted(overlap)[:5]
+    # positions in check are held out by exclusion: one checking move from a held-out position, and no
+    # position of the training data (nor an A: result of it)
+    checks = [p.fen for p in puzzles if p.kind == "check"]
+    seen = train | {board_key(json.loads(line)["truth"].get("new_fen", "")) for line in gzip.open(data / "train.jsonl.gz", "rt")}
+    assert len(checks) == 600 and not {board_key(f) for f in checks} & seen
 
 
 def test_merge_keeps_each_prompt_once_first_file_first_and_shuffles_by_seed(generated, tmp_path, capsys):

@@ -27,7 +27,7 @@ from rookworld_rlvr.grpo.passes import task_slices
 from rookworld_rlvr.grpo.prompts import ends_game
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 
-BASE = dict(eval_data="", strength_data=None, puzzle_eval_data=None, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
+BASE = dict(eval_data="", strength_data=None, puzzle_eval_data=None, history_eval_data=None, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
             save_every=100, tensorboard=False, progress=False, report=False, seed=1, engine_cache=None, device="cpu",
             backward_dtype="float32", mix_env_ratio=0.5)
 
@@ -298,6 +298,9 @@ ROWS = [
     Row("puzzle_eval_data", {"puzzle_eval_data": "PUZZLEFILE"}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: "puzzles" not in b and o["puzzles"]["mate1"]["n"] == 1,
         base={"eval_data": "EVALFILE", "eval_limit": 1}),
+    Row("history_eval_data", {"history_eval_data": "HISTFILE"}, P(lambda env, over: _evaluate(env, over)),
+        lambda b, o: "histories" not in b and o["histories"]["n"] == 3
+        and o["histories"]["slices"]["history_1"]["n"] == 3, base={"eval_data": "EVALFILE", "eval_limit": 1}),
     Row("puzzle_data", {"puzzle_data": "PUZZLEFILE"}, P(_built_collect),
         lambda b, o: isinstance(b, ValueError) and "no training puzzles" in str(b) and "Puzzle" in o,
         base={"mix_puzzle_ratio": 0.5, "puzzle_data": "EMPTYPUZZLES", "mix_env_ratio": 0.0}),
@@ -577,12 +580,26 @@ def _resolve(env: Env, over: dict) -> dict:
     names = {"OTHER": str(env.other_model), "EVALFILE": str(env.data / "eval.jsonl"),
              "BADFILE": str(_bad_data(env)), "OUTDIR": str(env.tmp / "chosen"),
              "JUDGEDFILE": str(_judged_file(env)), "PUZZLEFILE": str(_puzzle_file(env)),
-             "EMPTYPUZZLES": str(_puzzle_file(env, empty=True)),
+             "EMPTYPUZZLES": str(_puzzle_file(env, empty=True)), "HISTFILE": str(_history_file(env)),
              "NTHREADS": torch.get_num_threads() + 1}
     return {k: names.get(v, v) if isinstance(v, str) else v for k, v in over.items()}
 
 
 MATE = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # a1a8 mates
+
+
+def _history_file(env: Env) -> Path:
+    """Three held-out A: transitions of the small data with their history cut to the move alone."""
+    import random
+
+    from rookworld_rlvr.data.histories import short_history_copies
+    from rookworld_rlvr.data.io import read_samples, write_samples
+
+    path = env.tmp / "histories.jsonl"
+    if not path.exists():
+        rows = [s for s in read_samples(env.data / "eval.jsonl") if s.task == "A"]
+        write_samples(path, list(short_history_copies(rows, 1.0, random.Random(0), [1]))[:3])
+    return path
 
 
 def _judged_file(env: Env) -> Path:

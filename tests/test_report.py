@@ -221,6 +221,33 @@ def test_moving_average_and_noise():
     assert is_noisy([float(i % 2) for i in range(30)])
 
 
+def test_the_page_opens_with_the_verdict_and_folds_the_config_and_the_full_table(single, tmp_path):
+    """The verdict comes first: the held-out figures base -> final next to the random mover, with
+    95% intervals, each change judged against its interval; the config and the full metric table
+    come last, folded. A rise in illegal moves is red; a match against the base is reported."""
+    from rookworld_rlvr.report.page import direction
+
+    page = single.read_text()
+    order = [page.index(f"<h2>{h}") for h in ("Verdict", "Runs", "Guard events", "Training curves")]
+    assert order == sorted(order) and order[0] < page.index("<details>")
+    assert page.index("<details>") < page.index('<h2 class="fold">Every held-out metric') < \
+        page.index('<h2 class="fold">Config')
+    verdict = page.split("<h2>Verdict")[1].split("</section>")[0]
+    row = verdict[verdict.index("A: next state exact"):].split("</tr>")[0]
+    # 0.5 -> 0.8 on 50 transitions each: Wilson intervals 0.366 .. 0.634 and 0.670 .. 0.888
+    assert "0.366 .. 0.634" in row and "0.670 .. 0.888" in row and '<td class="good">better</td>' in row
+    assert "No match played" in verdict
+    assert direction("strength.illegal.king_in_check") == -1 and direction("strength.legal") == 1
+    assert direction("strength.loss_below_random") == 1 and direction("strength.loss") == -1
+    run = make_run(tmp_path, "matched")
+    (run / "match.json").write_text(json.dumps({"a": "final", "b": "base", "games": 200, "wins": 120, "draws": 4,
+                                                "losses": 76, "score": 0.61, "elo": 77.0, "elo_low": 28.0,
+                                                "elo_high": 128.0}))
+    matched = write_report([str(run)]).read_text().split("<h2>Verdict")[1].split("</section>")[0]
+    assert "+120 =4 -76" in matched and "Elo +77 (95% CI +28 .. +128)" in matched
+    assert '<span class="good">won beyond the noise</span>' in matched
+
+
 def test_report_renders_in_headless_chromium(single, tmp_path, chromium_path):
     shot = tmp_path / "report.png"
     cmd = [chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -237,6 +264,10 @@ def test_report_renders_in_headless_chromium(single, tmp_path, chromium_path):
     flat = pixels[..., :3].reshape(-1, 3)
     assert (flat.max(axis=0) - flat.min(axis=0)).max() > 0.5  # not one uniform colour
     assert (flat.std(axis=0) > 0.05).any()
+    # the first screen (1280 x 800) shows the verdict: the green of a change judged better (#1a7f37)
+    first = (pixels[:800, :, :3] * 255).round()
+    green = (abs(first[..., 0] - 0x1a) < 24) & (abs(first[..., 1] - 0x7f) < 24) & (abs(first[..., 2] - 0x37) < 24)
+    assert green.sum() > 20, "no verdict colour on the first screen"
 
 
 def test_guard_events_are_listed_and_a_stopped_run_says_why(tmp_path):

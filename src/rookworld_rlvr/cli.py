@@ -44,6 +44,28 @@ def _data(args: argparse.Namespace) -> int:
                         args.workers, args.cache, progress=not args.quiet)
         print(json.dumps(summary))
         return 0
+    if args.data_cmd == "checks":
+        from rookworld_rlvr.data.judged import check_positions, positions_of, write_rows
+
+        exclude = set().union(*(positions_of(f) for f in args.exclude)) if args.exclude else set()
+        puzzles = check_positions(args.sources, args.derive, exclude, args.n, args.seed)
+        write_rows(args.out, (p.to_dict() for p in puzzles))
+        print(json.dumps({"positions": len(puzzles), "excluded_positions": len(exclude), "out": args.out}))
+        return 0
+    if args.data_cmd == "histories":
+        import random
+
+        from rookworld_rlvr.data.histories import on_side, opening_transitions, short_history_copies
+        from rookworld_rlvr.data.io import iter_samples, write_samples
+
+        rng = random.Random(f"{args.seed}:short")
+        rows = [s for path in args.sources for s in iter_samples(path) if s.task == "A" and on_side(s.fen, args.side)]
+        cut = list(short_history_copies(rows, args.cut_share, rng, args.lengths))
+        starts = opening_transitions(args.openings, args.max_plies, args.seed, args.side)
+        written = write_samples(args.out, cut + starts)
+        print(json.dumps({"short_history_copies": len(cut), "opening_transitions": len(starts), "written": written,
+                          "out": args.out}))
+        return 0
     if args.data_cmd == "openings":
         from rookworld_rlvr.data.io import atomic_write_text
         from rookworld_rlvr.data.judged import openings
@@ -121,6 +143,29 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--workers", type=int, default=2)
     j.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
     j.add_argument("--quiet", action="store_true")
+    c = dsub.add_parser("checks", help="positions in check as `check` puzzles (every legal move solves): a held-out "
+                                       "legality test, or P: prompts for training; python-chess alone, no engine")
+    c.add_argument("sources", nargs="+", help="sample files: their P: positions and A: results in check")
+    c.add_argument("--out", required=True, help="puzzle rows (JSONL)")
+    c.add_argument("--derive", action="store_true", help="add every position one checking move away from a P: position")
+    c.add_argument("--exclude", nargs="*", help="files whose positions are left out (the other split's samples, "
+                                                "puzzles or judged positions)")
+    c.add_argument("--n", type=int, default=None, help="at most this many (a seeded shuffle; default: all)")
+    c.add_argument("--seed", type=int, default=0)
+    h = dsub.add_parser("histories", help="A: transitions of every history length (game starts, short histories): "
+                                          "python-chess alone; `data merge` adds them to a training set")
+    h.add_argument("sources", nargs="*", help="sample files whose A: rows are copied with a shorter history")
+    h.add_argument("--out", required=True)
+    h.add_argument("--cut-share", type=float, default=0.2, help="share of the sources' A: rows copied with their "
+                                                                "history cut to 1 .. len - 1 moves")
+    h.add_argument("--lengths", type=int, nargs="+", help="cut to one of these history lengths, drawn uniformly "
+                                                          "(default: any of 1 .. len - 1)")
+    h.add_argument("--openings", type=int, default=0, help="random games from the start position whose every "
+                                                           "transition is written with its true history")
+    h.add_argument("--max-plies", type=int, default=10, help="plies of each opening game (drawn from 1 .. this)")
+    h.add_argument("--side", choices=("train", "eval", "any"), default="train",
+                   help="keep positions on this side of the FEN-hash split of `data generate`")
+    h.add_argument("--seed", type=int, default=0)
     o = dsub.add_parser("openings", help="held-out opening positions for `rookworld match`")
     o.add_argument("--out", default="data/openings.txt")
     o.add_argument("--n", type=int, default=100)

@@ -137,7 +137,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list
         (("quality_advantage",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
          "no P: positions are sampled (their quality is what the term compares)"),
         (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
-        (("eval_limit", "eval_every"), not cfg.eval_data, "eval_data is empty (no evaluation)"),
+        (("eval_limit", "eval_every", "history_eval_data"), not cfg.eval_data,
+         "eval_data is empty (no evaluation)"),
     ]
     out = [f"{name}: {reason}" for fields, cond, reason in rules if cond for name in fields if name in names]
     for task, over in cfg.task_sampling.items():

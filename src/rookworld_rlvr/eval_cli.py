@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                                      "illegal (strength.illegal.*), e.g. data/strength.jsonl.gz")
     p.add_argument("--puzzles", metavar="FILE", help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating "
                                                     "moves` lines), e.g. data/puzzles_eval.jsonl.gz")
+    p.add_argument("--histories", metavar="FILE", help="held-out A: transitions with short histories (`rookworld data "
+                                                      "histories`), scored apart, per history length, e.g. "
+                                                      "data/eval_histories.jsonl.gz")
     p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically)")
     p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
@@ -90,6 +93,12 @@ def run(args: argparse.Namespace, name: str) -> int:
         ok, puzzles = _guarded(args, f"read puzzles {args.puzzles}", lambda: read_puzzles(args.puzzles))
         if not ok:
             return 1
+    histories = None
+    if args.histories:
+        ok, histories = _guarded(args, f"read histories {args.histories}",
+                                 lambda: [s for s in iter_samples(args.histories) if s.task == "A"])
+        if not ok:
+            return 1
     from rookworld_rlvr.model.load import load_policy
 
     ok, loaded = _guarded(args, f"load model {args.model}",
@@ -100,7 +109,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     with ExitStack() as stack:
         scorer = _cli_scorer(samples, args.depth, stack)
         results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
-                           puzzles=puzzles, progress=not args.quiet, return_examples=args.examples)
+                           puzzles=puzzles, histories=histories, progress=not args.quiet, return_examples=args.examples)
     results["meta"].update(model=args.model, data=args.data)
     print(format_table(results))
     if args.json:

@@ -11,6 +11,9 @@ numbers mean is `metrics` (pure: completions in, metrics out); generation is
 - `legal_moves`: every P: answer (tasks, judged positions, puzzles, self-play) is decoded among
   legal moves only: the numbers then measure the model's choice among legal moves, and its
   legality and distinct candidates are 100% by construction (see legal_decoding).
+- `histories`: held-out A: transitions with short histories (game starts, games set up from a
+  position), scored apart from the main A: set so that its figure stays comparable; the
+  `histories` section has the A: metrics and their slices by history length.
 - the P: and A: prompts of a batch share one token budget: `max_new_tokens` is capped to what
   the model's context leaves after the batch's longest prompt (`meta.capped_batches` counts it).
 
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from rookworld_rlvr.data.io import Sample
-from rookworld_rlvr.metrics import TASK_NAMES, needs_engine, score_completions, share
+from rookworld_rlvr.metrics import TASK_NAMES, needs_engine, position_slices, score_completions, share, sliced
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks import strength
 from rookworld_rlvr.tasks.rewards import RewardScorer
@@ -125,8 +128,10 @@ def strength_metrics(gen: Completer, positions: Sequence[JudgedPosition], layout
     if not positions:
         return {"n": 0}
     parses = _answers(gen, [p.fen for p in positions], layout, progress, "strength")
+    legal = [p.move is not None and p.move in pos.evals for p, pos in zip(parses, positions)]
     return {**strength.move_quality(positions, [p.move for p in parses]),
-            "candidates": strength.candidate_quality(positions, [p.moves for p in parses])}
+            "candidates": strength.candidate_quality(positions, [p.moves for p in parses]),
+            "slices": sliced(position_slices([p.fen for p in positions]), "legal", legal)}
 
 
 def puzzle_metrics(gen: Completer, puzzles: Sequence[Puzzle], layout: str, progress: bool) -> dict:
@@ -152,7 +157,8 @@ def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], 
 
 def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | None = None,
              scorer: RewardScorer | None = None, strength_set: Sequence[JudgedPosition] | None = None,
-             puzzles: Sequence[Puzzle] | None = None, progress: bool = False, return_examples: int = 0) -> dict:
+             puzzles: Sequence[Puzzle] | None = None, histories: Sequence[Sample] | None = None,
+             progress: bool = False, return_examples: int = 0) -> dict:
     """Greedy metrics of `model` (JSON-serialisable; see `metrics` for definitions).
 
     Keys: policy, environment, meta; strength (move quality next to a random mover) when judged
@@ -184,6 +190,12 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
     for task, name in TASK_NAMES.items():
         why = [r for s, r in zip(samples, reasons) if s.task == task]
         results[name]["hit_max_tokens"] = share(r == "length" for r in why)
+    if histories:
+        t0 = time.perf_counter()
+        texts, _ = _generate_tasks(gen, histories, config, progress)
+        results["histories"] = score_completions(histories, texts, used if samples else RewardScorer(),
+                                                 layout=config.layout)["environment"]
+        timings["histories"] = time.perf_counter() - t0
     if strength_set:
         t0 = time.perf_counter()
         results["strength"] = strength_metrics(gen, strength_set, config.layout, progress)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+import chess
+
 from rookworld_rlvr.data.io import Sample
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -43,6 +45,46 @@ def share(flags) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+def phase(fen: str) -> str:
+    """The phase of the game a position is in, by its move number: opening (moves 1-10),
+    middlegame (11-30) or late (after move 30)."""
+    move = int(fen.split()[5]) if len(fen.split()) > 5 and fen.split()[5].isdigit() else 1
+    return "opening" if move <= 10 else "middlegame" if move <= 30 else "late"
+
+
+def in_check(fen: str) -> bool:
+    return chess.Board(fen).is_check()
+
+
+def position_slices(fens: Sequence[str]) -> dict[str, list[int]]:
+    """Indices of P: positions per slice: in check or not, and the phase of the game."""
+    out: dict[str, list[int]] = {}
+    for i, fen in enumerate(fens):
+        out.setdefault("in_check" if in_check(fen) else "not_in_check", []).append(i)
+        out.setdefault(phase(fen), []).append(i)
+    return {k: out[k] for k in ("in_check", "not_in_check", "opening", "middlegame", "late") if k in out}
+
+
+def transition_slices(truths: Sequence[env_task.EnvTruth]) -> dict[str, list[int]]:
+    """Indices of A: transitions per slice: history length (1 = a game start, 2-9, 10) and the
+    kind of move (ordinary, game-ending, illegal). An average over all of them hides a model that
+    fails every first move or every mate."""
+    out: dict[str, list[int]] = {}
+    for i, t in enumerate(truths):
+        n = len(t.history.split())
+        out.setdefault("history_1" if n <= 1 else "history_2_9" if n < env_task.HISTORY_LEN else "history_10",
+                       []).append(i)
+        kind = "illegal" if t.truncated else "game_ending" if t.terminated else "ordinary"
+        out.setdefault(kind, []).append(i)
+    order = ("history_1", "history_2_9", "history_10", "ordinary", "game_ending", "illegal")
+    return {k: out[k] for k in order if k in out}
+
+
+def sliced(slices: dict[str, list[int]], name: str, flags: Sequence[bool]) -> dict[str, dict]:
+    """{slice: {n, name: share of flags over the slice}} for each non-empty slice."""
+    return {k: {"n": len(idx), name: share(flags[i] for i in idx)} for k, idx in slices.items()}
+
+
 def _component_means(results: Sequence[RewardResult], names: Sequence[str]) -> dict[str, float | None]:
     return {k: mean([r.components.get(k, 0.0) for r in results]) for k in names}
 
@@ -52,6 +94,7 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
     parses = [pol_task.parse_completion(c) for c in completions]
     legal = [strength.legal_moves(s.truth.fen) for s in samples]
     labelled = [(p, s.truth.label) for p, s in zip(parses, samples) if s.truth.label is not None]
+    legal_best = [p.best in lg for p, lg in zip(parses, legal)]
     return dict(
         invalid=share(not p.valid for p in parses),
         legal_best=share(p.best in lg for p, lg in zip(parses, legal)),
@@ -65,6 +108,7 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
         mean_reward=mean([r.total for r in results]),
         n_labelled=len(labelled),
         components=_component_means(results, POLICY_COMPONENTS),
+        slices=sliced(position_slices([s.truth.fen for s in samples]), "legal_best", legal_best),
     )
 
 
@@ -91,6 +135,8 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
         exact_acc=share(r.correct for r in results),
         mean_reward=mean([r.total for r in results]),
         components=_component_means(results, ENV_COMPONENTS),
+        slices=sliced(transition_slices([t for _, t in pairs]), "next_state_acc",
+                      [p.new_fen == t.new_fen for p, t in pairs]),
     )
 
 

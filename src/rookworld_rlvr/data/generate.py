@@ -48,6 +48,7 @@ class GenerateConfig:
     random_move_prob: float = 0.1  # per move in engine games
     temperatures: tuple[float, ...] = (0.05, 0.3, 1.0)  # softmax temperature in pawns over multipv evals
     illegal_share: float = 0.03  # extra A: samples with an illegal move
+    short_history_share: float = 0.2  # A: samples copied with their history cut to 1 .. len - 1 moves (data.histories)
     eval_per_task: int = 1000
     eval_permille: int = 40  # share of FENs (by hash) reserved for eval
     extra_positions: tuple[str, ...] = ()  # PGN (.pgn) or FEN-per-line files
@@ -60,6 +61,8 @@ class GenerateConfig:
             raise ValueError("random_game_share and random_move_prob must be in [0, 1]")
         if not 0 <= self.illegal_share < 1:
             raise ValueError("illegal_share must be in [0, 1)")
+        if not 0 <= self.short_history_share <= 1:
+            raise ValueError("short_history_share must be in [0, 1]")
         if not 0 < self.eval_permille < 1000:
             raise ValueError("eval_permille must be in (0, 1000)")
         if any(t <= 0 for t in self.temperatures):
@@ -74,8 +77,15 @@ class GenerateConfig:
         return EngineConfig(depth=self.depth, time=self.time, multipv=self.multipv, workers=workers, cache_path=cache)
 
 
+START_FEN = chess.Board().fen(en_passant="fen")
+
+
 def is_eval_fen(fen: str, permille: int) -> bool:
-    """Deterministic split by position: the same FEN always lands in the same split."""
+    """Deterministic split by position: the same FEN always lands in the same split. The start
+    position is always on the training side: every game passes through it, and holding it out
+    would leave a model that never saw a game's first move (its hash falls on the held-out side)."""
+    if fen == START_FEN:
+        return False
     return int(hashlib.sha1(fen.encode()).hexdigest()[:8], 16) % 1000 < permille
 
 
@@ -113,10 +123,13 @@ def play_game(game_id: int, cfg: GenerateConfig, pool: StockfishPool) -> list[Sa
     rng = random.Random(f"{cfg.seed}:{game_id}")
     temp = math.inf if rng.random() < cfg.random_game_share else rng.choice(cfg.temperatures)
     board = chess.Board()
-    for _ in range(rng.choice((0, 2, 4, 6, 8))):  # a few random opening plies for variety
-        board.push(rng.choice(list(board.legal_moves)))
-    history = [m.uci() for m in board.move_stack]
+    history: list[str] = []
     out: list[Sample] = []
+    for _ in range(rng.choice((0, 2, 4, 6, 8))):  # a few random opening plies for variety, each an A: sample
+        move = rng.choice(list(board.legal_moves)).uci()
+        out.append(Sample("A", env_task.transition(env_task.fen_of(board), move, history[-9:]), "gen"))
+        board.push_uci(move)
+        history.append(move)
     for _ in range(cfg.max_plies):
         if board.is_game_over(claim_draw=True):
             break
@@ -138,7 +151,10 @@ def play_game(game_id: int, cfg: GenerateConfig, pool: StockfishPool) -> list[Sa
         out.append(Sample("A", env_task.transition(fen, move.uci(), history[-9:]), "gen"))
         board.push(move)
         history.append(move.uci())
-    return out
+    from rookworld_rlvr.data.histories import short_history_copies
+
+    short = random.Random(f"{cfg.seed}:{game_id}:short")  # its own stream: the game's draws are unchanged
+    return out + list(short_history_copies(out, cfg.short_history_share, short))
 
 
 def extra_fens(paths: tuple[str, ...]) -> Iterator[str]:

@@ -21,7 +21,8 @@ from typing import Callable, Iterable, TypeVar
 import chess
 
 from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples
-from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle, is_legal, mates, mating_moves, tactic_of
+from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, is_legal, mates, mating_moves,
+                                           tactic_of)
 
 T = TypeVar("T")
 
@@ -142,6 +143,79 @@ def judge(sources: list[str], out: str, puzzles_out: str | None, n_positions: in
         write_rows(puzzles_out, (p.to_dict() for p in mates + tactics))
         summary.update(mate1=len(mates), tactic=len(tactics), tactic_searched=len(judged))
     return summary
+
+
+def positions_of(path: str | Path) -> set[str]:
+    """Every position a file holds (what a held-out set must not share with a training set): a
+    sample file's P: FENs and A: FENs before and after the move; a puzzle, judged-position or
+    mate-in-one file's FENs. The kind is read from the first row."""
+    path = Path(path)
+    if str(path).endswith((".tsv", ".txt")):
+        return {p.fen for p in read_puzzles(path)}
+    first = _first_row(path)
+    if "solutions" in first:
+        return {p.fen for p in read_puzzles(path)}
+    if "evals" in first and "task" not in first:
+        return {p.fen for p in read_judged(path)}
+    out: set[str] = set()
+    for s in iter_samples(path):
+        out.add(s.fen)
+        if s.task == "A":
+            out.add(s.truth.new_fen)
+    return out
+
+
+def _first_row(path: Path) -> dict:
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno}: {e}") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object")
+                return row
+    return {}
+
+
+def board_key(fen: str) -> str:
+    """A position without its move clocks: the same position reached at another move number is the same."""
+    return " ".join(fen.split()[:4])
+
+
+def check_positions(sources: Iterable[str | Path], derive: bool, exclude: set[str], n: int | None,
+                    seed: int = 0) -> list[Puzzle]:
+    """`check` puzzles: positions where the side to move is in check, none of them in `exclude`
+    (compared without the move clocks).
+
+    From each sample file: its P: positions in check and the in-check positions its A: moves lead
+    to (positions from games). With `derive`, also every position one checking move away from a P:
+    position (python-chess alone makes these, so there are as many as wanted). Deduplicated, then
+    at most `n` in a seeded shuffle (None = all). Costs no engine."""
+    import random
+
+    from rookworld_rlvr.tasks.environment import fen_of
+
+    found: dict[str, None] = {}
+    for path in sources:
+        for s in iter_samples(path):
+            found[s.fen] = None
+            if s.task == "A" and not s.truth.terminated:
+                found[s.truth.new_fen] = None
+            if derive and s.task == "P":
+                board = chess.Board(s.fen)
+                for move in list(board.legal_moves):
+                    if board.gives_check(move):
+                        board.push(move)
+                        found[fen_of(board)] = None
+                        board.pop()
+    excluded = {board_key(f) for f in exclude}
+    puzzles = [p for fen in found if board_key(fen) not in excluded and (p := check_puzzle(fen)) is not None]
+    random.Random(seed).shuffle(puzzles)
+    return puzzles if n is None else puzzles[:n]
 
 
 def openings(n: int, seed: int, depth: int, cache_path: str | None, permille: int = 40,

@@ -51,6 +51,8 @@ def build(cfg: TrainConfig, log=print):
     puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
     judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
     held_out_puzzles = read_puzzles(cfg.puzzle_eval_data) if cfg.puzzle_eval_data and eval_samples else None
+    histories = [s for s in read_samples(cfg.history_eval_data) if s.task == "A"] \
+        if cfg.history_eval_data and eval_samples else None
     eval_samples = limit_per_task(eval_samples, cfg.eval_limit or None)
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
     scorer = RewardScorer(cfg.reward_config(), engine=pool)
@@ -64,7 +66,7 @@ def build(cfg: TrainConfig, log=print):
         if not eval_samples:
             return None
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
-                        puzzles=held_out_puzzles, return_examples=3)
+                        puzzles=held_out_puzzles, histories=histories, return_examples=3)
 
     try:
         trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
@@ -157,7 +159,11 @@ def _train_here(cfg: TrainConfig) -> int:
     if not main:
         return 0
     if summary["base"] and summary["final"]:
-        print("\nbase -> final (held-out, greedy)")
+        from rookworld_rlvr.verdict import verdict_table
+
+        print("\nverdict: base -> final (held-out, greedy; a change is better or worse only beyond its 95% interval)")
+        print(verdict_table(summary["base"], summary["final"]))
+        print("\nevery held-out metric, base -> final")
         print(compare_table(summary["base"], summary["final"]))
     if cfg.report:
         try:

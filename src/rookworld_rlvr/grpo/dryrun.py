@@ -51,7 +51,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     out("config: valid")
     for note in cfg.inert_settings():
         out(f"warning: setting without effect: {note}")
-    for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data)):
+    for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data), ("history_eval_data", cfg.history_eval_data)):
         if not path:
             continue
         if not Path(path).exists():

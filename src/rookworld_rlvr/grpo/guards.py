@@ -67,10 +67,15 @@ class CollapseGuard:
 
     Signals (each off when its bound is None; the trainer skips those it does not measure):
       valid/P, valid/A      sampled well-formed share below its recent median - valid_drop
-      reward/P, reward/A    training reward below its recent median - reward_drop
+      reward/P, reward/A    training reward below its recent median - max(reward_drop, NOISE_Z x the
+                            batch's reward_se/<task>): a batch of hard prompts is not a collapse
       kl_mean               mean per-token KL to the reference above kl_mean
       kl_seq_max            the largest per-completion mean KL above kl_max
-      entropy               policy entropy outside [median / entropy_factor, median x entropy_factor]
+      entropy/P, entropy/A  a task's policy entropy above median x entropy_factor, or below
+                            median / entropy_factor while that task's reward is also below its median
+                            (falling entropy with a held reward is certainty, the goal of a
+                            deterministic task such as A:, not a collapse); `entropy` (all tasks
+                            together) where the record has no per-task entropy
       truncation_rate       share of completions cut at the limit above its median + truncation_rise
       eval (observe_eval)   held-out score below the best so far - eval_drop
 
@@ -83,6 +88,7 @@ class CollapseGuard:
     """
 
     MIN_HISTORY = 3
+    NOISE_Z = 3.0  # a batch mean this many standard errors (from the prompts drawn) low is still noise
     KNOBS = {
         "valid": "a task's sampled answers stopped being well-formed: lower lr or raise kl_coef, and check the "
                  "reward for a term that pays malformed output (malformed_penalty, the format weight); "
@@ -125,20 +131,35 @@ class CollapseGuard:
         self.streaks: dict[str, list[int]] = {}  # signal -> [first step, length]
         self.recoveries = 0
 
-    def _check(self, key: str, kind: str, value: float) -> tuple[bool, float | None, float]:
-        """(out of bounds, reference, bound) for one signal's value."""
+    def _median(self, key: str) -> float | None:
+        hist = self.history.get(key, ())
+        return statistics.median(hist) if len(hist) >= self.MIN_HISTORY else None
+
+    def _check(self, key: str, kind: str, value: float, record: Mapping[str, Any]) -> tuple[bool, float | None, float]:
+        """(out of bounds, reference, bound) for one signal's value in its step's record."""
         bound = self.bounds[kind]
         if kind in ("kl_mean", "kl_seq_max"):
             return value > bound, None, bound
-        hist = self.history.get(key, ())
-        if len(hist) < self.MIN_HISTORY:
+        ref = self._median(key)
+        if ref is None:
             return False, None, math.nan
-        ref = statistics.median(hist)
+        task = key.split("/")[1] if "/" in key else None
         if kind == "entropy":
             low, high = ref / bound, ref * bound
-            return not low <= value <= high, ref, (low if value < low else high)
+            if value > high:
+                return True, ref, high
+            if value < low:
+                reward, usual = record.get(f"reward/{task}" if task else "reward/mean"), \
+                    self._median(f"reward/{task}" if task else "reward/mean")
+                certain = isinstance(reward, (int, float)) and usual is not None and reward >= usual
+                return not certain, ref, low
+            return False, ref, low
         if kind == "truncation_rate":
             return value > ref + bound, ref, ref + bound
+        if kind == "reward":
+            noise = record.get(f"reward_se/{task}")
+            if isinstance(noise, (int, float)) and math.isfinite(noise):
+                bound = max(bound, self.NOISE_Z * noise)
         return value < ref - bound, ref, ref - bound  # valid, reward
 
     def _decide(self, signal: str, kind: str, value: float, ref: float | None, bound: float, step: int,
@@ -160,13 +181,20 @@ class CollapseGuard:
     def observe(self, step: int, record: Mapping[str, Any]) -> GuardEvent | None:
         """Take one step's record (its `step` is 1-based); return an event when a signal fires."""
         fired = None
+        per_task_entropy = any(k.startswith("entropy/") for k in record)
         for key, value in record.items():
-            kind = key.split("/")[0] if key in ("valid/P", "valid/A", "reward/P", "reward/A") else key
+            kind = key.split("/")[0] if key in ("valid/P", "valid/A", "reward/P", "reward/A", "entropy/P",
+                                                "entropy/A") else key
+            if kind == "reward" and self.bounds[kind] is None and isinstance(value, (int, float)) \
+                    and math.isfinite(value):  # the entropy signal still compares with it
+                self.history.setdefault(key, deque(maxlen=self.window)).append(float(value))
             if kind not in self.bounds or kind == "eval" or self.bounds[kind] is None:
+                continue
+            if key == "entropy" and per_task_entropy:
                 continue
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
-            bad, ref, bound = self._check(key, kind, float(value))
+            bad, ref, bound = self._check(key, kind, float(value), record)
             if not bad:
                 self.streaks.pop(key, None)
                 self.history.setdefault(key, deque(maxlen=self.window)).append(float(value))

@@ -9,12 +9,14 @@ Imports torch (the batch's tensors); nothing of the model package or chess.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rookworld_rlvr.data.io import atomic_write_text
+from rookworld_rlvr.data.io import atomic_write_text, read_log
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.loss import zero_variance_groups
 from rookworld_rlvr.grpo.quality_term import legal_position_move
@@ -52,8 +54,22 @@ def truncate_logs(run_dir: Path, step: int) -> None:
     for name in ("metrics.jsonl", "eval.jsonl"):
         path = run_dir / name
         if path.exists():
-            keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
-            atomic_write_text(path, [line + "\n" for line in keep])
+            keep = [r for r in read_log(path, warn=lambda m: print(m, file=sys.stderr)) if r.get("step", 0) <= step]
+            atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in keep])
+
+
+def best_summary(best: tuple[float, int] | None, final_score: float | None, step: int) -> dict | None:
+    """Which of `best/` (the best held-out evaluation, base included) and `final/` is better, and by
+    how much held-out reward: what summary.json says of the two directories."""
+    if best is None:
+        return None
+    score, best_step = best
+    out = {"step": best_step, "held_out_reward": score, "final_step": step, "final_held_out_reward": final_score}
+    if final_score is not None:
+        out["final_minus_best"] = final_score - score
+        out["better"] = "same" if best_step == step or final_score == score else (
+            "final" if final_score > score else "best")
+    return out
 
 
 def _by_source(rows: list) -> dict[str, list]:
@@ -63,6 +79,18 @@ def _by_source(rows: list) -> dict[str, list]:
     for r in rows:
         out.setdefault("puzzle" if r.task == "P" and "solved" in r.components else r.task, []).append(r)
     return out
+
+
+def prompt_noise(rewards: list[float], group_size: int) -> float:
+    """The standard error of a batch's mean reward from the prompts drawn: the spread of the
+    groups' mean rewards over the square root of their number (rows come group by group). A
+    batch of hard prompts can sit this far below the usual reward without anything having
+    changed in the policy; the collapse guard widens its reward bound by it."""
+    means = [sum(rewards[i:i + group_size]) / group_size for i in range(0, len(rewards) - group_size + 1, group_size)]
+    if len(means) < 2:
+        return 0.0
+    centre = sum(means) / len(means)
+    return math.sqrt(sum((m - centre) ** 2 for m in means) / (len(means) - 1) / len(means))
 
 
 def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float, group_size: int, use_ref: bool,
@@ -88,6 +116,7 @@ def step_record(step: int, batch: Batch, m: dict, timings: dict, seconds: float,
         if tr:
             rec[f"reward/{task}"] = sum(r.reward for r in tr) / len(tr)
             rec[f"valid/{task}"] = sum(r.valid for r in tr) / len(tr)
+            rec[f"reward_se/{task}"] = prompt_noise([r.reward for r in tr], group_size)
     for source, tr in _by_source(rows).items():  # components per source, never diluted by the other's rows
         if source == "puzzle":
             rec["reward/puzzle"] = sum(r.reward for r in tr) / len(tr)

@@ -78,6 +78,22 @@ def add_sampler_agreement(agg: dict[str, float], logp: torch.Tensor, sampler_log
                                      + float(diff.sum() / mask.sum().clamp(min=1)) * share)
 
 
+def add_task_entropy(agg: dict[str, float], entropy: torch.Tensor | None, mask: torch.Tensor, tasks: list[str],
+                     task_rows: dict[str, int]) -> None:
+    """Each task's entropy (`entropy/P`, `entropy/A`): the token mean over its completions in this
+    minibatch, weighted by its share of the task's rows. The collapse guard judges each task by its
+    own entropy: a deterministic task such as A: is meant to reach near zero."""
+    if entropy is None:
+        return
+    ent = entropy.detach() * mask
+    for task in dict.fromkeys(tasks):
+        rows = torch.tensor([t == task for t in tasks], device=mask.device)
+        tokens = mask[rows].sum()
+        if tokens > 0:
+            agg[f"entropy/{task}"] = (agg.get(f"entropy/{task}", 0.0)
+                                      + float(ent[rows].sum() / tokens) * int(rows.sum()) / task_rows[task])
+
+
 def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: list, old: list, beta: float,
                 norms: Norms, device: torch.device, first: bool, record: bool) -> tuple[dict[str, float], bool]:
     """Loss and backward of every minibatch (gradients accumulate); (the metrics, whether every
@@ -85,6 +101,8 @@ def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: l
     a batch checks the sampler's log-probs and may use the rows' recorded projections, which are
     freed after it (2 GB at 124M)."""
     cfg, agg = passes.cfg, {}
+    tasks = [r.task for r in batch.rows]
+    task_rows = {t: tasks.count(t) for t in set(tasks)}
     try:
         for k, sl in enumerate(slices):
             o = passes.logprobs(model, batch, sl, device, cfg.kl_estimator == "exact", True, recorded=first and record)
@@ -95,6 +113,7 @@ def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: l
             loss.backward()
             share = (sl.stop - sl.start) / len(batch.rows)  # metrics: means over this rank's rows, then ranks'
             add_metrics(agg, out.metrics(), share, cfg.loss_type == "dapo")
+            add_task_entropy(agg, o.get("entropy"), batch.completion_mask[sl], tasks[sl], task_rows)
             if first:
                 add_sampler_agreement(agg, o["logprobs"], batch.sampler_logp[sl], batch.completion_mask[sl], share)
         return agg, True

@@ -38,6 +38,8 @@ table.config td:last-child { max-width: 640px; }
 tr.differs td { background: #fff8c5; }
 .good { color: #1a7f37; font-weight: 600; } .bad { color: #cf222e; font-weight: 600; }
 .muted { color: #656d76; } .small { font-size: 12px; }
+details > summary { cursor: pointer; list-style: revert; } h2.fold { display: inline-block; border: 0; }
+table.verdict { font-size: 14px; } table.verdict td.good, table.verdict td.bad { font-size: 14px; }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px;
           align-items: start; }
 figure { margin: 0; border: 1px solid #d0d7de; border-radius: 6px; padding: 6px; background: #fff; }

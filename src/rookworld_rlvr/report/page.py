@@ -1,7 +1,10 @@
 """The report page: `write_report` draws the plots and writes one self-contained HTML file.
 
-Sections: the runs, their guard events, their configs side by side, the evaluation base ->
-final, the training curves (`report.plots`) and sample completions (`report.samples`).
+Sections, the verdict first: a few held-out figures base -> final next to the random mover with
+95% intervals, each change coloured by whether it is better for that figure (`verdict`), and the
+match against the base where one was played; then the runs, their guard events, the training
+curves (`report.plots`) and sample completions (`report.samples`); last, folded, every held-out
+metric base -> final and the configs side by side.
 
 Owns the HTML tables and the page. Imports no torch and no chess.
 """
@@ -21,14 +24,17 @@ from rookworld_rlvr.tables import delta, flatten_metrics, fmt_delta, number
 
 LOWER_IS_BETTER = {"invalid", "reward_mae", "hit_max_tokens", "ended_illegal", "loss", "blunder", "repeated",
                    "repeated_candidates"}
-NEUTRAL = {"n", "n_labelled", "games", "seconds", "ended_game_over", "ended_max_plies"}
+NEUTRAL = {"n", "n_labelled", "games", "seconds", "ended_game_over", "ended_max_plies", "capped_batches"}
 
 
 def direction(metric: str) -> int:
     """+1 when a higher value is better, -1 when lower is better, 0 for counts and for the random
-    mover's baseline (no colour: it moves only with the positions it is paired with)."""
+    mover's baseline (no colour: it moves only with the positions it is paired with). Every share
+    of illegal moves (`strength.illegal.*`, by kind) is lower-is-better."""
     if ".random." in metric:
         return 0
+    if ".illegal." in metric and not metric.endswith(".n"):
+        return -1
     last = metric.rsplit(".", 1)[-1]
     if last in LOWER_IS_BETTER:
         return -1
@@ -91,6 +97,56 @@ def eval_table(runs: Sequence[Run]) -> str:
                         f"</td>{_delta_cell(k, b.get(k), f.get(k))}" for b, f in pairs)
         rows.append(f"<tr><td><code>{esc(k)}</code></td>{cells}</tr>")
     return f'<table class="eval"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _ci_text(ci: tuple[float, float] | None) -> str:
+    return f'<div class="muted small">{ci[0]:.3f} .. {ci[1]:.3f}</div>' if ci else ""
+
+
+def match_line(match: dict) -> str:
+    """The match of the final model against the base (match.json), in one sentence."""
+    if not match or number(match.get("score")) is None:
+        return ('<p class="muted">No match played. <code>rookworld match RUN/final BASE --games 200 --json '
+                'RUN/match.json</code> adds one here.</p>')
+    elo = (f"Elo {match['elo']:+.0f} (95% CI {match['elo_low']:+.0f} .. {match['elo_high']:+.0f})"
+           if all(number(match.get(k)) is not None for k in ("elo", "elo_low", "elo_high")) else "")
+    cls = "good" if (number(match.get("elo_low")) or 0) > 0 else "bad" if (number(match.get("elo_high")) or 0) < 0 \
+        else "muted"
+    verdict = {"good": "won beyond the noise", "bad": "lost beyond the noise", "muted": "within the noise"}[cls]
+    return (f'<p>Match: <b>{esc(match.get("a"))}</b> against <b>{esc(match.get("b"))}</b>, {esc(match.get("games"))} '
+            f'games, +{esc(match.get("wins"))} ={esc(match.get("draws"))} -{esc(match.get("losses"))}, score '
+            f'{esc(fmt(match.get("score")))}, {esc(elo)}: <span class="{cls}">{verdict}</span>.</p>')
+
+
+def verdict_section(runs: Sequence[Run]) -> str:
+    """Per run: the verdict table (base, final, random mover, change with its 95% interval and
+    whether it is beyond the noise) and the match against the base."""
+    from rookworld_rlvr.verdict import rows as verdict_rows
+
+    parts = []
+    for r in runs:
+        body = verdict_rows(r.base_eval, r.final_eval)
+        title = f"<h3>{esc(r.name)}</h3>" if len(runs) > 1 else ""
+        if not body:
+            parts.append(f'{title}<p class="muted">No held-out evaluation yet.</p>{match_line(r.match)}')
+            continue
+        trs = []
+        for v in body:
+            cls = {"better": "good", "worse": "bad"}.get(v["verdict"], "muted")
+            change = "–" if v["change"] is None else f'{v["change"]:+.4f}'
+            good = (v["change"] or 0) * v["better"]
+            ccls = "num" + (" good" if good > 1e-12 and v["verdict"] == "better" else
+                            " bad" if good < -1e-12 and v["verdict"] == "worse" else "")
+            trs.append(f'<tr><td>{esc(v["label"])}</td><td class="num">{esc(fmt(v["base"]))}{_ci_text(v["base_ci"])}'
+                       f'</td><td class="num">{esc(fmt(v["final"]))}{_ci_text(v["final_ci"])}</td>'
+                       f'<td class="num">{esc(fmt(v["random"]))}</td><td class="{ccls}">{esc(change)}'
+                       f'{_ci_text(v["change_ci"])}</td><td class="{cls}">{esc(v["verdict"] or "–")}</td></tr>')
+        parts.append(f'{title}<table class="verdict"><thead><tr><th>held-out figure</th><th class="num">base</th>'
+                     '<th class="num">final</th><th class="num">random mover</th><th class="num">change</th>'
+                     f'<th>verdict</th></tr></thead><tbody>{"".join(trs)}</tbody></table>{match_line(r.match)}')
+    note = ('<p class="muted small">Under each figure its 95% interval; a change is better or worse only when its '
+            'interval excludes 0.</p>')
+    return "".join(parts) + note
 
 
 def _last_step(run: Run) -> Any:
@@ -158,14 +214,16 @@ def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir:
     names = ", ".join(r.name for r in runs)
     title = f"GRPO run {names}" if len(runs) == 1 else f"GRPO runs compared: {names}"
     sections = [
+        ("Verdict: base → final, held out", verdict_section(runs)),
         ("Runs", runs_table(runs)),
         ("Guard events", events_table(runs)),
-        ("Config", config_table(runs)),
-        ("Evaluation: base → final", eval_table(runs)),
         ("Training curves", plots_section(plots, out_dir)),
         ("Sample completions (final evaluation)", samples_section(runs)),
     ]
+    folded = [("Every held-out metric: base → final", eval_table(runs)), ("Config", config_table(runs))]
     body = "".join(f"<section><h2>{esc(h)}</h2>{content}</section>" for h, content in sections)
+    body += "".join(f'<section><details><summary><h2 class="fold">{esc(h)}</h2></summary>{content}</details>'
+                    "</section>" for h, content in folded)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head>"

@@ -2,7 +2,8 @@
 
 A run directory holds `metrics.jsonl` (one record per optimizer step, required),
 `eval.jsonl` (one evaluation per line, base model first), `events.jsonl` (guard events),
-`summary.json` and `config.yaml` (all optional: a run still in progress has only some of them).
+`summary.json`, `config.yaml` and `match.json` (`rookworld match FINAL BASE --json RUN/match.json`; all
+optional: a run still in progress has only some of them).
 A bad JSONL line is skipped: a live run may be mid-write.
 
 Owns reading run directories. Pure Python (yaml inside a function): imports no torch, no chess.
@@ -29,6 +30,7 @@ class Run:
     config: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)  # guard events (events.jsonl): recoveries and stops
+    match: dict = field(default_factory=dict)  # match.json: `rookworld match` of the final model against the base
 
     @property
     def stop(self) -> dict | None:
@@ -89,7 +91,8 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         raise FileNotFoundError(f"{metrics_path}: {what}")
     return Run(path=path, name=name or path.resolve().name, metrics=_read_jsonl(metrics_path),
                evals=_read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
-               summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"))
+               summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"),
+               match=_read_json(path / "match.json"))
 
 
 def unique_names(paths: Sequence[Path]) -> list[str]:

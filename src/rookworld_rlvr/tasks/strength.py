@@ -163,12 +163,14 @@ class JudgedPosition:
 
 @dataclass(frozen=True)
 class Puzzle:
-    """A position with the moves that solve it: `mate1` (every mating move) or `tactic` (the
-    moves that keep a decisive win that every other move throws away, by Stockfish)."""
+    """A position with the moves that solve it: `mate1` (every mating move), `tactic` (the
+    moves that keep a decisive win that every other move throws away, by Stockfish) or `check`
+    (the side to move is in check and every legal move solves it: a legality test, where a
+    random legal mover always succeeds)."""
 
     fen: str
     solutions: tuple[str, ...]
-    kind: str  # mate1 | tactic
+    kind: str  # mate1 | tactic | check
 
     def to_dict(self) -> dict:
         return {"fen": self.fen, "solutions": list(self.solutions), "kind": self.kind}
@@ -184,10 +186,20 @@ class Puzzle:
             raise ValueError(f"field 'solutions' must be legal moves of {fen!r}, got {list(solutions)}")
         if kind == "mate1" and set(solutions) != set(mating_moves(fen)):
             raise ValueError(f"field 'solutions' must be every mating move of {fen!r}: {mating_moves(fen)}")
+        if kind == "check" and (not chess.Board(fen).is_check() or set(solutions) != legal):
+            raise ValueError(f"a check puzzle's side to move must be in check and its 'solutions' every legal move "
+                             f"of {fen!r}")
         return cls(fen, solutions, kind)
 
 
-PUZZLE_KINDS = ("mate1", "tactic")
+PUZZLE_KINDS = ("mate1", "tactic", "check")
+
+
+def check_puzzle(fen: str) -> Puzzle | None:
+    """A `check` puzzle when the side to move is in check and has a legal move, else None."""
+    board = chess.Board(fen)
+    legal = sorted(m.uci() for m in board.legal_moves)
+    return Puzzle(fen, tuple(legal), "check") if board.is_check() and legal else None
 
 
 def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_solutions: int = 2) -> Puzzle | None:

@@ -1,0 +1,141 @@
+"""The verdict of a run: a few held-out figures, base -> final next to the random mover, each
+with its 95% interval and whether the change is beyond the noise.
+
+Owns which figures open the run's final table and its report, which way is better for each,
+and the intervals: Wilson's for a share, and for a change of a share the unpaired normal
+interval of the difference (conservative: base and final answer the same positions, and the
+positive correlation of paired answers only narrows the true interval). Ratio figures that come
+with a bootstrap interval (`*_ci`) combine the two half-widths in quadrature.
+
+Pure Python: imports no torch, no chess and nothing else of the package but `tables`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rookworld_rlvr.tables import fmt_number, number, render
+
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One verdict row: where the figure is in an evaluation, its label, which way is better
+    (+1 higher, -1 lower), where the number of items is, and the random mover's figure."""
+
+    key: str
+    label: str
+    better: int = 1
+    n_key: str | None = None
+    random_key: str | None = None
+    random_value: float | None = None
+
+
+HEADLINES = (
+    Headline("puzzles.check.solved", "legal best move, side to move in check", 1, "puzzles.check.n",
+             random_value=1.0),
+    Headline("strength.legal", "legal best move (judged positions)", 1, "strength.n", random_value=1.0),
+    Headline("strength.loss_below_random", "expected-score loss below the random mover's", 1, random_value=0.0),
+    Headline("strength.blunder_below_random", "blunders below the random mover's", 1, random_value=0.0),
+    Headline("strength.best", "Stockfish's best move", 1, "strength.n", "strength.random.best"),
+    Headline("puzzles.mate1.solved", "mate in one", 1, "puzzles.mate1.n", "puzzles.mate1.random.solved"),
+    Headline("puzzles.tactic.solved", "tactics", 1, "puzzles.tactic.n", "puzzles.tactic.random.solved"),
+    Headline("environment.next_state_acc", "A: next state exact", 1, "environment.n"),
+    Headline("histories.slices.history_1.next_state_acc", "A: next state, game start (1-move history)", 1,
+             "histories.slices.history_1.n"),
+    Headline("histories.slices.history_2_9.next_state_acc", "A: next state, 2-9 moves of history", 1,
+             "histories.slices.history_2_9.n"),
+    Headline("environment.slices.game_ending.next_state_acc", "A: next state, game-ending moves", 1,
+             "environment.slices.game_ending.n"),
+    Headline("environment.slices.illegal.next_state_acc", "A: next state, illegal moves", 1,
+             "environment.slices.illegal.n"),
+    Headline("selfplay.mean_legal_half_moves", "self-play legal half-moves", 1),
+)
+
+
+def get(result: dict | None, key: str) -> Any:
+    """The value at a dotted key of a nested result, None where any part is missing."""
+    node: Any = result
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def wilson(p: float, n: int) -> tuple[float, float]:
+    """Wilson's 95% interval of a share p observed on n items."""
+    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval(result: dict | None, h: Headline) -> tuple[float, float] | None:
+    """The 95% interval of a headline figure: its bootstrap `_ci` where the result has one,
+    Wilson's for a share with a known n, else None."""
+    ci = get(result, h.key + "_ci")
+    if isinstance(ci, dict) and number(ci.get("low")) is not None and number(ci.get("high")) is not None:
+        return float(ci["low"]), float(ci["high"])
+    value, n = number(get(result, h.key)), number(get(result, h.n_key)) if h.n_key else None
+    if value is None or not n or not 0 <= value <= 1:
+        return None
+    return wilson(value, int(n))
+
+
+def change_interval(base: dict | None, final: dict | None, h: Headline) -> tuple[float, float] | None:
+    """95% interval of final - base: the half-widths of the two intervals in quadrature, around
+    the change (the unpaired interval of a difference; see the module doc)."""
+    a, b = number(get(base, h.key)), number(get(final, h.key))
+    ia, ib = interval(base, h), interval(final, h)
+    if a is None or b is None or ia is None or ib is None:
+        return None
+    half = math.hypot((ia[1] - ia[0]) / 2, (ib[1] - ib[0]) / 2)
+    return b - a - half, b - a + half
+
+
+def judge(base: dict | None, final: dict | None, h: Headline) -> str:
+    """better | worse (beyond the 95% interval of the change) | within noise | '' (no interval)."""
+    ci = change_interval(base, final, h)
+    if ci is None:
+        return ""
+    if ci[0] > 0 or ci[1] < 0:
+        return "better" if (ci[0] > 0) == (h.better > 0) else "worse"
+    return "within noise"
+
+
+def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
+    """The verdict rows present in either evaluation, as plain values (for tables and HTML)."""
+    out = []
+    for h in HEADLINES:
+        a, b = number(get(base, h.key)), number(get(final, h.key))
+        if a is None and b is None:
+            continue
+        rand = number(get(final, h.random_key)) if h.random_key else h.random_value
+        out.append({"key": h.key, "label": h.label, "better": h.better, "base": a, "final": b,
+                    "base_ci": interval(base, h), "final_ci": interval(final, h), "random": rand,
+                    "change": None if a is None or b is None else b - a,
+                    "change_ci": change_interval(base, final, h), "verdict": judge(base, final, h)})
+    return out
+
+
+def fmt_ci(value: float | None, ci: tuple[float, float] | None) -> str:
+    if value is None:
+        return "-"
+    return fmt_number(value) + (f" ({ci[0]:.3f} .. {ci[1]:.3f})" if ci else "")
+
+
+def verdict_table(base: dict | None, final: dict | None) -> str:
+    """The plain-text verdict: label | base | final | random mover | change (95% CI) | verdict."""
+    body = rows(base, final)
+    if not body:
+        return "(no held-out figures)"
+    table = [["held-out figure (95% CI)", "base", "final", "random mover", "change", "verdict"]]
+    for r in body:
+        change = "-" if r["change"] is None else f"{r['change']:+.4f}" + (
+            f" ({r['change_ci'][0]:+.3f} .. {r['change_ci'][1]:+.3f})" if r["change_ci"] else "")
+        table.append([r["label"], fmt_ci(r["base"], r["base_ci"]), fmt_ci(r["final"], r["final_ci"]),
+                      fmt_number(r["random"]), change, r["verdict"] or "-"])
+    return render(table)
