@@ -77,3 +77,10 @@ def test_a_clean_environment_says_so_and_conflicting_spellings_stop(script, tiny
     done = run(script, {**files, "SEED": "1", "ROOKWORLD_SEED": "2"}, "--dry-run")
     assert done.returncode == 2 and "SEED='1' and ROOKWORLD_SEED='2' disagree" in done.stderr
     assert "+ rookworld" not in done.stderr  # stopped before running anything
+
+
+def test_an_exported_empty_variable_is_an_error_naming_the_field(script):
+    """`STEPS=` exported empty is a mistake, not "use the default": the run stops, naming the field."""
+    done = run(script, {"STEPS": "", "CONFIG": str(REPO / "configs" / "default.yaml")}, "--dry-run")
+    assert done.returncode != 0
+    assert "config field 'steps' needs a value, got an empty one" in done.stderr, done.stderr[-1500:]

@@ -77,6 +77,10 @@ class TrainConfig:
     strength_data: str | None = _f("data/strength.jsonl.gz", "judged held-out positions (`rookworld data judge`): each "
                                                              "evaluation reports move quality next to a random legal "
                                                              "mover on them (null = skip)")
+    history_eval_data: str | None = _f("data/eval_histories.jsonl.gz", "held-out A: transitions with 1-9 moves of history "
+                                                                    "(game starts, games set up from a position; `rookworld "
+                                                                    "data histories`): each evaluation reports their "
+                                                                    "next state per history length (null = skip)")
     puzzle_eval_data: str | None = _f("data/puzzles_eval.jsonl.gz", "held-out puzzles each evaluation solves (null = skip)")
     # -- batch and sampling --------------------------------------------------------------------
     steps: int = _f(60, "optimizer steps (one batch of prompts per step)")
@@ -301,22 +305,17 @@ def coerce(name: str, text: str) -> Any:
     """Parse a command-line / environment string for field `name` (YAML syntax: 1e-5, true, null, {a: 1})."""
     if name not in FIELDS:
         raise ValueError(unknown_field(name))
-    value = yaml.safe_load(text) if text != "" else None
-    default = TrainConfig().__getattribute__(name)
-    if isinstance(value, str) and FIELDS[name].type in ("float", "float | None", "int", "int | None"):
-        try:  # YAML 1.1 reads 1e-5 as a string
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"config field '{name}' needs a number, got {text!r}") from None
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise ValueError(f"config field '{name}' must be true or false, got {text!r}")
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(default, str) and value is not None and not isinstance(value, str):
-        value = str(text)
-    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value
+    if text.strip() == "":
+        if str(FIELDS[name].type).split(" | ")[0] == "str":
+            return ""  # an empty path or name: eval_data '' = no evaluation
+        raise ValueError(f"config field '{name}' needs a value, got an empty one")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"config field '{name}': cannot read {text!r} ({getattr(e, 'problem', None) or e})") from None
+    if str(FIELDS[name].type).split(" | ")[0] == "str" and value is not None and not isinstance(value, str):
+        value = str(text)  # a name that YAML would read as a number or a date stays the text given
+    return typed(name, value)
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -326,7 +325,12 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         p = Path(path)
         if not p.exists():
             raise ValueError(f"config file {path}: no such file")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            raise ValueError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
         for k in loaded:
@@ -343,18 +347,47 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     return cfg
 
 
+def typed(name: str, v: Any) -> Any:
+    """`v` as field `name`'s declared type (int, float, str, bool, dict, list; `| None` allows null):
+    an integral float as an int, a number written as text (YAML 1.1 reads 1e-5 so) as a float, an
+    int as a float; anything else is a ValueError naming the field."""
+    kind = str(FIELDS[name].type)
+    base, nullable = kind.split(" | ")[0], kind.endswith("| None")
+    want = {"int": "an integer", "float": "a number", "str": "text", "bool": "true or false", "dict": "a mapping",
+            "list": "a list"}[base]
+    if v is None:
+        if nullable:
+            return None
+        raise ValueError(f"config field '{name}' needs {want}, got an empty value")
+    if base == "int" and isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if base == "float" and isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if base == "float" and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    python = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict, "list": list}[base]
+    if not isinstance(v, python) or (base in ("int", "float") and isinstance(v, bool)):
+        raise ValueError(f"config field '{name}' needs {want}, got {v!r}")
+    if name == "task_sampling":
+        for task, over in v.items():
+            if not isinstance(over, dict):
+                raise ValueError(f"config field 'task_sampling': {task} needs a mapping of sampling settings "
+                                 f"(e.g. {{temperature: 0.8}}), got {over!r}")
+    if name == "curriculum":
+        for task, stages in v.items():
+            if not isinstance(stages, list) or not all(isinstance(s, (list, tuple)) and len(s) == 2
+                                                       and isinstance(s[1], dict) for s in stages):
+                raise ValueError(f"config field 'curriculum': {task} needs a list of [step, {{component: weight}}] "
+                                 f"pairs, got {stages!r}")
+    return v
+
+
 def _check_types(cfg: TrainConfig) -> None:
-    defaults = TrainConfig()
     for name in FIELDS:
-        v, d = getattr(cfg, name), getattr(defaults, name)
-        if v is None or d is None:
-            continue
-        if isinstance(d, bool) != isinstance(v, bool) or (isinstance(d, (int, float)) and not isinstance(v, (int, float))) \
-                or (isinstance(d, str) and not isinstance(v, str)) or (isinstance(d, dict) and not isinstance(v, dict)) \
-                or (isinstance(d, list) and not isinstance(v, list)):
-            raise ValueError(f"config field '{name}' must be of type {type(d).__name__}, got {v!r}")
-        if isinstance(d, float) and isinstance(v, int):
-            setattr(cfg, name, float(v))
+        setattr(cfg, name, typed(name, getattr(cfg, name)))
 
 
 def add_field_arguments(group: Any, show_defaults: bool = True) -> None:

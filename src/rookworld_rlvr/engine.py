@@ -39,7 +39,8 @@ from typing import Any, Callable, Sequence, TypeVar
 import chess
 import chess.engine
 
-from rookworld_rlvr.engine_process import ENGINE_FAILURES, LOG, Engine, Loop, StockfishNotFound, find_stockfish
+from rookworld_rlvr.engine_process import (ENGINE_FAILURES, LOG, Engine, Loop, StockfishNotFound, engine_identity,
+                                           find_stockfish)
 from rookworld_rlvr.tasks.strength import is_legal
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "StockfishNotFound",
+    "engine_identity",
     "StockfishPool",
     "find_stockfish",
     "score_to_pawns",
@@ -208,7 +210,8 @@ class StockfishPool:
         self.config = config
         self.path = find_stockfish(config.path)
         self._limit = chess.engine.Limit(depth=config.depth, time=config.time)
-        self._limits_key = config.limits_key()
+        self.identity = engine_identity(self.path, config.timeout)
+        self._limits_key = f"{self.identity};{config.limits_key()}"  # another engine version answers apart
         self._cache = _Cache(config.cache_path)
         self._loop = Loop()
         self._engines = [Engine(self.path, config, self._loop) for _ in range(config.workers)]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import shutil
+import subprocess
 import threading
 from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
@@ -56,6 +58,23 @@ def _executable(path: str) -> str | None:
     if os.path.isfile(path) and os.access(path, os.X_OK):
         return os.path.abspath(path)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def engine_identity(path: str, timeout: float = 30.0) -> str:
+    """The engine's UCI `id name` ("Stockfish 16.1"): its analyses are cached under it, so another
+    version's cached answers are never taken for this one's. A binary that does not say its name
+    is known by its path, size and modification time instead (its searches then fail, or not, as
+    the pool's restarts and retries decide)."""
+    try:
+        done = subprocess.run([path], input="uci\nquit\n", capture_output=True, text=True, timeout=timeout)
+        for line in done.stdout.splitlines():
+            if line.startswith("id name "):
+                return line[len("id name "):].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    st = os.stat(path)
+    return f"unnamed engine {path} ({st.st_size} bytes, modified {st.st_mtime_ns})"
 
 
 def find_stockfish(path: str | None = None) -> str:

@@ -215,13 +215,19 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
 
-    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.data.io import atomic_write_text, read_log, read_samples
     from rookworld_rlvr.grpo.control import adamw, cosine_lr
     from rookworld_rlvr.chess_tokenizers import TOKENIZERS
     from rookworld_rlvr.model import fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.atomic import restore_aside, write_dir
+    from rookworld_rlvr.model.load import write_pretrained
     from rookworld_rlvr.statefile import load_state, save_state, state_exists
 
     cfg.validate()
+    if cfg.eval_data and cfg.eval_samples:  # its evaluations judge moves with Stockfish: fail now, not at step 500
+        from rookworld_rlvr.engine import find_stockfish
+
+        find_stockfish()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -230,6 +236,14 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     out = Path(cfg.out)
     ckpt = out.parent / f"{out.name}.checkpoint"
     state = None
+    if resume:
+        restore_aside(ckpt)  # a kill between the two renames of a save left the last checkpoint beside it
+        if ckpt.exists() and not state_exists(ckpt, SFT_STATE):
+            raise ValueError(f"{ckpt}: model weights without {SFT_STATE}.json / {SFT_STATE}.safetensors, so it is "
+                             "not a complete checkpoint and --resume cannot continue it exactly; move it aside to "
+                             "start afresh")
+        if not ckpt.exists():
+            print(f"sft: --resume: no checkpoint at {ckpt}; starting a new run")
     if resume and state_exists(ckpt, SFT_STATE):
         model, tokenizer = load_policy(str(ckpt), device=str(device))
         state = load_state(ckpt, SFT_STATE)
@@ -275,8 +289,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         for line in changed_settings(state.get("config", {}), asdict(cfg)):
             print(f"sft: {line}")
         if log_path.exists():  # steps after the checkpoint are redone: drop their old records
-            kept = [x for x in log_path.read_text().splitlines() if json.loads(x)["step"] <= step]
-            log_path.write_text("".join(x + "\n" for x in kept))
+            kept = [json.dumps(r) for r in read_log(log_path) if r["step"] <= step]
+            atomic_write_text(log_path, [x + "\n" for x in kept])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from rookworld_rlvr.grpo.precision import autocast_dtype
 
@@ -295,14 +309,19 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         return min(frac, 1.0)
 
     def save(final: bool = False) -> None:
-        target = out if final else ckpt
-        save_pretrained_atomic(model, tokenizer, target)
-        if not final:
+        if final:
+            save_pretrained_atomic(model, tokenizer, out)
+            return
+
+        def write(tmp: Path) -> None:  # weights and state together: the checkpoint swaps in whole or not at all
+            write_pretrained(model, tokenizer, tmp)
             # shards under 25 MB: a checkpoint can be committed, so a later run elsewhere resumes it exactly
-            save_state(target, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
-                                           "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
-                                           "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
+            save_state(tmp, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
+                                        "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
+                                        "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
                        shard_bytes=25_000_000)
+
+        write_dir(ckpt, write)
 
     model.train()
     model.config.use_cache = False

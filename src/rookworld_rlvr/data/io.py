@@ -19,7 +19,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -140,6 +140,37 @@ def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
 
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> list[Sample]:
     return list(iter_samples(path, skip_invalid, report))
+
+
+def read_log(path: str | Path, warn: Callable[[str], None] = print) -> list[dict]:
+    """The JSON records of a run log (one object a line). A torn last line (no newline at the end:
+    the process was killed mid-write) is dropped with a warning naming the file; any other line that
+    is not a JSON object is a DataError naming file:line."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    torn = lines.pop() if lines else ""  # after the last newline: "" for a whole file
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: not a JSON record ({e})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: not a JSON object")
+        records.append(row)
+    if torn.strip():
+        try:
+            row = json.loads(torn)
+        except ValueError:
+            warn(f"warning: {path}:{len(lines) + 1}: ignoring a torn last line (the process was stopped while "
+                 f"writing it): {torn[:60]!r}")
+        else:
+            if isinstance(row, dict):
+                records.append(row)
+    return records
 
 
 def atomic_write_text(path: str | Path, chunks: Iterable[str]) -> None:

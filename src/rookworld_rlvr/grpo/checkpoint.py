@@ -14,13 +14,12 @@ through `statefile` and the model package's saver; nothing of chess.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from rookworld_rlvr.atomic import fsync_dir, restore_aside, write_dir
 from rookworld_rlvr.model.load import write_pretrained
 from rookworld_rlvr.statefile import load_state as _read_state
 from rookworld_rlvr.statefile import save_state, state_exists
@@ -48,10 +47,18 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def restore_interrupted(run_dir: str | Path) -> None:
+    """Put back a checkpoint that a kill left moved aside while its step was saved again."""
+    root = Path(run_dir) / "checkpoints"
+    for old in root.glob(".step_*.old-*") if root.exists() else []:
+        restore_aside(root / old.name[1:].split(".old-")[0])
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest checkpoint. Every `step_N` directory was renamed into place complete, so one
     without its state files (deleted, or an older version's pickle) is an error naming the file,
     never skipped for an older checkpoint or a fresh start."""
+    restore_interrupted(run_dir)
     root = Path(run_dir) / "checkpoints"
     steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.exists() else [])
                    if (m := _STEP_RE.match(p.name)) and p.is_dir())
@@ -75,22 +82,11 @@ def _check_complete(path: Path) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
     """Write model + tokenizer + trainer state atomically; returns the checkpoint path."""
-    final = checkpoint_dir(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+    def write(tmp: Path) -> None:
         write_pretrained(model, tokenizer, tmp)
         save_state(tmp, STATE_NAME, state)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+
+    return write_dir(checkpoint_dir(run_dir, step), write)
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
@@ -102,6 +98,32 @@ def load_state(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{path / STATE_FILES[1]}: not a trainer state (no 'step')")
     return state
+
+
+def export_model(path: str | Path, out: str | Path) -> Path:
+    """The model and tokenizer of checkpoint `path`, without its trainer state, atomically at `out`
+    (a plain Hugging Face directory, like `final/`)."""
+    path = Path(path)
+
+    def write(tmp: Path) -> None:
+        for f in path.iterdir():
+            if f.is_file() and not f.name.startswith(STATE_NAME):
+                shutil.copy2(f, tmp / f.name)
+
+    return write_dir(out, write)
+
+
+def drop_after(run_dir: str | Path, step: int) -> list[int]:
+    """Delete every checkpoint after `step` (a rollback abandoned them: the logs are cut back to
+    `step`, and `latest_checkpoint` must not find them); returns their steps."""
+    root = Path(run_dir) / "checkpoints"
+    gone = sorted(int(m.group(1)) for p in (root.iterdir() if root.exists() else [])
+                  if (m := _STEP_RE.match(p.name)) and int(m.group(1)) > step)
+    for s in gone:
+        shutil.rmtree(checkpoint_dir(run_dir, s))
+    if gone:
+        fsync_dir(Path(run_dir) / "checkpoints")
+    return gone
 
 
 def prune(run_dir: str | Path, keep_last: int, keep: set[int] = frozenset()) -> None:

@@ -36,7 +36,7 @@ from rookworld_rlvr.grpo.passes import Passes, task_slices
 from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record_rollout
 from rookworld_rlvr.grpo.prompts import PromptSampler
 from rookworld_rlvr.grpo.rollout import Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect
-from rookworld_rlvr.grpo.runlog import append_jsonl, git_commit, set_aside, step_record, truncate_logs
+from rookworld_rlvr.grpo.runlog import append_jsonl, best_summary, git_commit, set_aside, step_record, truncate_logs
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
 from rookworld_rlvr.metrics import held_out_reward
 from rookworld_rlvr.model import load_policy, resolve_device
@@ -304,11 +304,13 @@ class Trainer:
         bar.close()
         return self._finish()
 
-    def _finish(self) -> dict:
+    def _finish(self) -> dict:  # noqa: C901 - one summary, written once
         """The run's summary; rank 0 writes the final model and summary.json."""
         events = self.run_dir / "events.jsonl"
-        summary = {"base": self.base_eval, "final": self.history_eval[-1] if self.history_eval else None,
+        final_eval = self.history_eval[-1] if self.history_eval else None
+        summary = {"base": self.base_eval, "final": final_eval,
                    "best_step": self.best[1] if self.best else None, "steps": self.step,
+                   "best": best_summary(self.best, held_out_reward(final_eval), self.step),
                    "guard": {"recoveries": self.guard.recoveries, "nan_rollbacks": self.nan_guard.rollbacks,
                              "events": len(events.read_text().splitlines()) if self.main and events.exists() else 0}}
         if self.main:
@@ -316,6 +318,12 @@ class Trainer:
             from rookworld_rlvr.model import save_pretrained_atomic
 
             save_pretrained_atomic(self.sampler(), self.tokenizer, self.run_dir / "final")
+            if self.best is not None:  # like transformers' load_best_model_at_end, beside final/
+                best = ckpt.checkpoint_dir(self.run_dir, self.best[1])
+                if self.best[1] == self.step or not ckpt.state_exists(best, ckpt.STATE_NAME):
+                    save_pretrained_atomic(self.sampler(), self.tokenizer, self.run_dir / "best")
+                else:
+                    ckpt.export_model(best, self.run_dir / "best")
             atomic_write_text(self.run_dir / "summary.json", [json.dumps(summary, indent=2)])
         dist.barrier()  # nobody reports "done" before the final model is written
         return summary

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -201,14 +199,6 @@ def load_policy(
     return model, tokenizer
 
 
-def _fsync_tree(root: Path) -> None:
-    """Flush every file so the rename below publishes complete data."""
-    for p in root.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
-
-
 def write_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     """Model (safetensors) and tokenizer into an existing directory, quietly: a "Writing model
     shards" bar per checkpoint would bury the run's own progress output."""
@@ -231,26 +221,9 @@ def save_pretrained_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenize
     Writes into a temporary directory beside `out_dir` and renames it into place;
     an existing `out_dir` is moved aside first and deleted only after the swap.
     """
-    out = Path(out_dir).expanduser().resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    old: Path | None = None
-    try:
-        write_pretrained(model, tokenizer, tmp)
-        _fsync_tree(tmp)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():  # put the previous checkpoint back
-            os.replace(old / out.name, out)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return out
+    from rookworld_rlvr.atomic import write_dir
+
+    return write_dir(Path(out_dir).expanduser().resolve(), lambda tmp: write_pretrained(model, tokenizer, tmp))
 
 
 def _portable_tokenizer_class(directory: Path) -> None:

@@ -1,0 +1,86 @@
+"""Directories that appear complete or not at all, and renames that survive a power cut.
+
+`write_dir` builds a directory in a temporary sibling, fsyncs every file, moves an existing
+directory of that name aside, renames the new one into place, fsyncs the parent (so the rename
+itself is on disk before anything relies on it) and only then deletes the old one. A kill at any
+point leaves either the old directory or the new one under the name, never neither: if it comes
+between the two renames, the old one is still whole beside it (`.NAME.old-*`) and
+`restore_aside` puts it back.
+
+Owns the rename dance shared by model saves, GRPO checkpoints and SFT checkpoints. Pure
+Python: imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under `root` (their data is on disk before a rename publishes them)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the renames inside it are on disk (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def restore_aside(final: Path) -> bool:
+    """Where a kill came between moving `final` aside and renaming its successor into place,
+    put the old directory back; True when one was restored."""
+    final = Path(final)
+    if final.exists():
+        return False
+    for old in sorted(final.parent.glob(f".{final.name}.old-*")):
+        inner = old / final.name
+        if inner.is_dir():
+            os.replace(inner, final)
+            fsync_dir(final.parent)
+            shutil.rmtree(old, ignore_errors=True)
+            return True
+    return False
+
+
+def write_dir(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a fresh temporary directory beside `final`, then swap it into place
+    (see the module doc); returns `final`. On any error `final` is left as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    restore_aside(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    old: Path | None = None
+    try:
+        write(tmp)
+        fsync_tree(tmp)
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.replace(final, old / final.name)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if not final.exists():  # put the previous directory back
+                os.replace(old / final.name, final)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,290 @@
+"""Nothing lost: kills injected at the exact points where a save or a rollback used to lose state,
+a torn log line, and the best evaluated state kept beside the final one. Real tiny GPT-2s, real
+files; monkeypatch only injects the faults."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rookworld_rlvr import atomic
+from rookworld_rlvr.config import load_config
+from rookworld_rlvr.data.io import DataError, read_log, read_samples
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo import state
+from rookworld_rlvr.grpo.trainer import Trainer
+from rookworld_rlvr.sft import SFTConfig, train as sft_train
+from rookworld_rlvr.statefile import state_exists
+
+
+class Killed(BaseException):
+    """A kill: not an Exception, so nothing on the way catches it."""
+
+
+class _Result:
+    def __init__(self, total):
+        self.total, self.components, self.valid_format = total, {"chars": total}, True
+
+
+def varied_reward(prompts, completions, truths, weights):
+    return [_Result(sum(c.isdigit() for c in text) / max(len(text), 1)) for text in completions]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def trainer(tmp_path, tiny_model_dir, small_data, eval_fn=None, **over) -> Trainer:
+    fields = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data="",
+                  output_dir=str(tmp_path / "run"), steps=4, batch_positions=2, group_size=4, max_new_tokens=16,
+                  lr=1e-3, warmup_steps=0, save_every=1, keep_last=10, tensorboard=False, progress=False, report=False,
+                  seed=1, engine_cache=None, device="cpu", threads=1)
+    fields.update(over)
+    cfg = load_config(None, fields)
+    return Trainer(cfg, varied_reward, read_samples(cfg.data), eval_fn, log=lambda *_: None)
+
+
+def weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# -- 1. an SFT checkpoint is weights and state together, or the one before it ------------------------------
+
+
+def _sft(tmp_path, small_data, **over) -> SFTConfig:
+    fields = dict(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=2,
+                  batch_size=4, eval_every=100, eval_samples=0, save_every=1, device="cpu", threads=1)
+    fields.update(over)
+    return SFTConfig(**fields)
+
+
+def test_an_sft_save_killed_after_the_weights_keeps_the_checkpoint_before_it(tmp_path, small_data, monkeypatch):
+    """Killed while writing the state of step 3 (the weights already written): the checkpoint of
+    step 2 is whole, and --resume continues from step 2, not from step 0."""
+    import rookworld_rlvr.statefile as statefile
+
+    sft_train(_sft(tmp_path, small_data), progress=False)
+    ckpt_dir = tmp_path / "m.checkpoint"
+    assert statefile.load_state(ckpt_dir, "sft_state")["step"] == 2
+    real = statefile.save_state
+
+    def dies(directory, name, st, **kw):
+        if st["step"] == 3:
+            raise Killed
+        return real(directory, name, st, **kw)
+
+    monkeypatch.setattr(statefile, "save_state", dies)
+    with pytest.raises(Killed):
+        sft_train(_sft(tmp_path, small_data, steps=4), resume=True, progress=False)
+    monkeypatch.setattr(statefile, "save_state", real)
+    assert state_exists(ckpt_dir, "sft_state") and statefile.load_state(ckpt_dir, "sft_state")["step"] == 2
+    assert not list(tmp_path.glob(".m.checkpoint.*"))  # nothing half-written left beside it
+    sft_train(_sft(tmp_path, small_data, steps=4), resume=True, progress=False)
+    steps = [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")]
+    assert steps == [1, 2, 3, 4]  # resumed at 2: no step lost, none twice
+
+
+def test_weights_without_state_are_an_error_never_a_fresh_start(tmp_path, small_data, capsys):
+    sft_train(_sft(tmp_path, small_data), progress=False)
+    ckpt_dir = tmp_path / "m.checkpoint"
+    for f in ckpt_dir.glob("sft_state*"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"m\.checkpoint: model weights without sft_state"):
+        sft_train(_sft(tmp_path, small_data, steps=4), resume=True, progress=False)
+    assert (ckpt_dir / "model.safetensors").exists()  # nothing overwritten
+    sft_train(_sft(tmp_path / "fresh", small_data), resume=True, progress=False)
+    assert "no checkpoint at" in capsys.readouterr().out  # --resume without any checkpoint says so
+
+
+def test_a_kill_between_the_two_renames_of_a_save_loses_neither(tmp_path, small_data):
+    """A save moves the old checkpoint aside, then renames the new one into place. Killed in between
+    (SIGKILL: no handler runs), the old one is whole beside the name, and the next resume puts it back."""
+    import tempfile
+
+    sft_train(_sft(tmp_path, small_data), progress=False)
+    aside = Path(tempfile.mkdtemp(prefix=".m.checkpoint.old-", dir=tmp_path))
+    os.replace(tmp_path / "m.checkpoint", aside / "m.checkpoint")  # what the kill leaves
+    sft_train(_sft(tmp_path, small_data, steps=3), resume=True, progress=False)
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]
+    assert not list(tmp_path.glob(".m.checkpoint.*"))
+
+
+# -- 2, 3. a GRPO rollback leaves no newer checkpoint; saving a step again never loses it -----------------------
+
+
+def test_a_rollback_removes_the_abandoned_checkpoints(tmp_path, tiny_model_dir, small_data):
+    tr = trainer(tmp_path, tiny_model_dir, small_data)
+    tr.train()
+    assert [s for s, _ in ckpt.list_checkpoints(tr.run_dir)] == [0, 1, 2, 3, 4]
+    state.rollback(tr, "drill", to_step=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tr.run_dir)] == [0, 1, 2]
+    assert ckpt.latest_checkpoint(tr.run_dir).name == "step_000002" and tr.step == 2
+    assert [r["step"] for r in read_log(tr.run_dir / "metrics.jsonl")] == [1, 2]
+    resumed = trainer(tmp_path, tiny_model_dir, small_data, resume=True)
+    assert resumed.step == 2  # continues from the rollback target, not from the collapsed step 4
+
+
+def test_saving_a_step_again_killed_mid_swap_keeps_the_old_copy(tmp_path, tiny_model_dir, small_data, monkeypatch):
+    tr = trainer(tmp_path, tiny_model_dir, small_data, steps=1)
+    tr.train()
+    path = ckpt.checkpoint_dir(tr.run_dir, 1)
+    before = ckpt.load_state(path)
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == path and ".tmp-" in Path(src).name:
+            raise Killed  # the new copy never arrives
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    with pytest.raises(Killed):
+        state.save(tr)
+    monkeypatch.setattr(atomic.os, "replace", real)
+    assert ckpt.latest_checkpoint(tr.run_dir) == path  # put back from aside
+    assert ckpt.load_state(path)["step"] == before["step"] == 1
+    import tempfile  # a SIGKILL between the two renames runs no handler: the old copy waits aside
+
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    os.replace(path, aside / path.name)
+    assert ckpt.latest_checkpoint(tr.run_dir) == path and ckpt.load_state(path)["step"] == 1
+    assert not list(path.parent.glob(".step_*"))
+
+
+# -- 4. a torn last log line ----------------------------------------------------------------------------------
+
+
+def test_a_torn_last_log_line_is_dropped_with_a_warning_and_a_bad_middle_line_is_named(tmp_path, tiny_model_dir,
+                                                                                       small_data, capsys):
+    tr = trainer(tmp_path, tiny_model_dir, small_data, steps=2)
+    tr.train()
+    log = tr.run_dir / "metrics.jsonl"
+    with open(log, "a") as fh:
+        fh.write('{"step": 3, "reward/me')  # killed mid-write
+    resumed = trainer(tmp_path, tiny_model_dir, small_data, steps=3, resume=True)
+    resumed.train()
+    err = capsys.readouterr().err
+    assert f"{log}:3: ignoring a torn last line" in err
+    assert [r["step"] for r in read_log(log)] == [1, 2, 3]
+    log.write_text('{"step": 1}\n{"step": 2, "re\n{"step": 3}\n')
+    with pytest.raises(DataError, match=rf"{log}:2: not a JSON record"):
+        read_log(log)
+
+
+# -- 10. a run never ends worse than its best --------------------------------------------------------------------
+
+
+def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny_model_dir, small_data):
+    """Evaluations that only fall after step 2 (within the guard's tolerance): best/ holds step 2's
+    weights, final/ the last ones, and the summary says which is better and by how much."""
+    from transformers import AutoModelForCausalLM
+
+    scores = iter([0.50, 0.52, 0.55, 0.54, 0.53])  # base, steps 1-4 (eval_every 1)
+
+    def eval_fn(model, tokenizer):
+        s = next(scores)
+        return {"policy": {"n": 1, "mean_reward": s}, "environment": {"n": 0}}
+
+    kept = {}
+    tr = trainer(tmp_path, tiny_model_dir, small_data, eval_fn=eval_fn, eval_every=1, eval_data="x",
+                 guard_eval_drop=0.05)
+    real_save = state.save
+
+    def save(t):
+        real_save(t)
+        kept[t.step] = weights(t.policy)
+
+    state_save = state.save
+    try:
+        state.save = save
+        summary = tr.train()
+    finally:
+        state.save = state_save
+    best = summary["best"]
+    assert best["step"] == 2 and best["better"] == "best" and best["final_minus_best"] == pytest.approx(-0.02)
+    on_disk = json.loads((tr.run_dir / "summary.json").read_text())["best"]
+    assert on_disk == best
+    loaded = AutoModelForCausalLM.from_pretrained(tr.run_dir / "best")
+    assert all(torch.equal(a, b) for a, b in zip(weights(loaded), kept[2]))
+    final = AutoModelForCausalLM.from_pretrained(tr.run_dir / "final")
+    assert all(torch.equal(a, b) for a, b in zip(weights(final), kept[4]))
+    assert not any(p.name.startswith("trainer_state") for p in (tr.run_dir / "best").iterdir())
+
+
+# -- 7. a bad config value: a clear error naming the field (or the file and line), never a silent change ------
+
+
+@pytest.mark.parametrize("text,message", [
+    ("steps: 1.5\n", "config field 'steps' needs an integer, got 1.5"),
+    ("threads: four\n", "config field 'threads' needs an integer, got 'four'"),
+    ('policy_weights: "x"\n', "config field 'policy_weights' needs a mapping, got 'x'"),
+    ("task_sampling: {P: 5}\n", "config field 'task_sampling': P needs a mapping of sampling settings"),
+    ("curriculum: {P: 7}\n", "config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
+    ("kl_coef: yes\n", "config field 'kl_coef' needs a number, got True"),
+    ("steps: [1\nlr: 2\n", "bad.yaml:2:3: not valid YAML"),
+])
+def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_config(str(path))
+    assert message in str(e.value)
+
+
+def test_numbers_read_the_same_from_a_file_and_the_command_line_and_an_empty_override_is_refused(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("lr: 1e-5\nsteps: 2.0\nkl_coef: 0\n")  # YAML 1.1 reads 1e-5 as text
+    cfg = load_config(str(path))
+    assert (cfg.lr, cfg.steps, cfg.kl_coef) == (1e-5, 2, 0.0) and type(cfg.steps) is int
+    assert load_config(None, {"lr": "1e-5"}).lr == cfg.lr
+    with pytest.raises(ValueError, match="config field 'steps' needs a value, got an empty one"):
+        load_config(None, {"steps": ""})
+    assert load_config(None, {"eval_data": ""}).eval_data == ""  # an empty path is a choice: no evaluation
+    from rookworld_rlvr.cli import main
+
+    assert main(["train", "--steps", "", "--dry-run"]) == 1
+
+
+# -- 9. a missing Stockfish stops sft before it trains; another engine version is cached apart ---------------
+
+
+def test_sft_without_stockfish_fails_before_the_first_step(tmp_path, small_data, monkeypatch):
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-stockfish"))
+    from rookworld_rlvr.engine import StockfishNotFound
+
+    with pytest.raises(StockfishNotFound, match="no-stockfish"):
+        sft_train(_sft(tmp_path, small_data, eval_data=str(small_data / "eval.jsonl"), eval_samples=2),
+                  progress=False)
+    assert not (tmp_path / "m.checkpoint").exists() and not (tmp_path / "m.sft_log.jsonl").exists()
+
+
+def test_the_engine_cache_key_names_the_engine(tmp_path, stockfish_path):
+    """Two engines that answer `uci` with different names never share cached analyses."""
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    from rookworld_rlvr.engine import engine_identity
+
+    fake = tmp_path / "fakefish"
+    fake.write_text("#!/bin/sh\necho 'id name Fakefish 0.1'\necho uciok\n")
+    fake.chmod(0o755)
+    assert engine_identity(str(fake)) == "Fakefish 0.1"
+    mute = tmp_path / "mute"
+    mute.write_text("#!/bin/sh\ncat >/dev/null\n")
+    mute.chmod(0o755)
+    assert engine_identity(str(mute)).startswith(f"unnamed engine {mute} (")
+    cache = str(tmp_path / "engine.sqlite")
+    with StockfishPool(EngineConfig(path=stockfish_path, depth=4, workers=1, cache_path=cache)) as pool:
+        assert pool.identity.startswith("Stockfish")
+        pool.analyse("6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1")
+        key = pool._limits_key
+    assert pool.identity in key
+    import sqlite3
+
+    keys = [k for (k,) in sqlite3.connect(cache).execute("SELECT key FROM cache")]
+    assert keys and all(pool.identity in k for k in keys)
