@@ -26,6 +26,7 @@ from rookworld_rlvr.grpo.state import save
 from rookworld_rlvr.grpo.passes import task_slices
 from rookworld_rlvr.grpo.prompts import ends_game
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
+from rookworld_rlvr.tasks.strength import in_check
 
 BASE = dict(eval_data="", strength_data=None, puzzle_eval_data=None, history_eval_data=None, steps=2, batch_positions=2, group_size=4, max_new_tokens=16, lr=1e-3, warmup_steps=0,
             save_every=100, tensorboard=False, progress=False, report=False, seed=1, engine_cache=None, device="cpu",
@@ -316,6 +317,10 @@ ROWS = [
     Row("env_terminal_share", {"env_terminal_share": 1.0}, COLLECT,
         lambda b, o: all(ends_game(g[0]) for g in o["groups"]) and not all(ends_game(g[0]) for g in b["groups"]),
         base={"mix_env_ratio": 1.0, "batch_positions": 4}),
+    Row("check_share", {"check_share": 1.0}, COLLECT,
+        lambda b, o: all(in_check(g[0].truth.fen) for g in o["groups"])
+        and not all(in_check(g[0].truth.fen) for g in b["groups"]),
+        base={"mix_env_ratio": 0.0, "batch_positions": 4}),
     # -- batch and sampling --------------------------------------------------------------------------------
     Row("steps", {"steps": 3}, P(lambda env, over: len(train(env, over)["metrics"])), lambda b, o: (b, o) == (2, 3)),
     Row("batch_positions", {"batch_positions": 4}, COLLECT, lambda b, o: (len(b["groups"]), len(o["groups"])) == (2, 4)),
@@ -376,6 +381,8 @@ ROWS = [
         base={"anchor_coef": 1.0, "anchor_batch": 4}),
     Row("anchor_batch", {"anchor_batch": 2}, STEP, lambda b, o: last(o, "anchor_nll") != last(b, "anchor_nll"),
         base={"anchor_coef": 1.0, "anchor_batch": 4}),
+    Row("anchor_order", {"anchor_order": "given"}, STEP, lambda b, o: last(o, "anchor_nll") != last(b, "anchor_nll"),
+        base={"anchor_coef": 1.0, "anchor_batch": 4, "anchor_tasks": "P"}),
     # -- KL ------------------------------------------------------------------------------------------------
     Row("kl_coef", {"kl_coef": 0.0}, STEP2, lambda b, o: last(b, "kl_loss") > 0 == last(o, "kl_loss") and last(o, "kl_mean") > 0,
         id="kl_coef=0 (KL still measured for the guard)"),
@@ -679,6 +686,8 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),
              ({"dynamic_sampling_oversample": 2.0}, "dynamic_sampling_oversample: dynamic_sampling is 0"),
              ({"mix_env_ratio": 0.0, "env_terminal_share": 0.2}, "env_terminal_share: no A: prompts"),
+             ({"mix_env_ratio": 1.0, "check_share": 0.5}, "check_share: no P: positions are sampled"),
+             ({"anchor_coef": 1.0, "anchor_order": "given"}, "anchor_order: the anchor has no P: answers"),
              ({"mix_env_ratio": 1.0, "quality_advantage": 1.0}, "quality_advantage: no P: positions"),
              ({"mix_env_ratio": 0.0, "task_sampling": {"A": {"temperature": 0.7}}}, "task_sampling: A:"),
              ({"mix_env_ratio": 0.0, "temperature": 0.9, "task_sampling": {"P": {"temperature": 0.7}}},

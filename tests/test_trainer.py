@@ -715,3 +715,31 @@ def test_sampler_correction_reweights_tokens_where_the_sampler_differs(tmp_path,
     torch.testing.assert_close(gt, gp, rtol=1e-3, atol=1e-7)  # weights 1 +- 1e-5: the same update
     assert mm["tis_capped"] > 0.3 and mm["tis_weight_max"] == pytest.approx(math.e, rel=1e-3)
     assert (gm - gp).norm() > 0.05 * gp.norm()
+
+
+def test_check_share_draws_positions_in_check_beside_puzzles_and_resumes_exactly(small_data):
+    """With a quarter of the P: prompts puzzles and half of the rest in check: exactly those shares,
+    deterministically, and a resumed sampler draws what the straight one would have."""
+    from rookworld_rlvr.data.io import Sample
+    from rookworld_rlvr.grpo.prompts import PromptSampler
+    from rookworld_rlvr.tasks.strength import Puzzle, in_check
+
+    pol = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"]
+    assert 0 < sum(in_check(s.fen) for s in pol) < len(pol)
+    mates = [Sample("P", Puzzle("6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", ("a1a8",), "mate1"))]
+
+    def sampler():
+        return PromptSampler({"P": pol, "P_puzzle": mates}, seed=3, puzzle_share=0.25, check_share=0.5)
+
+    straight = sampler()
+    drawn = straight.take("P", 16)
+    kinds = ["puzzle" if isinstance(s.truth, Puzzle) else "check" if in_check(s.fen) else "P" for s in drawn]
+    assert kinds.count("puzzle") == 4 and kinds.count("check") == 6 and kinds.count("P") == 6
+    half = sampler()
+    first = half.take("P", 7)
+    saved = json.loads(json.dumps(half.state))
+    again = sampler()
+    again.load_state(saved)
+    assert [s.fen for s in first + again.take("P", 9)] == [s.fen for s in drawn]
+    with pytest.raises(ValueError, match="no P: position of the training data is in check"):
+        PromptSampler({"P": [s for s in pol if not in_check(s.fen)]}, seed=0, check_share=0.3)

@@ -71,6 +71,9 @@ class TrainConfig:
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")
     env_terminal_share: float | None = _f(None, "share of A: prompts drawn from game-ending transitions (terminated or "
                                                 "truncated; 8.6% of the shipped training set); null = as they occur in the data")
+    check_share: float | None = _f(None, "share of the P: prompts (other than puzzles) drawn from training positions where "
+                                         "the side to move is in check (8% of the shipped P: data), where a base plays "
+                                         "most of its illegal moves; null = as they occur in the data")
     puzzle_data: str | None = _f(None, "training puzzles (JSONL rows {fen, solutions, kind}: mates in one, tactics): P: "
                                        "prompts with a verified binary reward (1 for a solving B: in a well-formed answer)")
     mix_puzzle_ratio: float = _f(0.0, "share of P: prompts drawn from puzzle_data")
@@ -143,6 +146,10 @@ class TrainConfig:
                                  "(InstructGPT's PPO-ptx): holds tasks the rewards would erode; 0 = off")
     anchor_tasks: str = _f("A", "tasks whose ground-truth answers the anchor trains on: A, P or PA")
     anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks)")
+    anchor_order: str = _f("best-first", "P: candidate order of the anchor's answers: best-first (how the shipped base "
+                                         "was trained: `rookworld sft --order best-first`) | given (as stored; upstream "
+                                         "RookWorld shuffled them). An order the base was not trained on pulls it "
+                                         "away from its own answers")
     # -- KL control ------------------------------------------------------------------------------
     kl_coef: float = _f(0.04, "β: weight of KL(policy || reference); 0 skips the reference pass")
     kl_estimator: str = _f("k3", "KL on sampled tokens, r = log(ref / policy): k3 = e^r - r - 1 (DeepSeekMath, TRL: its "

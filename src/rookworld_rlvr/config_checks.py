@@ -26,6 +26,7 @@ SHARES = ("mix_env_ratio", "mix_puzzle_ratio", "min_lr_ratio", "ref_mix_alpha")
 CHOICES = {"loss_type": LOSS_TYPES, "importance_sampling_level": LEVELS, "scale_rewards": SCALES,
            "kl_estimator": KL_ESTIMATORS, "std_floor_mode": ("max", "add"), "kl_mode": ("fixed", "adaptive"),
            "truncated_completions": ("score", "mask", "malformed"), "anchor_tasks": ("A", "P", "PA"),
+           "anchor_order": ("best-first", "given"),
            "layout": ("compact", "padded"), "autocast": ("none", "bf16", "auto"),
            "backward_dtype": ("auto", "float32", "bf16"), "record_rollout": ("auto", "always", "never")}
 POSITIVE_OR_NULL = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_truncation_rise",
@@ -54,6 +55,7 @@ def validate(cfg: TrainConfig) -> None:
     need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
     need(cfg.env_terminal_share is None or 0 <= cfg.env_terminal_share <= 1, "env_terminal_share",
          "must be in [0, 1] or null")
+    need(cfg.check_share is None or 0 <= cfg.check_share <= 1, "check_share", "must be in [0, 1] or null")
     need(cfg.mix_puzzle_ratio == 0 or bool(cfg.puzzle_data), "mix_puzzle_ratio",
          "needs puzzle_data (the puzzles to draw from)")
     need(cfg.lora_r >= 0, "lora_r", "must be >= 0 (0 = off)")
@@ -129,7 +131,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list
         (("kl_estimator", "kl_clamp", "ref_device"), not cfg.uses_reference,
          "no reference pass (kl_coef 0 and no KL guard)"),
         (("guard_eval_drop",), not cfg.eval_data, "eval_data is empty (no evaluation)"),
-        (("anchor_tasks", "anchor_batch"), cfg.anchor_coef == 0, "anchor_coef is 0"),
+        (("anchor_tasks", "anchor_batch", "anchor_order"), cfg.anchor_coef == 0, "anchor_coef is 0"),
+        (("anchor_order",), "P" not in cfg.anchor_tasks, "the anchor has no P: answers (anchor_tasks)"),
         (("lora_alpha", "lora_targets"), cfg.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
         (("reward_norm_momentum",), not cfg.reward_norm, "reward_norm is off"),
         (("std_floor", "std_floor_mode"), cfg.scale_rewards == "none", "scale_rewards none divides by nothing"),
@@ -137,6 +140,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list
         (("quality_advantage",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
          "no P: positions are sampled (their quality is what the term compares)"),
         (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
+        (("check_share",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
+         "no P: positions are sampled (mix_env_ratio 1 or mix_puzzle_ratio 1)"),
         (("eval_limit", "eval_every", "history_eval_data"), not cfg.eval_data,
          "eval_data is empty (no evaluation)"),
     ]

@@ -21,8 +21,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-import chess
-
 from rookworld_rlvr.data.io import Sample
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -52,15 +50,11 @@ def phase(fen: str) -> str:
     return "opening" if move <= 10 else "middlegame" if move <= 30 else "late"
 
 
-def in_check(fen: str) -> bool:
-    return chess.Board(fen).is_check()
-
-
 def position_slices(fens: Sequence[str]) -> dict[str, list[int]]:
     """Indices of P: positions per slice: in check or not, and the phase of the game."""
     out: dict[str, list[int]] = {}
     for i, fen in enumerate(fens):
-        out.setdefault("in_check" if in_check(fen) else "not_in_check", []).append(i)
+        out.setdefault("in_check" if strength.in_check(fen) else "not_in_check", []).append(i)
         out.setdefault(phase(fen), []).append(i)
     return {k: out[k] for k in ("in_check", "not_in_check", "opening", "middlegame", "late") if k in out}
 

@@ -32,7 +32,7 @@ class Anchor:
     def batch(self, model) -> AnchorBatch:
         """This step's ground-truth answers (this rank's share). Each answer ends with EOS, as the
         model must stop there; a sample longer than `model`'s context is an error."""
-        pairs = [s.render(self.cfg.layout) for t in self.cfg.anchor_tasks
+        pairs = [s.render(self.cfg.layout, self.cfg.anchor_order) for t in self.cfg.anchor_tasks
                  for s in dist.shard(self.sampler.take(t, self.cfg.anchor_per_task))]
         encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]

@@ -1,8 +1,8 @@
 """Which training prompts come next: per-pool shuffled cursors, resumable and the same on every rank.
 
-Owns the order of the training data (P:, A:, game-ending A: transitions, puzzles) and its
-resume state. Imports no torch; its samples are `data.io.Sample`s, read only for their task and
-truth.
+Owns the order of the training data (P:, P: positions in check, A:, game-ending A: transitions,
+puzzles) and its resume state. Imports no torch; its samples are `data.io.Sample`s, read only for
+their task and truth (`tasks.strength.in_check` tells a position in check).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import math
 import random
+
+from rookworld_rlvr.tasks.strength import in_check
 
 
 def ends_game(sample) -> bool:
@@ -24,15 +26,27 @@ class PromptSampler:
     transitions (8.6% of the shipped A: data): the k-th A: prompt of the run is game-ending
     when floor(k * s) steps up, so exactly that share of A: prompts ends a game,
     deterministically on every rank and across resumes. `puzzle_share` does the same for P:
-    prompts drawn from the `P_puzzle` pool.
+    prompts drawn from the `P_puzzle` pool, and `check_share` for the other P: prompts drawn from
+    the training positions in check (`P_check`), where a base plays most of its illegal moves.
     """
 
     def __init__(self, samples_by_task: dict[str, list], seed: int, terminal_share: float | None = None,
-                 puzzle_share: float = 0.0) -> None:
+                 puzzle_share: float = 0.0, check_share: float | None = None) -> None:
         self.pools = dict(samples_by_task)
         self.seed = seed
         self.terminal_share = terminal_share
         self.puzzle_share = puzzle_share
+        self.check_share = check_share
+        if check_share is not None:
+            pos = self.pools.get("P", [])
+            self.pools["P"] = [x for x in pos if not in_check(x.truth.fen)]
+            self.pools["P_check"] = [x for x in pos if in_check(x.truth.fen)]
+            if pos and check_share > 0 and not self.pools["P_check"]:
+                raise ValueError(f"check_share is {check_share} but no P: position of the training data is in "
+                                 "check: set it to null")
+            if pos and check_share < 1 and not self.pools["P"]:
+                raise ValueError(f"check_share is {check_share} but every P: position of the training data is in "
+                                 "check: set it to 1 or null")
         if puzzle_share > 0 and not self.pools.get("P_puzzle"):
             raise ValueError(f"mix_puzzle_ratio is {puzzle_share} but there are no training puzzles: set puzzle_data")
         if terminal_share is not None:
@@ -50,6 +64,8 @@ class PromptSampler:
             self.state["A"]["drawn"] = 0  # A: prompts drawn so far
         if puzzle_share > 0:
             self.state.setdefault("P", {"epoch": 0, "cursor": 0})["drawn"] = 0
+        if check_share is not None:
+            self.state.setdefault("P", {"epoch": 0, "cursor": 0})["drawn_positions"] = 0  # P: draws past puzzles
         self._perm: dict[str, tuple[int, list[int]]] = {}
 
     def load_state(self, state: dict) -> None:
@@ -65,17 +81,26 @@ class PromptSampler:
             self._perm[name] = (epoch, idx)
         return self._perm[name][1]
 
+    @staticmethod
+    def _steps_up(k: int, share: float) -> bool:
+        """Whether the k-th draw (0-based) is one of the `share` taken from the other pool."""
+        return math.floor((k + 1) * share + 1e-9) > math.floor(k * share + 1e-9)
+
     def _pool(self, task: str) -> str:
         share, other = {"A": (self.terminal_share, "A_end"), "P": (self.puzzle_share or None, "P_puzzle")}.get(
             task, (None, ""))
-        if share is None:
-            return task
-        st = self.state[task]
-        k, st["drawn"] = st["drawn"], st["drawn"] + 1
-        return other if math.floor((k + 1) * share + 1e-9) > math.floor(k * share + 1e-9) else task
+        st = self.state.get(task, {})
+        if share is not None:
+            k, st["drawn"] = st["drawn"], st["drawn"] + 1
+            if self._steps_up(k, share):
+                return other
+        if task == "P" and self.check_share is not None:
+            k, st["drawn_positions"] = st["drawn_positions"], st["drawn_positions"] + 1
+            return "P_check" if self._steps_up(k, self.check_share) else "P"
+        return task
 
     def take(self, task: str, n: int) -> list:
-        if n and not any(self.pools.get(name) for name in (task, f"{task}_end", f"{task}_puzzle")):
+        if n and not any(self.pools.get(name) for name in (task, f"{task}_end", f"{task}_puzzle", f"{task}_check")):
             raise ValueError(f"the training data has no {task}: samples but the configuration asks for them")
         out = []
         for _ in range(n):

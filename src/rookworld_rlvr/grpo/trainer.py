@@ -43,12 +43,18 @@ from rookworld_rlvr.model import load_policy, resolve_device
 
 
 @contextmanager
-def timed(timings: dict[str, float], phase: str) -> Iterator[None]:
-    """Add the block's wall time to timings[phase]."""
+def timed(timings: dict[str, float], phase: str, device: torch.device | None = None) -> Iterator[None]:
+    """Add the block's wall time to timings[phase]. On a GPU the device is synchronised at both
+    ends, so the phase's kernels count in its own time, not in the next phase's."""
+    sync = device is not None and device.type == "cuda"
+    if sync:
+        torch.cuda.synchronize(device)
     t0 = time.time()
     try:
         yield
     finally:
+        if sync:
+            torch.cuda.synchronize(device)
         timings[phase] = timings.get(phase, 0.0) + time.time() - t0
 
 
@@ -97,7 +103,7 @@ class Trainer:
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
         self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles)}, cfg.seed, cfg.env_terminal_share,
-                                     cfg.mix_puzzle_ratio)
+                                     cfg.mix_puzzle_ratio, cfg.check_share)
         self.anchor = Anchor(cfg, by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
@@ -174,10 +180,10 @@ class Trainer:
         cfg, passes = self.cfg, self.passes(step)
         beta = self.kl_ctl.value(step) * self.beta_scale
         slices = task_slices(batch.rows, cfg.group_size, cfg.minibatch_size)
-        with timed(timings, "reference"):
+        with timed(timings, "reference", self.device):
             ref = passes.frozen(*self.reference(), batch, slices, self.ref_device, cfg.kl_estimator == "exact") \
                 if self.use_ref else []
-        with timed(timings, "old"):
+        with timed(timings, "old", self.device):
             old = passes.frozen(self.forward_model, nullcontext(), batch, slices, self.device) \
                 if cfg.updates_per_batch > 1 else []
         norms = Norms.of(batch, cfg, step)
@@ -187,7 +193,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         status = "ok"
         for epoch in range(cfg.updates_per_batch):
-            with timed(timings, "policy"):
+            with timed(timings, "policy", self.device):
                 self.opt.zero_grad(set_to_none=True)
                 agg, finite = policy_pass(passes, self.forward_model, batch, slices, ref, old, beta, norms,
                                           self.device, first=epoch == 0, record=self.record)
@@ -197,7 +203,7 @@ class Trainer:
                 if not finite:
                     agg["loss"] = float("nan")
                 agg = dist.reduce_metrics(agg)  # a NaN on any rank is a NaN on all: the guards agree
-            with timed(timings, "optimizer"):
+            with timed(timings, "optimizer", self.device):
                 status = optimizer_step(list(self.policy.parameters()), self.opt, self.nan_guard, agg, lr, cfg.grad_clip)
             if status != "ok":
                 metrics = {**agg, "nonfinite": 1.0}

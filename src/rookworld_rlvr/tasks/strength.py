@@ -195,6 +195,11 @@ class Puzzle:
 PUZZLE_KINDS = ("mate1", "tactic", "check")
 
 
+def in_check(fen: str) -> bool:
+    """The side to move is in check."""
+    return chess.Board(fen).is_check()
+
+
 def check_puzzle(fen: str) -> Puzzle | None:
     """A `check` puzzle when the side to move is in check and has a legal move, else None."""
     board = chess.Board(fen)
