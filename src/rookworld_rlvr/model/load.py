@@ -49,7 +49,17 @@ class ModelLoadError(RuntimeError):
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """"auto" picks cuda, then mps, then cpu; an explicit device must exist."""
+    """"auto" picks cuda, then mps, then cpu; an explicit device must exist. On CUDA, float32 matrix
+    products may use TF32 tensor cores (torch's "high" precision), as float32 is asked for speed,
+    not for the last bits (bf16 autocast is the lower-precision choice)."""
+    dev = _resolve(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return dev
+
+
+def _resolve(device: str) -> torch.device:
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")

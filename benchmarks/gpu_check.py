@@ -1,0 +1,242 @@
+"""The measurements of `scripts/gpu_check.sh`: generation tokens/s, GRPO step time, phase shares and
+peak memory at the GPT-2 124M architecture, and SFT throughput, on one device; a JSON file and a
+markdown table in --out.
+
+    python benchmarks/gpu_check.py --device cuda --out OUT            # on the GPU machine (about 5 minutes)
+    python benchmarks/gpu_check.py --device cpu --smoke --out OUT     # tiny sizes: proves the script runs
+
+The 124M model has random weights and GPT-2's 50,257-token vocabulary (the chess tokenizer padded
+with unused tokens, so the LM head and the log-prob tensors have their real size and nothing is
+downloaded); a random model almost never samples EOS, so every completion runs to the length limit
+and every configuration does the same work. GRPO steps use a dense toy reward (no Stockfish), so
+the timings are the trainer's own. Medians over the measured repeats, after one unmeasured one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer  # noqa: E402
+from rookworld_rlvr.config import load_config  # noqa: E402
+from rookworld_rlvr.data.io import read_samples  # noqa: E402
+from rookworld_rlvr.grpo.trainer import Trainer  # noqa: E402
+from rookworld_rlvr.model import generate, save_pretrained_atomic, tiny_config  # noqa: E402
+
+GPT2_VOCAB = 50257
+
+
+class _Result:
+    def __init__(self, total):
+        self.total, self.components, self.valid_format = total, {"chars": total}, True
+
+
+def toy_reward(prompts, completions, truths, weights):
+    return [_Result(sum(c.isdigit() for c in t) / max(len(t), 1)) for t in completions]
+
+
+def machine(device: torch.device) -> dict:
+    out = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+        try:
+            out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out["driver"] = "unknown"
+    else:
+        out["cpu"] = platform.processor() or platform.machine()
+    return out
+
+
+def random_model(preset: str, vocab: int, out: Path, seed: int = 0) -> Path:
+    """A random GPT-2 of `preset` with the chess tokenizer padded to `vocab` tokens, saved to `out`."""
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    tok = build_chess_tokenizer()
+    if vocab > len(tok):
+        tok.add_tokens([f"<unused{i}>" for i in range(vocab - len(tok))])
+    model = GPT2LMHeadModel(tiny_config(len(tok), preset, n_positions=512))
+    save_pretrained_atomic(model, tok, out)
+    return out
+
+
+def peak_memory(device: torch.device) -> float:
+    """GiB: the device's peak allocation since the last reset, or the process's peak RSS on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, repeats: int) -> list[dict]:
+    from rookworld_rlvr.model import load_policy
+
+    prompts_all = [s.render("padded")[0] for s in read_samples(ROOT / "data" / "eval.jsonl.gz") if s.task == "P"]
+    rows = []
+    for dtype_name, dtype in (("float32", None), ("bf16", torch.bfloat16)):
+        model, tok = load_policy(str(model_dir), device=str(device), verbose=False)
+        for prompts_n, group in shapes:
+            times, tokens = [], 0
+            for k in range(repeats + 1):
+                sync(device)
+                t = time.perf_counter()
+                out = generate(model, tok, prompts_all[:prompts_n], max_new_tokens=new_tokens, temperature=1.0,
+                               num_return_sequences=group, autocast_dtype=dtype,
+                               generator=torch.Generator(device=device).manual_seed(k))
+                sync(device)
+                if k:  # the first run warms up (allocator, kernels)
+                    times.append(time.perf_counter() - t)
+                    tokens = int(out.completion_mask.sum())
+            sec = statistics.median(times)
+            rows.append({"dtype": dtype_name, "prompts": prompts_n, "group": group, "new_tokens": new_tokens,
+                         "generated_tokens": tokens, "seconds": round(sec, 4), "tokens_per_s": round(tokens / sec, 1)})
+            print(f"generation {dtype_name} {prompts_n}x{group}: {tokens / sec:.0f} tokens/s", flush=True)
+    return rows
+
+
+def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
+    rows = []
+    for compile_ in (False,) if smoke else (False, True):  # compiling on a CPU takes minutes
+        for autocast in ("none", "bf16"):
+            over = dict(model=str(model_dir), data=str(data), eval_data="",
+                        output_dir=str(tmp / f"grpo-{autocast}-{compile_}"), steps=steps, device=str(device),
+                        autocast=autocast, compile=compile_, save_every=10**6, report=False, tensorboard=False,
+                        progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
+                        puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
+            if autocast == "bf16" or compile_:
+                over["backward_dtype"] = "auto"
+            if smoke:
+                over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
+            name = f"autocast {autocast}, compile {compile_}"
+            try:
+                cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
+                tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
+                reset_peak(device)
+                tr.train()
+            except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
+                rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"grpo {name}: failed: {e}", flush=True)
+                continue
+            recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
+            step = statistics.median(r["time/step"] for r in recs)
+            phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)
+                      for k in recs[0] if k.startswith("time/") and k != "time/step"}
+            rows.append({"config": name, "batch": f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}",
+                         "s_per_step": round(step, 3), "phase_share": phases,
+                         "peak_memory_gib": round(peak_memory(device), 2)})
+            print(f"grpo {name}: {step:.2f} s/step, peak {peak_memory(device):.1f} GiB", flush=True)
+    return rows
+
+
+def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
+    from rookworld_rlvr.sft import SFTConfig, train
+
+    rows = []
+    for preset in ("tiny", "small") if not smoke else ("tiny",):
+        cfg = SFTConfig(data=str(data), eval_data="", out=str(tmp / f"sft-{preset}"),
+                        preset=preset, steps=steps, batch_size=64 if not smoke else 4, save_every=10**6,
+                        device=str(device), autocast="auto", threads=None)
+        t = time.perf_counter()
+        train(cfg, progress=False)
+        log = [json.loads(x) for x in (tmp / f"sft-{preset}.sft_log.jsonl").read_text().splitlines()]
+        minutes = [r["minutes"] for r in log]
+        per_step = (minutes[-1] - minutes[0]) * 60 / max(len(minutes) - 1, 1)  # after the first (warm-up) step
+        rows.append({"preset": preset, "batch_size": cfg.batch_size, "s_per_step": round(per_step, 4),
+                     "samples_per_s": round(cfg.batch_size / per_step, 1) if per_step else None,
+                     "wall_s": round(time.perf_counter() - t, 1)})
+        print(f"sft {preset}: {per_step:.3f} s/step", flush=True)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"# GPU check: {m.get('gpu', m.get('cpu'))}", "",
+             f"torch {m['torch']}, CUDA {m.get('cuda', '-')}, driver {m.get('driver', '-')}, device {m['device']}"
+             + (" (smoke: tiny sizes)" if result["smoke"] else ""), "",
+             "| generation | prompts x group x tokens | tokens/s |", "|---|---|---|"]
+    lines += [f"| {r['dtype']} | {r['prompts']} x {r['group']} x {r['new_tokens']} | {r['tokens_per_s']} |"
+              for r in result["generation"]]
+    lines += ["", "| GRPO step (124M preset) | batch | s/step | peak GiB | phase shares |", "|---|---|---|---|---|"]
+    for r in result["grpo"]:
+        if "error" in r:
+            lines.append(f"| {r['config']} | - | failed: {r['error']} | - | - |")
+        else:
+            shares = ", ".join(f"{k} {v:.0%}" for k, v in r["phase_share"].items() if v >= 0.01)
+            lines.append(f"| {r['config']} | {r['batch']} | {r['s_per_step']} | {r['peak_memory_gib']} | {shares} |")
+    lines += ["", "| SFT preset | batch | s/step | samples/s |", "|---|---|---|---|"]
+    lines += [f"| {r['preset']} | {r['batch_size']} | {r['s_per_step']} | {r['samples_per_s']} |" for r in result["sft"]]
+    lines += ["", f"TRL GRPOTrainer: {result['trl']}", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: proves the script runs (CPU)")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA device", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 products on tensor cores where float32 is asked
+        torch.backends.cudnn.allow_tf32 = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmpdir:
+        tmp = Path(tmpdir)
+        preset, vocab = ("tiny", 512) if args.smoke else ("gpt2-124m", GPT2_VOCAB)
+        model_dir = random_model(preset, vocab, tmp / "model")
+        data = ROOT / "data" / "train.jsonl.gz"
+        if args.smoke:  # the first 400 training samples: reading all 240k takes longer than the rest
+            from rookworld_rlvr.data.io import iter_samples, write_samples
+
+            samples = []
+            for s in iter_samples(data):
+                samples.append(s)
+                if len(samples) >= 400:
+                    break
+            data = tmp / "train-400.jsonl"
+            write_samples(data, samples)
+        shapes = [(2, 2)] if args.smoke else [(16, 8), (64, 8)]
+        result = {"machine": machine(device), "smoke": args.smoke, "model": f"random GPT-2 {preset}, vocab {vocab}",
+                  "generation": generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3),
+                  "grpo": grpo(model_dir, data, device, tmp, 2 if args.smoke else 6, args.smoke),
+                  "sft": sft(data, device, tmp, 2 if args.smoke else 30, args.smoke),
+                  "trl": "not measured: benchmarks/grpo_vs_trl.py runs on the CPU only so far"}
+    result["seconds"] = round(time.time() - t0, 1)
+    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "gpu_check.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""Tests that need a GPU: the CUDA kernels under the invariants the CPU suite proves on a CPU.
+
+Marked `gpu` and deselected from the CPU suite by pyproject's `-m "not gpu"` (never skipped);
+`scripts/gpu_check.sh` runs them with `-m gpu` on the device in ROOKWORLD_TEST_DEVICE (default
+cuda), and its `--smoke` mode runs the same code on the CPU, so a CPU test proves they run at all.
+Where CUDA is asked for and missing, every test fails, naming the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import REPO
+from rookworld_rlvr.config import load_config
+from rookworld_rlvr.data.io import read_samples
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo.runlog import append_jsonl
+from rookworld_rlvr.grpo.state import save
+from rookworld_rlvr.grpo.trainer import Trainer
+from rookworld_rlvr.model import generate, load_policy, token_logprobs
+
+pytestmark = pytest.mark.gpu
+DEVICE = os.environ.get("ROOKWORLD_TEST_DEVICE", "cuda")
+SHIPPED = REPO / "models" / "rookworld-board"
+BF16_LOGP_BOUND = 0.25  # nats, largest per-token gap: bf16 keeps 8 bits, logits of magnitude ~20 round by ~0.08
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device() -> torch.device:
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        pytest.fail(f"ROOKWORLD_TEST_DEVICE={DEVICE} but torch sees no CUDA device (torch {torch.__version__}); "
+                    "these tests run on a GPU machine (scripts/gpu_check.sh), or with --smoke on the CPU")
+    return torch.device(DEVICE)
+
+
+class _Result:
+    def __init__(self, total):
+        self.total, self.components, self.valid_format = total, {"chars": total}, True
+
+
+def varied_reward(prompts, completions, truths, weights):
+    return [_Result(sum(c.isdigit() for c in t) / max(len(t), 1) + 0.01 * (len(t) % 7)) for t in completions]
+
+
+def mixed_prompts(n: int = 64) -> list[str]:
+    """n held-out prompts, P: and A: alternating, of different lengths (short and long histories)."""
+    rows = read_samples(REPO / "data" / "eval.jsonl.gz")
+    rng = random.Random(0)
+    pol = [s for s in rows if s.task == "P"]
+    env = [s for s in rows if s.task == "A"]
+    picked = [x for pair in zip(rng.sample(pol, n // 2), rng.sample(env, n // 2)) for x in pair]
+    return [s.render("compact")[0] for s in picked]
+
+
+def trainer(tmp_path, tiny_model_dir, small_data, device: torch.device, **over) -> Trainer:
+    fields = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data="",
+                  output_dir=str(tmp_path / "run"), steps=2, batch_positions=2, group_size=4, max_new_tokens=24,
+                  lr=1e-3, warmup_steps=0, save_every=1, tensorboard=False, progress=False, report=False, seed=1,
+                  engine_cache=None, device=str(device), backward_dtype="float32", mix_env_ratio=0.5)
+    fields.update(over)
+    cfg = load_config(None, fields)
+    return Trainer(cfg, varied_reward, read_samples(cfg.data), None, log=lambda *_: None)
+
+
+def test_greedy_generation_on_the_device_equals_the_cpus(device):
+    """64 mixed P:/A: prompts of different lengths, float32: the same tokens, or at most 2% of the
+    completions differ (kernels sum in other orders; a near-tie can flip an argmax)."""
+    prompts = mixed_prompts()
+    texts = {}
+    for where in ("cpu", device):
+        model, tok = load_policy(str(SHIPPED), device=str(where), verbose=False)
+        texts[str(where)] = generate(model, tok, prompts, max_new_tokens=100, greedy=True).texts
+    differ = sum(a != b for a, b in zip(texts["cpu"], texts[str(device)]))
+    print(f"greedy: {differ} of {len(prompts)} completions differ between cpu and {device}")
+    assert differ <= 0.02 * len(prompts)
+
+
+@pytest.mark.parametrize("autocast", ["none", "bf16"])
+def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_model_dir, small_data, device, autocast):
+    """Before any update: KL 0 and ratio 1, and the sampler's log-probs equal the trainer's (float32
+    within 1e-4; bf16 within BF16_LOGP_BOUND, its rounding)."""
+    tr = trainer(tmp_path, tiny_model_dir, small_data, device, autocast=autocast,
+                 backward_dtype="auto" if autocast == "bf16" else "float32")
+    batch = tr.assemble(tr.collect(0, {}))
+    assert (batch.attention_mask[:, 0] == 0).any(), "the batch must be left-padded"
+    m = tr.update(batch, 0, {})
+    assert m["kl_mean"] == 0.0 and m["ratio_mean"] == 1.0 and m["ratio_max"] == 1.0
+    bound = 1e-4 if autocast == "none" else BF16_LOGP_BOUND
+    assert m["logp_sampler_diff"] <= bound, m["logp_sampler_diff"]
+
+
+def test_left_padded_prompts_give_finite_logprobs_in_the_attention_kernels(tiny_model_dir, small_data, device):
+    tr_model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
+    prompts = mixed_prompts(16)
+    enc = tok(prompts, add_special_tokens=False)["input_ids"]
+    width = max(map(len, enc)) + 8
+    ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(enc):  # left padding, then 8 completion tokens
+        ids[i, width - len(row) - 8:width - 8] = torch.tensor(row)
+        mask[i, width - len(row) - 8:] = 1
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    for dtype in (None, torch.bfloat16):
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = token_logprobs(tr_model, ids.to(device), mask.to(device), pos.to(device), 8, return_entropy=True)
+        assert torch.isfinite(out["logprobs"]).all() and torch.isfinite(out["entropy"]).all()
+
+
+def test_one_grpo_step_a_checkpoint_a_resume_and_the_same_next_step(tmp_path, tiny_model_dir, small_data, device):
+    straight = trainer(tmp_path / "a", tiny_model_dir, small_data, device)
+    straight.train()
+    part = trainer(tmp_path / "b", tiny_model_dir, small_data, device)
+    save(part)
+    append_jsonl(tmp_path / "b" / "run" / "metrics.jsonl", part.train_step())
+    save(part)
+    resumed = trainer(tmp_path / "b", tiny_model_dir, small_data, device, resume=True)
+    assert resumed.step == 1
+    resumed.train()
+    a = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
+    keys = [k for k in a[1] if not k.startswith(("time/", "logp_sampler_diff"))]
+    assert {k: b[1][k] for k in keys} == pytest.approx({k: a[1][k] for k in keys}, rel=1e-5, abs=1e-7)
+    assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "b" / "run"))["step"] == 2
+
+
+def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device, capsys):
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.sft import SFTConfig, train
+
+    train(SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=1,
+                    batch_size=4, save_every=1, device=str(device), threads=None), progress=False)
+    assert (tmp_path / "m" / "model.safetensors").exists()
+    from rookworld_rlvr.data.io import write_samples
+
+    env_rows = [s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "A"][:4]
+    write_samples(tmp_path / "a.jsonl", env_rows)  # A: rows: python-chess judges them, no engine needed
+    from rookworld_rlvr.data.judged import read_puzzles, write_rows
+
+    checks = [p for p in read_puzzles(REPO / "data" / "puzzles_eval.jsonl.gz") if p.kind == "check"][:8]
+    write_rows(tmp_path / "checks.jsonl", (p.to_dict() for p in checks))
+    assert main(["eval", "--model", str(SHIPPED), "--data", str(tmp_path / "a.jsonl"), "--puzzles",
+                 str(tmp_path / "checks.jsonl"), "--device", str(device), "--quiet",
+                 "--json", str(tmp_path / "eval.json")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["environment"]["n"] == 4 and result["puzzles"]["check"]["n"] == 8
+    assert main(["match", str(SHIPPED), "random", "--games", "2", "--max-plies", "20", "--device", str(device),
+                 "--quiet", "--json", str(tmp_path / "match.json")]) == 0
+    assert json.loads((tmp_path / "match.json").read_text())["games"] == 2

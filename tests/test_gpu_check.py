@@ -1,0 +1,30 @@
+"""scripts/gpu_check.sh, the one prepared command for a GPU machine, runs end to end here in its
+--smoke mode: the CUDA tests on the CPU, then every measurement at tiny sizes, into the folder given."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--smoke"], capture_output=True,
+                          text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+                                                       "HOME": str(tmp_path)})
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "6 passed" in (out / "gpu_tests.log").read_text()
+    result = json.loads((out / "gpu_check.json").read_text())
+    assert result["smoke"] and result["machine"]["device"] == "cpu"
+    assert {(r["dtype"], r["prompts"], r["group"]) for r in result["generation"]} == {("float32", 2, 2), ("bf16", 2, 2)}
+    assert all(r["tokens_per_s"] > 0 for r in result["generation"])
+    assert [r["config"] for r in result["grpo"]] == ["autocast none, compile False", "autocast bf16, compile False"]
+    assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
+               for r in result["grpo"])
+    assert result["sft"][0]["preset"] == "tiny" and result["sft"][0]["s_per_step"] > 0
+    table = (out / "gpu_check.md").read_text()
+    assert "| GRPO step (124M preset) |" in table and "(smoke: tiny sizes)" in table
+    bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--fast"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
