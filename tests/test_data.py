@@ -37,6 +37,22 @@ def test_generate_writes_valid_splits_without_shared_positions(generated):
     assert len(keys) == len(set(keys)), "duplicates"
 
 
+def test_generated_a_rows_start_at_the_first_move_and_come_with_every_history_length(generated):
+    """Every game's first transition is written (from the start position, a 1-move history) and kept
+    on the training side; a fifth of the A: rows get a copy with a shorter history, whose answer is
+    the same transition's."""
+    from rookworld_rlvr.data.generate import START_FEN, is_eval_fen
+
+    cfg, _ = generated
+    train = [s for s in read_samples(f"{cfg.out_dir}/train.jsonl.gz") if s.task == "A"]
+    starts = [s for s in train if s.fen == START_FEN]
+    assert starts and all(len(s.truth.history.split()) == 1 for s in starts) and not is_eval_fen(START_FEN, 1000 - 1)
+    short = [s for s in train if s.source.endswith("-short")]
+    assert short and {len(s.truth.history.split()) for s in train} >= {1, 2, 3}
+    for s in short:
+        assert E.transition(s.truth.fen, s.truth.move, s.truth.history.split()[:-1]) == s.truth
+
+
 def test_generate_is_deterministic_and_resumes_without_duplicates(generated, tmp_path):
     cfg, _ = generated
     from pathlib import Path
@@ -225,3 +241,49 @@ def test_near_miss_samples_keep_the_history_and_carry_the_environments_answer(tm
     write_samples(src, read_samples(REFERENCE)[:3])  # P: rows only
     assert main(["data", "near-misses", str(src), "--out", str(out)]) == 1
     assert "no A: samples with a legal move" in capsys.readouterr().err
+
+
+def test_histories_cut_the_history_keep_the_answer_and_keep_their_side_of_the_split(tmp_path, capsys):
+    import random
+
+    from rookworld_rlvr.data.generate import START_FEN, is_eval_fen
+    from rookworld_rlvr.data.histories import opening_transitions, short_history_copies
+
+    rows = [Sample("A", t) for t in random_transitions(60, seed=2)]
+    cut = list(short_history_copies(rows, 1.0, random.Random(0), [1]))
+    assert cut and all(len(s.truth.history.split()) == 1 and s.truth.history == s.truth.move for s in cut)
+    assert all(E.transition(s.fen, s.truth.move) == s.truth for s in cut)  # the answer does not depend on history
+    assert list(short_history_copies(rows, 0.0, random.Random(0))) == []
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+        list(short_history_copies(rows, 1.5, random.Random(0)))
+    starts = opening_transitions(30, 6, seed=0, side="train")
+    assert any(s.fen == START_FEN and s.truth.history == s.truth.move for s in starts)
+    assert all(not is_eval_fen(s.fen, 40) for s in starts)
+    for s in starts:
+        assert E.transition(s.fen, s.truth.move, s.truth.history.split()[:-1]) == s.truth
+    src = tmp_path / "src.jsonl"
+    write_samples(src, rows)
+    assert main(["data", "histories", str(src), "--side", "any", "--cut-share", "1", "--lengths", "2",
+                 "--openings", "3", "--out", str(tmp_path / "h.jsonl")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["short_history_copies"] > 0 and out["opening_transitions"] > 0
+    assert out["written"] == len(read_samples(tmp_path / "h.jsonl"))
+
+
+def test_check_positions_are_in_check_held_out_and_every_legal_move_solves_them(tmp_path, capsys):
+    from rookworld_rlvr.data.judged import read_puzzles
+    from rookworld_rlvr.tasks.strength import Puzzle, in_check, legal_moves
+
+    rows = [Sample("A", t) for t in random_transitions(80, seed=5)]
+    src, other = tmp_path / "src.jsonl", tmp_path / "other.jsonl"
+    write_samples(src, rows[:60])
+    write_samples(other, rows[60:])
+    assert main(["data", "checks", str(src), "--exclude", str(other), "--out", str(tmp_path / "c.jsonl")]) == 0
+    capsys.readouterr()
+    puzzles = read_puzzles(tmp_path / "c.jsonl")
+    excluded = {" ".join(f.split()[:4]) for s in rows[60:] for f in (s.fen, s.truth.new_fen)}
+    assert puzzles and all(p.kind == "check" and in_check(p.fen) for p in puzzles)
+    assert all(set(p.solutions) == legal_moves(p.fen) for p in puzzles)
+    assert not {" ".join(p.fen.split()[:4]) for p in puzzles} & excluded
+    with pytest.raises(ValueError, match="must be in check"):
+        Puzzle.from_dict({"fen": "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", "solutions": ["a1a8"], "kind": "check"})

@@ -288,3 +288,72 @@ def test_the_engine_cache_key_names_the_engine(tmp_path, stockfish_path):
 
     keys = [k for (k,) in sqlite3.connect(cache).execute("SELECT key FROM cache")]
     assert keys and all(pool.identity in k for k in keys)
+
+
+# -- 8. a data row that is valid JSON but wrong chess, and files that are not what they say ----------------------
+
+
+def _rows():
+    import gzip
+
+    from conftest import REPO
+
+    rows = [json.loads(x) for x in gzip.open(REPO / "data" / "eval.jsonl.gz", "rt")]
+    return next(r for r in rows if r["task"] == "P"), next(r for r in rows if r["task"] == "A")
+
+
+def _bad(tmp_path, row) -> str:
+    import copy
+
+    good, _ = _rows()
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(copy.deepcopy(row)) + "\n")
+    with pytest.raises(DataError) as e:
+        read_samples(path)
+    return str(e.value)
+
+
+def test_a_jsonl_row_is_checked_like_a_text_row_and_the_error_names_file_line_and_field(tmp_path):
+    import copy
+
+    pol, env = _rows()
+    row = copy.deepcopy(env)
+    row["truth"]["terminated"] = "false"  # a string is not a boolean ("false" would read as True)
+    assert _bad(tmp_path, row) == f"{tmp_path / 'bad.jsonl'}:2: field 'truth.terminated' must be true or false, got 'false'"
+    row = copy.deepcopy(env)
+    row.pop("prompt")
+    row["truth"]["move"] = "a1a1"
+    row["truth"]["history"] = " ".join(row["truth"]["history"].split()[:-1] + ["a1a1"])
+    assert "field 'truth.truncated' is False but a1a1 is not legal in the position" in _bad(tmp_path, row)
+    row = copy.deepcopy(pol)
+    row["truth"]["evals"][0] = float("inf")
+    assert "bad.jsonl:2: field 'truth.evals' must be finite numbers" in _bad(tmp_path, row)
+    row = copy.deepcopy(pol)
+    row.pop("prompt")
+    row["truth"]["moves"][0] = "a1a1"
+    row["truth"]["best"] = [row["truth"]["moves"][1]]
+    assert "field 'truth.moves' holds moves that are not legal in the position: ['a1a1']" in _bad(tmp_path, row)
+    row = copy.deepcopy(pol)
+    row.pop("prompt")
+    row["truth"]["fen"] = "not a fen"
+    assert "bad.jsonl:2: field 'truth.fen' is not a position" in _bad(tmp_path, row)
+
+
+def test_a_file_that_is_not_what_it_says_is_named(tmp_path):
+    from conftest import REPO
+
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text("[" * 100000 + "\n")
+    with pytest.raises(DataError, match=rf"{nested}:1: JSON nested too deeply"):
+        read_samples(nested)
+    fake = tmp_path / "fake.jsonl.gz"
+    fake.write_text('{"task": "P"}\n')
+    with pytest.raises(DataError, match=rf"{fake}: cannot be read after line 0 \(BadGzipFile"):
+        read_samples(fake)
+    cut = tmp_path / "cut.jsonl.gz"
+    data = (REPO / "data" / "eval.jsonl.gz").read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=rf"{cut}: cannot be read after line \d+ \(EOFError.*truncated or corrupt"):
+        read_samples(cut)
+    with pytest.raises(DataError, match=rf"{tmp_path}: is a directory, not a data file"):
+        read_samples(tmp_path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import random
 import re
@@ -20,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+import chess
 
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -58,6 +61,14 @@ class Sample:
         return row
 
 
+def _legal(board: chess.Board, move: str) -> bool:
+    """A legal UCI move of `board` (checked without listing every legal move: rows are read by the 100,000)."""
+    try:
+        return board.is_legal(chess.Move.from_uci(move))
+    except (ValueError, TypeError):
+        return False
+
+
 def sample_from_row(row: dict) -> Sample:
     """Validate a JSONL row; raises FormatError naming the field."""
     if not isinstance(row, dict):
@@ -72,11 +83,31 @@ def sample_from_row(row: dict) -> Sample:
         t = PolicyTruth.from_dict(truth) if task == "P" else EnvTruth.from_dict(truth)
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(f"field 'truth' is incomplete or wrong: {e!r}") from None
+    try:
+        board = chess.Board(t.fen)
+    except ValueError as e:
+        raise FormatError(f"field 'truth.fen' is not a position: {t.fen!r} ({e})") from None
     if task == "P":
         if not t.moves or len(t.moves) != len(t.evals):
             raise FormatError("field 'truth': moves and evals must be non-empty and of equal length")
         if not set(t.best) <= set(t.moves) or not t.best:
             raise FormatError("field 'truth.best' must be a non-empty subset of truth.moves")
+        if not all(math.isfinite(e) for e in t.evals):
+            raise FormatError(f"field 'truth.evals' must be finite numbers, got {list(t.evals)}")
+        illegal = [m for m in t.moves if not _legal(board, m)]
+        if illegal:
+            raise FormatError(f"field 'truth.moves' holds moves that are not legal in the position: {illegal}")
+    else:
+        for name in ("terminated", "truncated"):
+            if not isinstance(truth.get(name), bool):
+                raise FormatError(f"field 'truth.{name}' must be true or false, got {truth.get(name)!r}")
+        moves = t.history.split()
+        if not moves or moves[-1] != t.move:
+            raise FormatError("field 'truth.history' must end with truth.move")
+        if _legal(board, t.move) == t.truncated:
+            raise FormatError(f"field 'truth.truncated' is {t.truncated} but {t.move} is "
+                              f"{'not legal' if not t.truncated else 'legal'} in the position (an illegal move, and "
+                              "only that, is truncated)")
     sample = Sample(task, t, str(row.get("source", "")))
     if "prompt" in row and row["prompt"] != sample.render("compact")[0]:
         raise FormatError("field 'prompt' does not match 'truth'")
@@ -118,24 +149,40 @@ def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a data file")
     report = report if report is not None else ReadReport()
     jsonl = is_jsonl(path)
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            report.read += 1
-            try:
-                if _NOT_UTF8.search(line):
-                    raise FormatError("not valid UTF-8 text")
-                yield sample_from_row(json.loads(line)) if jsonl else sample_from_line(line)
-            except (FormatError, json.JSONDecodeError, ValueError) as e:
-                msg = f"{path}:{lineno}: {e}"
-                if not skip_invalid:
-                    raise DataError(msg) from None
-                report.invalid += 1
-                if len(report.errors) < 10:
-                    report.errors.append(msg)
+    lineno = 0
+    try:
+        with _open_text(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                report.read += 1
+                sample = _parse(path, lineno, line, jsonl, skip_invalid, report)
+                if sample is not None:
+                    yield sample
+    except (OSError, EOFError, gzip.BadGzipFile) as e:  # not gzip, cut short, unreadable
+        raise DataError(f"{path}: cannot be read after line {lineno} ({type(e).__name__}: {e}); a truncated or "
+                        "corrupt file?") from None
+
+
+def _parse(path: Path, lineno: int, line: str, jsonl: bool, skip_invalid: bool, report: ReadReport) -> Sample | None:
+    """One line's sample; a bad line raises DataError(file:line), or is counted and gives None."""
+    try:
+        if _NOT_UTF8.search(line):
+            raise FormatError("not valid UTF-8 text")
+        return sample_from_row(json.loads(line)) if jsonl else sample_from_line(line)
+    except (FormatError, json.JSONDecodeError, ValueError, RecursionError) as e:
+        why = "JSON nested too deeply" if isinstance(e, RecursionError) else e
+        msg = f"{path}:{lineno}: {why}"
+        if not skip_invalid:
+            raise DataError(msg) from None
+        report.invalid += 1
+        if len(report.errors) < 10:
+            report.errors.append(msg)
+        return None
 
 
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> list[Sample]:
