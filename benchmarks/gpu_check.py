@@ -165,8 +165,8 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) ->
         t = time.perf_counter()
         train(cfg, progress=False)
         log = [json.loads(x) for x in (tmp / f"sft-{preset}.sft_log.jsonl").read_text().splitlines()]
-        minutes = [r["minutes"] for r in log]
-        per_step = (minutes[-1] - minutes[0]) * 60 / max(len(minutes) - 1, 1)  # after the first (warm-up) step
+        seconds = [r["seconds"] for r in log]
+        per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
         rows.append({"preset": preset, "batch_size": cfg.batch_size, "s_per_step": round(per_step, 4),
                      "samples_per_s": round(cfg.batch_size / per_step, 1) if per_step else None,
                      "wall_s": round(time.perf_counter() - t, 1)})

@@ -357,3 +357,67 @@ def test_a_file_that_is_not_what_it_says_is_named(tmp_path):
         read_samples(cut)
     with pytest.raises(DataError, match=rf"{tmp_path}: is a directory, not a data file"):
         read_samples(tmp_path)
+
+
+# -- 5. a match never hangs, closes what it opened and keeps every finished game ---------------------------------
+
+_FAKE_ENGINE = """#!{python}
+# A UCI engine that plays legal moves for its first {moves} searches, then never answers again.
+import sys, chess
+board, searches = chess.Board(), 0
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd:
+        continue
+    if cmd[0] == "uci":
+        print("id name Hangfish 1", "option name Skill Level type spin default 20 min 0 max 20",
+              "option name Threads type spin default 1 min 1 max 64",
+              "option name Hash type spin default 16 min 1 max 1024", "uciok", sep="\\n", flush=True)
+    elif cmd[0] == "isready":
+        print("readyok", flush=True)
+    elif cmd[0] == "position":
+        board = chess.Board() if cmd[1] == "startpos" else chess.Board(" ".join(cmd[2:8]))
+        for m in cmd[cmd.index("moves") + 1:] if "moves" in cmd else []:
+            board.push_uci(m)
+    elif cmd[0] == "go":
+        searches += 1
+        if searches <= {moves}:
+            print("bestmove", sorted(m.uci() for m in board.legal_moves)[0], flush=True)
+    elif cmd[0] == "quit":
+        break
+"""
+
+
+def test_a_hung_engine_stops_the_match_with_a_clear_error_and_the_finished_games_kept(tmp_path, monkeypatch, capsys):
+    import sys
+    import time
+
+    from conftest import REPO
+    from rookworld_rlvr.cli import main
+
+    fake = tmp_path / "hangfish"
+    fake.write_text(_FAKE_ENGINE.format(python=sys.executable, moves=2))
+    fake.chmod(0o755)
+    monkeypatch.setenv("STOCKFISH_PATH", str(fake))
+    pgn = tmp_path / "games.pgn"
+    t = time.monotonic()
+    rc = main(["match", "stockfish:0:1", "random", "--games", "4", "--max-plies", "2", "--engine-timeout", "2",
+               "--pgn", str(pgn), "--quiet", "--openings", str(REPO / "data" / "openings.txt")])
+    err = capsys.readouterr().err
+    assert rc == 1 and time.monotonic() - t < 30
+    assert "a player failed after 2 finished games" in err and str(pgn) in err
+    assert pgn.read_text().count("[Event ") == 2  # each finished game written as it ended
+
+
+def test_a_player_that_fails_to_start_closes_the_engine_already_started(tmp_path, monkeypatch, stockfish_path, capsys):
+    from conftest import REPO
+    from rookworld_rlvr import play
+    from rookworld_rlvr.cli import main
+
+    closed = []
+    real = play.StockfishPlayer.close
+    monkeypatch.setattr(play.StockfishPlayer, "close", lambda self: (closed.append(self.name), real(self)))
+    rc = main(["match", "stockfish:0:1", str(tmp_path / "no-model"), "--games", "2", "--quiet",
+               "--openings", str(REPO / "data" / "openings.txt")])
+    assert rc == 1 and "no-model" in capsys.readouterr().err
+    assert closed == ["stockfish:0:1"]

@@ -21,9 +21,10 @@ import argparse
 import json
 import math
 import random
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import chess
 import chess.engine
@@ -53,23 +54,37 @@ class RandomPlayer:
 
 
 class StockfishPlayer:
-    """Stockfish at limited strength: `Skill Level` 0..20 and a depth limit per move."""
+    """Stockfish at limited strength: `Skill Level` 0..20 and a depth limit per move. Every engine
+    call (start, configure, each move, quit) waits at most `timeout` seconds: a hung engine is an
+    error, never a match that waits forever."""
 
-    def __init__(self, skill: int = 0, depth: int = 1, path: str | None = None) -> None:
+    def __init__(self, skill: int = 0, depth: int = 1, path: str | None = None, timeout: float = 30.0) -> None:
         from rookworld_rlvr.engine import find_stockfish
 
-        if not 0 <= skill <= 20 or depth < 1:
-            raise ValueError(f"stockfish player: skill must be in 0..20 and depth >= 1, got {skill}, {depth}")
+        if not 0 <= skill <= 20 or depth < 1 or not timeout > 0:
+            raise ValueError(f"stockfish player: skill must be in 0..20, depth >= 1 and timeout > 0, got {skill}, "
+                             f"{depth}, {timeout}")
         self.name = f"stockfish:{skill}:{depth}"
-        self._engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(path))
-        self._engine.configure({"Skill Level": skill, "Threads": 1, "Hash": 16})
-        self._limit = chess.engine.Limit(depth=depth)
+        self._engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(path), timeout=timeout)
+        try:
+            self._engine.configure({"Skill Level": skill, "Threads": 1, "Hash": 16})
+        except BaseException:
+            self.close()
+            raise
+        # python-chess bounds a call's wait only when the limit has a time: a search stops at `depth` long
+        # before `timeout`, and a hung engine is given up after twice that
+        self._limit = chess.engine.Limit(depth=depth, time=timeout)
 
     def moves(self, boards: Sequence[chess.Board]) -> list[str | None]:
         return [self._engine.play(b, self._limit).move.uci() for b in boards]
 
     def close(self) -> None:
-        self._engine.quit()
+        """Quit the engine, or kill it when it does not answer; safe to call twice."""
+        try:
+            self._engine.quit()
+        except Exception:  # noqa: BLE001 - a hung or dead engine: kill it below
+            pass
+        self._engine.close()
 
 
 class ModelPlayer:
@@ -176,8 +191,9 @@ def _ended(board: chess.Board, max_plies: int, start_plies: int) -> tuple[str, s
 
 
 def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 300,
-               progress: bool = False) -> MatchResult:
-    """Two games per opening, A with white in the first; every game to its end."""
+               progress: bool = False, on_game_end: Callable[[Game], None] | None = None) -> MatchResult:
+    """Two games per opening, A with white in the first; every game to its end. `on_game_end` is
+    called with each game as it ends (the command writes its PGN then, so a crash later loses none)."""
     from tqdm import tqdm
 
     if a.name == b.name:
@@ -207,6 +223,8 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
                             g.result, g.termination = end
                     if g.termination:
                         bar.update(1)
+                        if on_game_end is not None:
+                            on_game_end(g)
             live = [i for i in live if not result.games[i].termination]
     return result
 
@@ -291,8 +309,28 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--legal-moves", action="store_true",
                    help="models decode their moves among legal moves only (no game ends on an illegal move)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-timeout", type=float, default=30.0,
+                   help="seconds a Stockfish player may take for any call (start, each move) before the match stops")
     p.add_argument("--device", default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+ENGINE_FAILURES = (chess.engine.EngineError, chess.engine.EngineTerminatedError, TimeoutError)
+
+
+def _started(spec: str, args: argparse.Namespace, seed: int) -> Player:
+    """`make_player`, with an engine or a model that fails to start turned into an error naming the player."""
+    from rookworld_rlvr.model.load import ModelLoadError
+
+    try:
+        return make_player(spec, args, seed)
+    except (*ENGINE_FAILURES, ModelLoadError) as e:
+        raise ValueError(f"player {spec!r} did not start: {type(e).__name__}: {str(e) or 'no answer in time'}") from None
+
+
+def _close(player: Player) -> None:
+    if isinstance(player, StockfishPlayer):
+        player.close()
 
 
 def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
@@ -304,7 +342,7 @@ def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
             skill, depth = (int(parts[0]) if parts else 0), (int(parts[1]) if len(parts) > 1 else 1)
         except ValueError:
             raise ValueError(f"player {spec!r}: use stockfish[:SKILL[:DEPTH]] with integers") from None
-        return StockfishPlayer(skill, depth)
+        return StockfishPlayer(skill, depth, timeout=args.engine_timeout)
     from rookworld_rlvr.model.load import load_policy
 
     model, tokenizer = load_policy(spec, device=args.device, verbose=False)
@@ -322,18 +360,34 @@ def run(args: argparse.Namespace, name: str) -> int:
         raise ValueError(f"{args.openings} has {len(openings)} openings; {args.games} games need {args.games // 2}")
     if args.a == args.b:
         raise ValueError("players A and B are the same; give two different players")
-    a, b = make_player(args.a, args, args.seed), make_player(args.b, args, args.seed + 1)
-    try:
-        result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet)
-    finally:
-        for p in (a, b):
-            if isinstance(p, StockfishPlayer):
-                p.close()
+    finished: list[Game] = []
+    pgn = Path(args.pgn) if args.pgn else None
+    if pgn is not None:
+        pgn.parent.mkdir(parents=True, exist_ok=True)
+        pgn.write_text("")
+
+    def ended(game: Game) -> None:  # each game's PGN as it ends: a crash later loses none of them
+        finished.append(game)
+        if pgn is not None:
+            with open(pgn, "a") as fh:
+                fh.write(game.pgn() + "\n\n")
+
+    with ExitStack() as players:  # every engine that started is closed, whatever fails after it
+        a = _started(args.a, args, args.seed)
+        players.callback(_close, a)
+        b = _started(args.b, args, args.seed + 1)
+        players.callback(_close, b)
+        try:
+            result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet,
+                                on_game_end=ended)
+        except ENGINE_FAILURES as e:
+            kept = f" (their PGN is in {pgn})" if pgn is not None and finished else ""
+            raise ValueError(f"a player failed after {len(finished)} finished games{kept}: "
+                             f"{type(e).__name__}: {str(e) or 'no answer in time'}") from None
     summary = result.summary()
     print(format_summary(summary))
-    if args.pgn:
-        atomic_write_text(args.pgn, [g.pgn() + "\n\n" for g in result.games])
-        print(f"wrote {args.pgn}")
+    if pgn is not None:
+        print(f"wrote {pgn} ({len(finished)} games)")
     if args.json:
         atomic_write_text(args.json, [json.dumps(summary, indent=2) + "\n"])
         print(f"wrote {args.json}")

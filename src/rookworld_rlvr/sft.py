@@ -357,7 +357,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
                   **({"legality": legal} if cfg.legal_coef else {}),
                   "lr": lr,
                   "grad_norm": float(grad_norm),
-                  "minutes": round((elapsed_before + time.time() - t0) / 60, 2)}
+                  "minutes": round((elapsed_before + time.time() - t0) / 60, 2),
+                  "seconds": round(elapsed_before + time.time() - t0, 3)}
         done = step >= cfg.steps or progress_frac() >= 1.0 or paused()
         if step % cfg.eval_every == 0 or done:
             record.update(_evaluate(model, tokenizer, eval_rows, eval_samples, cfg, device))
