@@ -141,3 +141,64 @@ def test_uci_engine_protocol_and_fallback_announcement(tiny_model_dir):
     assert chess.Move.from_uci(moves[1]) in chess.Board("7k/8/8/8/8/8/8/K7 w - - 0 1").legal_moves
     assert any("position: expected startpos or fen" in ln for ln in lines)
     assert any("unknown command frobnicate" in ln for ln in lines)
+
+
+def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_kills_the_engine(tiny_model_dir):
+    """After a position it cannot read, `go` answers 0000 with the reason (never a move for the old board);
+    `position startpos e2e4` (no `moves`) is an error; `go infinite` holds its move until `stop`; a bad
+    time control is named; a line that is not UTF-8 and an error while answering keep the engine alive."""
+    import io
+
+    from rookworld_rlvr.model.load import load_policy
+    from rookworld_rlvr.uci import serve
+
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    out = io.StringIO()
+    eng = UCIEngine(ModelPlayer(model, tok, "tiny", max_new_tokens=16), "tiny", out)
+    script = ["position startpos moves e2e4", "position fen 8/8/8 w - - 0 1", "go",
+              "position startpos e2e4", "go wtime 1000 btime abc",
+              "position startpos moves e2e4", "go infinite", "isready", "stop",
+              "bad \udcff byte", "position startpos moves e2e5", "go", "quit", "isready"]
+    serve(eng, script)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("info string error: position: bad FEN '8/8/8 w - - 0 1'")
+    assert lines[1] == "info string no position: position: bad FEN '8/8/8 w - - 0 1' (expected 8 rows in position part of fen: '8/8/8')"
+    assert lines[2] == "bestmove 0000"
+    assert lines[3] == "info string error: position: expected 'moves' before 'e2e4'"
+    assert lines[4] == "info string go: btime needs an integer, got 'abc'" and lines[6] == "bestmove 0000"
+    held = lines.index("readyok")  # go infinite: nothing until stop
+    assert not any(ln.startswith("bestmove") for ln in lines[7:held])
+    move = lines[held + 1].split()[1]
+    assert chess.Move.from_uci(move) in chess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1").legal_moves
+    assert lines[held + 2] == "info string error: the line is not valid UTF-8; ignored"
+    assert lines[held + 3].startswith("info string error: position: 'e2e5' is not a legal move")
+    assert lines[held + 4].startswith("info string no position: position: 'e2e5' is not a legal move")
+    assert lines[-1] == "bestmove 0000"  # nothing after quit is answered
+
+    class Broken:
+        def answers(self, boards):
+            raise RuntimeError("generation failed")
+
+    out = io.StringIO()
+    serve(UCIEngine(Broken(), "broken", out), ["position startpos", "go", "isready"])
+    assert out.getvalue().splitlines() == ["info string error: generation failed", "readyok"]
+
+
+def test_a_full_game_through_python_chess_against_a_real_stockfish(tiny_model_dir, stockfish_path):
+    """`rookworld uci` driven by python-chess's UCI client plays a whole game against Stockfish (skill 0):
+    every move legal, the game ends by the rules."""
+    model = chess.engine.SimpleEngine.popen_uci(
+        [sys.executable, "-m", "rookworld_rlvr", "uci", "--model", str(tiny_model_dir), "--device", "cpu"], timeout=300)
+    sf = chess.engine.SimpleEngine.popen_uci(stockfish_path, timeout=60)
+    try:
+        sf.configure({"Skill Level": 0})
+        board = chess.Board()
+        while not board.is_game_over(claim_draw=True) and board.ply() < 400:
+            engine = model if board.turn == chess.WHITE else sf
+            move = engine.play(board, chess.engine.Limit(time=2.0, depth=1 if engine is sf else None)).move
+            assert move in board.legal_moves
+            board.push(move)
+        assert board.is_game_over(claim_draw=True), board.fen()
+    finally:
+        model.quit()
+        sf.quit()

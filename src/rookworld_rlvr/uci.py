@@ -7,6 +7,12 @@ legal move of the answer's `M:` list, else a random legal move, and says so in a
 `--legal-moves` the answer is decoded among legal moves (see legal_decoding), so the move played
 is always the model's own.
 
+The protocol as GUIs expect it: a `position` that cannot be read leaves no position (the next
+`go` answers `bestmove 0000` with an `info string` saying why), never the previous board;
+`go infinite` and `go ponder` hold the move until `stop` (or `ponderhit`); the time controls of
+`go` are read (a bad value is named; the model answers at once whatever they allow); a line that
+is not valid UTF-8, or any error while answering, is reported and the engine keeps running.
+
 Owns the UCI protocol; the model answers through `play.ModelPlayer` (imported inside `run`, so
 `rookworld --help` stays fast).
 """
@@ -14,14 +20,18 @@ Owns the UCI protocol; the model answers through `play.ModelPlayer` (imported in
 from __future__ import annotations
 
 import argparse
+import io
 import random
 import sys
-from typing import IO
+from typing import IO, Iterable
 
 import chess
 
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
+
+
+TIME_CONTROLS = ("wtime", "btime", "winc", "binc", "movestogo", "depth", "nodes", "mate", "movetime")
 
 
 class UCIEngine:
@@ -31,7 +41,9 @@ class UCIEngine:
         self.player = player
         self.name = name
         self.out = out
-        self.board = chess.Board()
+        self.board: chess.Board | None = chess.Board()
+        self.why_no_board = ""
+        self.pending: str | None = None  # a move held until `stop` (go infinite / ponder)
         self.rng = random.Random(seed)
 
     def send(self, line: str) -> None:
@@ -53,14 +65,40 @@ class UCIEngine:
         elif cmd == "ucinewgame":
             self.board = chess.Board()
         elif cmd == "position":
-            self.board = self._position(words[1:])
+            self.board = None  # a position that cannot be read leaves none, never the previous one
+            try:
+                self.board = self._position(words[1:])
+            except ValueError as e:
+                self.why_no_board = str(e)
+                raise
         elif cmd == "go":
-            self.send(f"bestmove {self.best_move()}")
+            self._go(words[1:])
+        elif cmd in ("stop", "ponderhit"):
+            if self.pending is not None:
+                move, self.pending = self.pending, None
+                self.send(f"bestmove {move}")
         elif cmd == "quit":
             return False
-        elif cmd not in ("stop", "ponderhit", "setoption", "register", "debug"):
+        elif cmd not in ("setoption", "register", "debug"):
             self.send(f"info string unknown command {cmd}")
         return True
+
+    def _go(self, words: list[str]) -> None:
+        """Read the time controls, answer; `infinite` and `ponder` hold the answer until `stop`."""
+        hold = "infinite" in words or "ponder" in words
+        numbers = [w for w in words if w not in ("infinite", "ponder", "searchmoves")]
+        for key, value in zip(numbers[::2], numbers[1::2]):
+            if key in TIME_CONTROLS and not value.lstrip("-").isdigit():
+                self.send(f"info string go: {key} needs an integer, got {value!r}")
+        if self.board is None:
+            self.send(f"info string no position: {self.why_no_board or 'send position first'}")
+            move = "0000"
+        else:
+            move = self.best_move()
+        if hold:
+            self.pending = move
+        else:
+            self.send(f"bestmove {move}")
 
     @staticmethod
     def _position(words: list[str]) -> chess.Board:
@@ -68,11 +106,20 @@ class UCIEngine:
             board, rest = chess.Board(), words[1:]
         elif words[:1] == ["fen"]:
             end = words.index("moves") if "moves" in words else len(words)
-            board, rest = chess.Board(" ".join(words[1:end])), words[end:]
+            try:
+                board = chess.Board(" ".join(words[1:end]))
+            except ValueError as e:
+                raise ValueError(f"position: bad FEN {' '.join(words[1:end])!r} ({e})") from None
+            rest = words[end:]
         else:
             raise ValueError(f"position: expected startpos or fen, got {' '.join(words)!r}")
-        for mv in rest[1:] if rest[:1] == ["moves"] else []:
-            board.push_uci(mv)
+        if rest and rest[0] != "moves":
+            raise ValueError(f"position: expected 'moves' before {' '.join(rest)!r}")
+        for mv in rest[1:]:
+            try:
+                board.push_uci(mv)
+            except ValueError:
+                raise ValueError(f"position: {mv!r} is not a legal move in {board.fen()}") from None
         return board
 
     def best_move(self) -> str:
@@ -106,10 +153,19 @@ def run(args: argparse.Namespace, name: str) -> int:
     player = ModelPlayer(model, tokenizer, args.model, layout=args.layout, temperature=args.temperature,
                          seed=args.seed, batch_size=1, legal_moves=args.legal_moves)
     engine = UCIEngine(player, args.model, sys.stdout, args.seed)
-    for line in sys.stdin:
+    return serve(engine, io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape"))
+
+
+def serve(engine: UCIEngine, lines: Iterable[str]) -> int:
+    """Answer every line until `quit`: a line that is not UTF-8, a bad command or any error while
+    answering is reported as an `info string`, and the engine a GUI is talking to keeps running."""
+    for line in lines:
+        if any("\udc80" <= ch <= "\udcff" for ch in line):
+            engine.send("info string error: the line is not valid UTF-8; ignored")
+            continue
         try:
             if not engine.handle(line.strip()):
                 break
-        except ValueError as e:  # a bad command must not kill the engine a GUI is talking to
+        except Exception as e:  # noqa: BLE001 - never die under a GUI
             engine.send(f"info string error: {e}")
     return 0
