@@ -124,7 +124,10 @@ def test_one_grpo_step_a_checkpoint_a_resume_and_the_same_next_step(tmp_path, ti
     a = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
     keys = [k for k in a[1] if not k.startswith(("time/", "logp_sampler_diff"))]
-    assert {k: b[1][k] for k in keys} == pytest.approx({k: a[1][k] for k in keys}, rel=1e-5, abs=1e-7)
+    # CUDA's backward adds with atomics (the embedding's, for one), so the second step may differ in the last
+    # bits there; on a CPU it is the same step up to float rounding
+    rel = 1e-3 if device.type == "cuda" else 1e-5
+    assert {k: b[1][k] for k in keys} == pytest.approx({k: a[1][k] for k in keys}, rel=rel, abs=1e-6)
     assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "b" / "run"))["step"] == 2
 
 
