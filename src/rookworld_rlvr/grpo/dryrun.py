@@ -32,7 +32,10 @@ def plan(cfg: TrainConfig) -> list[str]:
         end = boundaries[i + 1] if i + 1 < len(boundaries) else cfg.steps
         for task, n in cfg.task_counts(start).items():
             s = cfg.sampling_for(task, start)
-            of = f" ({cfg.mix_puzzle_ratio:.0%} puzzles)" if task == "P" and cfg.mix_puzzle_ratio else ""
+            parts = [f"{cfg.mix_puzzle_ratio:.0%} puzzles"] if task == "P" and cfg.mix_puzzle_ratio else []
+            if task == "P" and cfg.check_share is not None:
+                parts.append(f"{cfg.check_share:.0%} of the {'rest' if parts else 'positions'} in check")
+            of = f" ({', '.join(parts)})" if parts else ""
             lines.append(f"steps {start:>4}-{end - 1:<4} {task}: {n} prompts{of} x {cfg.group_size} completions, "
                          f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} max_new_tokens={s['max_new_tokens']}")
     per_step = cfg.batch_positions * cfg.group_size
