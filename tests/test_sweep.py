@@ -150,6 +150,9 @@ def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(t
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] == 4 and summary["success_rate"] == 1.0 and not summary["duplicates"]
     assert summary["gain"]["n"] == 4 and summary["gain"]["min"] <= summary["gain"]["median"] <= summary["gain"]["max"]
+    for r in summary["trial_table"]:  # best/ beside final/: its step and reward, so the table says which is better
+        assert r["best_step"] is not None and r["best_reward"] >= r["final_reward"] - 1e-12
+        assert (out / f"trial_{r['trial']}" / "best" / "model.safetensors").exists()
 
 
 def test_an_interrupted_trial_is_queued_again_and_rerun(tmp_path, tiny_model_dir, small_data):

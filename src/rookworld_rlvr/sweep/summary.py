@@ -55,7 +55,8 @@ def summarize(study, out: str | Path | None = None, log: Callable[[str], None] |
                 "seconds": a.get("seconds"), "overrides": a.get("overrides", dict(t.params)),
                 "failure": a.get("failure"), "output_dir": a.get("output_dir"), "worker": a.get("worker"),
                 "outcome": a.get("outcome"), "guard_events": a.get("guard_events"),
-                "guard_signals": a.get("guard_signals")}
+                "guard_signals": a.get("guard_signals"), "best_step": a.get("best_step"),
+                "best_reward": a.get("best_reward")}
 
     rows = [row(t) for t in trials]
     gains = [r["gain"] for r in rows if r["state"] == "COMPLETE" and r["gain"] is not None]
@@ -133,13 +134,16 @@ def format_summary(s: dict) -> str:
     if s["duplicates"]:
         lines.append(f"warning: configurations completed more than once: {s['duplicates']}")
     if s["trial_table"]:
-        lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} {'mins':>5}  "
-                     "configuration / guard events / failure")
+        lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} "
+                     f"{'best/ (step, - final)':>22} {'mins':>5}  configuration / guard events / failure")
         for r in s["trial_table"]:
             tail = fmt_overrides(r["overrides"]) + (f"  guard: {', '.join(r['guard_signals'])}" if r.get("guard_signals") else "") \
                 + (f"  [{r['failure']}]" if r["failure"] else "")
             minutes = f"{r['seconds'] / 60:.1f}" if r["seconds"] is not None else "-"
+            best = "-"
+            if r.get("best_reward") is not None and r.get("final_reward") is not None:  # best/ beside final/
+                best = f"{r['best_step']}, {fmt_delta(r['best_reward'] - r['final_reward'])}"
             lines.append(f"{r['trial']:>5}  {r['state']:<8} {r.get('outcome') or '-':<15} "
                          f"{fmt_number(r['base_reward']):>7} {fmt_number(r['final_reward']):>7} "
-                         f"{fmt_delta(r['gain']):>8} {minutes:>5}  {tail}")
+                         f"{fmt_delta(r['gain']):>8} {best:>22} {minutes:>5}  {tail}")
     return "\n".join(lines)

@@ -105,8 +105,10 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
         elif not math.isfinite(final_r):
             a = finish(TrialState.FAIL, failure=f"non-finite held-out reward {final_r}", steps=summary["steps"])
         else:
+            best = summary.get("best") or {}
             a = finish(TrialState.COMPLETE, final_r, base_reward=base_r, final_reward=final_r,
-                       gain=final_r - base_r if base_r is not None else None, steps=summary["steps"])
+                       gain=final_r - base_r if base_r is not None else None, steps=summary["steps"],
+                       best_step=best.get("step"), best_reward=best.get("held_out_reward"))
     except TrainingStopped as e:
         a = finish(TrialState.FAIL, failure=f"stopped at step {trainer.step if trainer else 0}: {e}", status="stopped")
     except KeyboardInterrupt:
