@@ -189,6 +189,17 @@ def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     return list(iter_samples(path, skip_invalid, report))
 
 
+def json_object(path: Path, lineno: int, line: str) -> dict:
+    """One line as a JSON object; anything else is a DataError naming file:line."""
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        raise DataError(f"{path}:{lineno}: not a JSON record ({e})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}:{lineno}: not a JSON object")
+    return row
+
+
 def read_log(path: str | Path, warn: Callable[[str], None] = print) -> list[dict]:
     """The JSON records of a run log (one object a line). A torn last line (no newline at the end:
     the process was killed mid-write) is dropped with a warning naming the file; any other line that
@@ -197,17 +208,7 @@ def read_log(path: str | Path, warn: Callable[[str], None] = print) -> list[dict
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     torn = lines.pop() if lines else ""  # after the last newline: "" for a whole file
-    records = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise DataError(f"{path}:{lineno}: not a JSON record ({e})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{lineno}: not a JSON object")
-        records.append(row)
+    records = [json_object(path, lineno, line) for lineno, line in enumerate(lines, 1) if line.strip()]
     if torn.strip():
         try:
             row = json.loads(torn)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, TypeVar
 
 import chess
 
-from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples
+from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples, json_object
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, is_legal, mates, mating_moves,
                                            tactic_of)
 
@@ -171,13 +171,7 @@ def _first_row(path: Path) -> dict:
     with _open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip() and not line.lstrip().startswith("#"):
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise DataError(f"{path}:{lineno}: {e}") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object")
-                return row
+                return json_object(path, lineno, line)
     return {}
 
 

@@ -38,27 +38,18 @@ class PromptSampler:
         self.puzzle_share = puzzle_share
         self.check_share = check_share
         if check_share is not None:
-            pos = self.pools.get("P", [])
-            self.pools["P"] = [x for x in pos if not in_check(x.truth.fen)]
-            self.pools["P_check"] = [x for x in pos if in_check(x.truth.fen)]
-            if pos and check_share > 0 and not self.pools["P_check"]:
-                raise ValueError(f"check_share is {check_share} but no P: position of the training data is in "
-                                 "check: set it to null")
-            if pos and check_share < 1 and not self.pools["P"]:
-                raise ValueError(f"check_share is {check_share} but every P: position of the training data is in "
-                                 "check: set it to 1 or null")
+            self._split("P", "P_check", check_share, lambda x: in_check(x.truth.fen),
+                        f"check_share is {check_share} but no P: position of the training data is in check: set it "
+                        "to null", f"check_share is {check_share} but every P: position of the training data is in "
+                        "check: set it to 1 or null")
         if puzzle_share > 0 and not self.pools.get("P_puzzle"):
             raise ValueError(f"mix_puzzle_ratio is {puzzle_share} but there are no training puzzles: set puzzle_data")
         if terminal_share is not None:
-            env = self.pools.get("A", [])
-            self.pools["A"] = [x for x in env if not ends_game(x)]
-            self.pools["A_end"] = [x for x in env if ends_game(x)]
-            if env and terminal_share > 0 and not self.pools["A_end"]:
-                raise ValueError(f"env_terminal_share is {terminal_share} but the training data has no game-ending "
-                                 "A: transitions (terminated or truncated): set it to null")
-            if env and terminal_share < 1 and not self.pools["A"]:
-                raise ValueError(f"env_terminal_share is {terminal_share} but every A: transition of the training "
-                                 "data ends the game: set it to 1 or null")
+            self._split("A", "A_end", terminal_share, ends_game,
+                        f"env_terminal_share is {terminal_share} but the training data has no game-ending A: "
+                        "transitions (terminated or truncated): set it to null",
+                        f"env_terminal_share is {terminal_share} but every A: transition of the training data ends "
+                        "the game: set it to 1 or null")
         self.state = {name: {"epoch": 0, "cursor": 0} for name in self.pools}
         if terminal_share is not None:
             self.state["A"]["drawn"] = 0  # A: prompts drawn so far
@@ -67,6 +58,18 @@ class PromptSampler:
         if check_share is not None:
             self.state.setdefault("P", {"epoch": 0, "cursor": 0})["drawn_positions"] = 0  # P: draws past puzzles
         self._perm: dict[str, tuple[int, list[int]]] = {}
+
+    def _split(self, task: str, other: str, share: float, belongs, if_none: str, if_all: str) -> None:
+        """Move the samples of `task` for which `belongs` holds into pool `other` (tested once each);
+        a share that needs a pool left empty is a ValueError (`if_none`: none belongs; `if_all`: all do)."""
+        rows = self.pools.get(task, [])
+        flags = [belongs(x) for x in rows]
+        self.pools[task] = [x for x, f in zip(rows, flags) if not f]
+        self.pools[other] = [x for x, f in zip(rows, flags) if f]
+        if rows and share > 0 and not self.pools[other]:
+            raise ValueError(if_none)
+        if rows and share < 1 and not self.pools[task]:
+            raise ValueError(if_all)
 
     def load_state(self, state: dict) -> None:
         for name, st in state.items():
