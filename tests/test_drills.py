@@ -103,6 +103,56 @@ def test_weights_without_state_are_an_error_never_a_fresh_start(tmp_path, small_
     assert "no checkpoint at" in capsys.readouterr().out  # --resume without any checkpoint says so
 
 
+def test_an_sft_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resumed(tmp_path, small_data,
+                                                                                         monkeypatch):
+    """Found by scripts/fault_drill.py: a kill before the first save left steps 1-2 in the log, and
+    the resumed run (no checkpoint: it starts over) appended them again."""
+    import rookworld_rlvr.statefile as statefile
+
+    def dies(*a, **kw):
+        raise Killed
+
+    monkeypatch.setattr(statefile, "save_state", dies)
+    with pytest.raises(Killed):
+        sft_train(_sft(tmp_path, small_data, steps=3, save_every=2), progress=False)
+    monkeypatch.undo()
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2]
+    assert not (tmp_path / "m.checkpoint").exists()
+    sft_train(_sft(tmp_path, small_data, steps=3, save_every=2), resume=True, progress=False)
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]
+
+
+def test_a_fresh_sft_run_sets_an_older_one_aside_and_never_appends_to_its_log(tmp_path, small_data, capsys):
+    sft_train(_sft(tmp_path, small_data), progress=False)
+    sft_train(_sft(tmp_path, small_data, steps=1), progress=False)
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1]
+    old_logs = list(tmp_path.glob("m.sft_log-*.jsonl"))
+    assert len(old_logs) == 1 and [r["step"] for r in read_log(old_logs[0])] == [1, 2]
+    (old_ckpt,) = tmp_path.glob("m.checkpoint-*")
+    assert state_exists(old_ckpt, "sft_state") and len(list(tmp_path.glob("m-*"))) == 1  # nothing deleted
+    assert "moved the previous run's" in capsys.readouterr().out
+
+
+def test_a_grpo_run_killed_before_its_first_checkpoint_evaluates_the_base_once_when_resumed(
+        tmp_path, tiny_model_dir, small_data, monkeypatch):
+    """Found by scripts/fault_drill.py: a kill after the base evaluation and before the step-0
+    checkpoint left eval.jsonl with a step-0 record, and the resumed run wrote a second one."""
+    def evaluate(model, tokenizer):
+        return {"policy": {"n": 1, "mean_reward": 0.5}}
+
+    def dies(tr):
+        raise Killed
+
+    real = state.save
+    monkeypatch.setattr(state, "save", dies)
+    with pytest.raises(Killed):
+        trainer(tmp_path, tiny_model_dir, small_data, evaluate, steps=1).train()
+    monkeypatch.setattr(state, "save", real)
+    assert [r["step"] for r in read_log(tmp_path / "run" / "eval.jsonl")] == [0]
+    trainer(tmp_path, tiny_model_dir, small_data, evaluate, steps=1, resume=True).train()
+    assert [r["step"] for r in read_log(tmp_path / "run" / "eval.jsonl")] == [0, 1]
+
+
 def test_a_kill_between_the_two_renames_of_a_save_loses_neither(tmp_path, small_data):
     """A save moves the old checkpoint aside, then renames the new one into place. Killed in between
     (SIGKILL: no handler runs), the old one is whole beside the name, and the next resume puts it back."""
@@ -155,6 +205,58 @@ def test_saving_a_step_again_killed_mid_swap_keeps_the_old_copy(tmp_path, tiny_m
     os.replace(path, aside / path.name)
     assert ckpt.latest_checkpoint(tr.run_dir) == path and ckpt.load_state(path)["step"] == 1
     assert not list(path.parent.glob(".step_*"))
+
+
+def _dies_while_deleting(monkeypatch):
+    """shutil.rmtree that deletes one file of the directory, then is killed."""
+    real = atomic.shutil.rmtree
+
+    def rmtree(path, ignore_errors=False):
+        for f in sorted(Path(path).rglob("model.safetensors")):
+            f.unlink()
+            raise Killed
+        return real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+
+
+@pytest.mark.parametrize("deletion", ["prune", "rollback"])
+def test_a_kill_while_checkpoints_are_deleted_leaves_none_half_deleted_under_its_name(
+        tmp_path, tiny_model_dir, small_data, monkeypatch, deletion):
+    """Found by reading prune and drop_after for the fault drill: they deleted `step_N` in place, so a
+    kill midway left a directory with its state and without its weights, which a rollback or
+    --resume would take for a checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    tr = trainer(tmp_path, tiny_model_dir, small_data, steps=4)
+    tr.train()
+    _dies_while_deleting(monkeypatch)
+    with pytest.raises(Killed):
+        ckpt.prune(tr.run_dir, keep_last=1) if deletion == "prune" else state.rollback(tr, "drill", to_step=1)
+    monkeypatch.undo()
+    kept = [s for s, _ in ckpt.list_checkpoints(tr.run_dir)]
+    assert kept == ([4] if deletion == "prune" else [0, 1])  # all renamed out of sight before any deletion
+    for _, path in ckpt.list_checkpoints(tr.run_dir):
+        ckpt.load_state(path)
+        AutoModelForCausalLM.from_pretrained(path)
+    if deletion == "rollback":
+        assert ckpt.latest_checkpoint(tr.run_dir).name == "step_000001"
+    ckpt.prune(tr.run_dir, keep_last=1)  # the next prune deletes what the kill left
+    assert not list((tr.run_dir / "checkpoints").glob(".*"))
+
+
+def test_a_copy_left_aside_after_its_successor_arrived_is_deleted_never_put_back(tmp_path, small_data):
+    """A kill while the old copy was being deleted (after the new one was in place) leaves a stale,
+    partial copy beside it; a later kill between the two renames must not restore that one."""
+    import tempfile
+
+    sft_train(_sft(tmp_path, small_data), progress=False)
+    stale = Path(tempfile.mkdtemp(prefix=".m.checkpoint.old-", dir=tmp_path)) / "m.checkpoint"
+    stale.mkdir()
+    (stale / "sft_state.json").write_text("{}")  # what a half-done rmtree left
+    sft_train(_sft(tmp_path, small_data, steps=3), resume=True, progress=False)
+    assert not list(tmp_path.glob(".m.checkpoint.*"))
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]
 
 
 # -- 4. a torn last log line ----------------------------------------------------------------------------------

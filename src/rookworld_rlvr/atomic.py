@@ -46,7 +46,9 @@ def restore_aside(final: Path) -> bool:
     """Where a kill came between moving `final` aside and renaming its successor into place,
     put the old directory back; True when one was restored."""
     final = Path(final)
-    if final.exists():
+    if final.exists():  # the swap was done: a copy left aside is stale (a kill while it was deleted)
+        for stale in final.parent.glob(f".{final.name}.old-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         return False
     for old in sorted(final.parent.glob(f".{final.name}.old-*")):
         inner = old / final.name
@@ -56,6 +58,29 @@ def restore_aside(final: Path) -> bool:
             shutil.rmtree(old, ignore_errors=True)
             return True
     return False
+
+
+def remove_dirs(paths: list[Path]) -> None:
+    """Delete directories so that no kill leaves one half-deleted under its own name (where a resume
+    would take it for whole): all are renamed to hidden siblings `.NAME.del-*` first, in the order
+    given, and only then deleted. `remove_leftovers` deletes what a kill left of them."""
+    gone = []
+    for path in map(Path, paths):
+        hidden = Path(tempfile.mkdtemp(prefix=f".{path.name}.del-", dir=path.parent))
+        os.replace(path, hidden / path.name)
+        gone.append(hidden)
+    for parent in {Path(p).parent for p in paths}:
+        fsync_dir(parent)
+    for hidden in gone:
+        shutil.rmtree(hidden, ignore_errors=True)
+
+
+def remove_leftovers(parent: Path, pattern: str) -> None:
+    """Delete the temporary and half-deleted siblings (`.NAME.tmp-*`, `.NAME.del-*`) that kills left
+    in `parent` for names matching `pattern`."""
+    for kind in ("tmp", "del"):
+        for p in Path(parent).glob(f".{pattern}.{kind}-*"):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def write_dir(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:

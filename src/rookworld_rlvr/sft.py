@@ -159,6 +159,15 @@ def cooldown(step: int, total_steps: int, cooldown_steps: int) -> float:
     return min(1.0, max(0.0, (total_steps - step) / (cooldown_steps + 1)))
 
 
+def set_aside(paths: list[Path]) -> None:
+    """Rename an older run's outputs to `<name>-<time>` (as `rookworld train` does): nothing is deleted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for p in paths:
+        aside = p.with_name(f"{p.stem}-{stamp}{p.suffix}" if p.is_file() else f"{p.name}-{stamp}")
+        p.rename(aside)
+        print(f"sft: moved the previous run's {p} to {aside} (use --resume to continue it)")
+
+
 def set_dropout(model, p: float) -> None:
     """Set every dropout of a GPT-2-style model (modules and the config that is saved with it)."""
     import torch
@@ -291,6 +300,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         if log_path.exists():  # steps after the checkpoint are redone: drop their old records
             kept = [json.dumps(r) for r in read_log(log_path) if r["step"] <= step]
             atomic_write_text(log_path, [x + "\n" for x in kept])
+    elif resume and log_path.exists():  # killed before its first checkpoint: every logged step is redone
+        log_path.unlink()
+    elif log_path.exists() or ckpt.exists():  # a fresh run never appends to, or saves over, an older one
+        set_aside([p for p in (log_path, ckpt, out) if p.exists()])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from rookworld_rlvr.grpo.precision import autocast_dtype
 

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rookworld_rlvr.atomic import fsync_dir, restore_aside, write_dir
+from rookworld_rlvr.atomic import remove_dirs, remove_leftovers, restore_aside, write_dir
 from rookworld_rlvr.model.load import write_pretrained
 from rookworld_rlvr.statefile import load_state as _read_state
 from rookworld_rlvr.statefile import save_state, state_exists
@@ -119,19 +119,16 @@ def drop_after(run_dir: str | Path, step: int) -> list[int]:
     root = Path(run_dir) / "checkpoints"
     gone = sorted(int(m.group(1)) for p in (root.iterdir() if root.exists() else [])
                   if (m := _STEP_RE.match(p.name)) and int(m.group(1)) > step)
-    for s in gone:
-        shutil.rmtree(checkpoint_dir(run_dir, s))
-    if gone:
-        fsync_dir(Path(run_dir) / "checkpoints")
+    # all renamed out of sight (instant) before any is deleted (slow): a kill cannot leave one half-deleted
+    remove_dirs([checkpoint_dir(run_dir, s) for s in reversed(gone)])
     return gone
 
 
 def prune(run_dir: str | Path, keep_last: int, keep: set[int] = frozenset()) -> None:
     """Delete old checkpoints (and leftovers of interrupted saves), keeping the last N and `keep`."""
     found = list_checkpoints(run_dir)
-    for step, path in found[:-keep_last] if keep_last else found:
-        if step not in keep:
-            shutil.rmtree(path, ignore_errors=True)
+    # never half-deleted under its name, where a rollback could pick it
+    remove_dirs([path for step, path in (found[:-keep_last] if keep_last else found) if step not in keep])
     root = Path(run_dir) / "checkpoints"
-    for p in root.glob(".step_*.tmp-*") if root.exists() else []:
-        shutil.rmtree(p, ignore_errors=True)
+    if root.exists():
+        remove_leftovers(root, "step_*")

@@ -149,8 +149,10 @@ def rollback(tr: Trainer, reason: str, to_step: int | None = None, kl_factor: fl
     tr.lr_scale, tr.beta_scale = lr_scale, beta_scale
     tr.snapshots = {s: v for s, v in tr.snapshots.items() if s <= target}
     if tr.main:  # rank 0 owns the logs and the checkpoints
+        # the abandoned run's states go first: a kill between the two never leaves a checkpoint newer
+        # than the logs, which a later --resume would continue
+        ckpt.drop_after(tr.run_dir, target)
         truncate_logs(tr.run_dir, tr.step)
-        ckpt.drop_after(tr.run_dir, target)  # the abandoned run's states: a later --resume must not continue them
     tr.log(f"step {now}: {reason}: rolled back to {where}, LR x{tr.lr_scale:.3g}"
            + (f", beta x{tr.beta_scale:.3g}" if tr.beta_scale != 1 else ""))
     return target

@@ -84,6 +84,8 @@ class Trainer:
         resume_from = ckpt.latest_checkpoint(self.run_dir) if cfg.resume else None
         if cfg.resume and resume_from is None:
             self.log(f"resume: no checkpoint in {self.run_dir}/checkpoints, starting fresh")
+            if self.main:  # killed before its first checkpoint: what it logged (the base evaluation) is redone
+                truncate_logs(self.run_dir, -1)
         self._load_models(resume_from)
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA

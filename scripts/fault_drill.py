@@ -1,0 +1,284 @@
+#!/usr/bin/env python
+"""Fault drill: a GRPO run and an SFT run, each killed (SIGKILL) at random points and resumed with
+`--resume`, must end bit for bit equal to the same run left alone, and no kill may leave a
+checkpoint that does not load.
+
+    python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
+    python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
+
+How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
+again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
+start-up, steps and evaluations alike, or (half the kills, also drawn) the moment a save or a
+deletion of a checkpoint starts, which a random time rarely hits; after each kill every checkpoint on disk is loaded (weights and
+state), then the command is started again with `--resume`. When a resumed attempt finishes before
+its kill, its outputs are compared with the uninterrupted run's: the final (and best) weights byte
+for byte, and every log record except wall-clock times; the next kills then start a fresh copy of
+the run. It ends once `--kills` kills have landed and the last copy has finished and compared.
+
+Writes <out>/drill.json (one row per kill) and prints a summary. Exit status 1 when any resumed run
+differs or any checkpoint does not load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed to differ
+
+
+def subset(src: Path, dst: Path, per_task: int) -> Path:
+    """The first `per_task` P: and A: rows of a shipped data file: a run that starts in seconds."""
+    keep, counts = [], {"P": 0, "A": 0}
+    with gzip.open(src, "rt") if src.suffix == ".gz" else open(src) as fh:
+        for line in fh:
+            task = json.loads(line)["task"]
+            if counts[task] < per_task:
+                keep.append(line)
+                counts[task] += 1
+            if min(counts.values()) >= per_task:
+                break
+    dst.write_text("".join(keep))
+    return dst
+
+
+def grpo_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
+    """`make train`'s config on a small slice: anchor, puzzles, check positions, held-out evaluation
+    with Stockfish and best/ all on; a checkpoint every 2 steps, so kills land in saves and between."""
+    return [sys.executable, "-m", "rookworld_rlvr", "train", "--config", str(REPO / "configs" / "default.yaml"),
+            "--model", model, "--data", str(data), "--eval-limit", "4" if smoke else "8",
+            "--history-eval-data", "", "--strength-data", "", "--puzzle-eval-data", "",
+            "--steps", "4" if smoke else "12", "--batch-positions", "2", "--group-size", "4",
+            "--anchor-batch", "4", "--eval-every", "2" if smoke else "4", "--save-every", "2", "--keep-last", "2",
+            "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out)]
+
+
+def sft_command(out: Path, data: Path, eval_data: Path, smoke: bool) -> list[str]:
+    """A fresh tiny model on a small slice: checkpoints every 3 steps, evaluations with Stockfish."""
+    return [sys.executable, "-m", "rookworld_rlvr", "sft", "--data", str(data), "--eval-data", str(eval_data),
+            "--out", str(out / "model"), "--preset", "tiny", "--steps", "6" if smoke else "24",
+            "--batch-size", "4" if smoke else "8", "--save-every", "3", "--eval-every", "6" if smoke else "12",
+            "--eval-samples", "2", "--threads", "1", "--quiet"]
+
+
+# -- what a run leaves, and whether it loads -----------------------------------------------------------
+
+
+def tensor_bytes(path: Path) -> dict[str, bytes]:
+    """Every tensor of a safetensors file as raw bytes (bit-for-bit comparison, NaN and -0.0 included)."""
+    import torch
+    from safetensors.torch import load_file
+
+    return {k: v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for k, v in load_file(path).items()}
+
+
+def untimed(value):
+    """`value` without wall-clock fields, at any depth (an evaluation's `meta.seconds` included)."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not k.startswith("time/") and k not in TIMING_KEYS}
+    return [untimed(v) for v in value] if isinstance(value, list) else value
+
+
+def records(path: Path) -> list[dict]:
+    return [untimed(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def outputs(task: str, out: Path) -> dict:
+    """What a finished run produced, in comparable form."""
+    if task == "grpo":
+        summary = untimed(json.loads((out / "summary.json").read_text()))
+        return {"final": tensor_bytes(out / "final" / "model.safetensors"),
+                "best": tensor_bytes(out / "best" / "model.safetensors") if (out / "best").exists() else None,
+                "metrics.jsonl": records(out / "metrics.jsonl"), "eval.jsonl": records(out / "eval.jsonl"),
+                "events.jsonl": records(out / "events.jsonl"), "summary.json": summary}
+    return {"final": tensor_bytes(out / "model" / "model.safetensors"),
+            "checkpoint": tensor_bytes(out / "model.checkpoint" / "model.safetensors"),
+            "sft_log.jsonl": records(out / "model.sft_log.jsonl")}
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """Names of the outputs that differ (for tensors: the first differing tensor)."""
+    diff = []
+    for name in a:
+        x, y = a[name], b.get(name)
+        if isinstance(x, dict) and x and all(isinstance(v, bytes) for v in x.values()):
+            bad = [k for k in x if y is None or x[k] != y.get(k)]
+            if bad or set(x) != set(y or {}):
+                diff.append(f"{name}: tensor {bad[0] if bad else '(names)'} differs")
+        elif x != y:
+            diff.append(f"{name} differs")
+    return diff
+
+
+def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool]:
+    """Load every checkpoint a kill left: (problems, latest step, whether the kill hit a save:
+    a temporary or set-aside directory is left). Runs before `--resume` touches anything."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    problems: list[str] = []
+    if task == "grpo":
+        from rookworld_rlvr.grpo import checkpoint as ckpt
+
+        root = out / "checkpoints"
+        in_save = root.exists() and any(p.name.startswith(".") for p in root.iterdir())
+        in_save |= any(p.name.startswith((".final.", ".best.")) for p in out.iterdir()) if out.exists() else False
+        latest = None
+        try:
+            path = ckpt.latest_checkpoint(out)  # what --resume reads (it puts back a set-aside checkpoint)
+            latest = ckpt.load_state(path)["step"] if path else None
+        except Exception as e:  # noqa: BLE001 - every failure is a finding
+            problems.append(f"latest checkpoint: {e}")
+        for step, path in ckpt.list_checkpoints(out):
+            try:
+                if ckpt.load_state(path)["step"] != step:
+                    problems.append(f"{path}: state of another step")
+                AutoModelForCausalLM.from_pretrained(path)
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{path}: {e}")
+        for name in ("final", "best"):
+            if (out / name).exists():
+                try:
+                    AutoModelForCausalLM.from_pretrained(out / name)
+                except Exception as e:  # noqa: BLE001
+                    problems.append(f"{out / name}: {e}")
+        return problems, latest, in_save
+    from rookworld_rlvr.atomic import restore_aside
+    from rookworld_rlvr.statefile import load_state, state_exists
+
+    ck = out / "model.checkpoint"
+    in_save = any(p.name.startswith(".") for p in out.iterdir()) if out.exists() else False
+    restore_aside(ck)  # what --resume does first
+    latest = None
+    if ck.exists():
+        try:
+            if not state_exists(ck, "sft_state"):
+                raise ValueError("weights without sft_state")
+            latest = load_state(ck, "sft_state")["step"]
+            AutoModelForCausalLM.from_pretrained(ck)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{ck}: {e}")
+    if (out / "model").exists():
+        try:
+            AutoModelForCausalLM.from_pretrained(out / "model")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{out / 'model'}: {e}")
+    return problems, latest, in_save
+
+
+# -- the drill ------------------------------------------------------------------------------------------
+
+
+def hidden(folders: list[Path]) -> set[Path]:
+    """The temporary and set-aside entries (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.del-*`) in `folders`:
+    a save or a deletion is under way while one exists."""
+    return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".")}
+
+
+def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None) -> tuple[bool, float]:
+    """Run `cmd`; SIGKILL its whole process group (Stockfish included) after `kill_after` seconds or,
+    with `saves`, as soon as a new save or deletion starts in one of those folders (whichever comes
+    first). Returns (finished, seconds). A run that exits with an error stops the drill."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    before = hidden(saves or [])
+    t0 = time.time()
+    with open(log, "a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        while (rc := proc.poll()) is None:
+            if (kill_after is not None and time.time() - t0 >= kill_after) or (saves and hidden(saves) - before):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return False, time.time() - t0
+            time.sleep(0.001 if saves else 0.05)
+    if rc != 0:
+        raise SystemExit(f"fault drill: {' '.join(cmd)} exited with {rc}; see {log}")
+    return True, time.time() - t0
+
+
+def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str) -> dict:
+    data = subset(REPO / "data" / "train.jsonl.gz", work / "train.jsonl", 100 if smoke else 200)
+    eval_data = subset(REPO / "data" / "eval.jsonl.gz", work / "eval.jsonl", 8)
+
+    def command(out: Path) -> list[str]:
+        return grpo_command(out, data, smoke, model) if task == "grpo" else sft_command(out, data, eval_data, smoke)
+
+    straight = work / "straight"
+    _, wall = launch(command(straight), work / "straight.log", None)
+    reference = outputs(task, straight)
+    rows: list[dict] = []
+    rounds: list[dict] = []
+    copy_no, attempt = 0, 0
+    while len(rows) < kills or attempt:  # go on until the kills have landed and the last copy has finished
+        out = work / f"copy{copy_no}"
+        cmd = command(out) + (["--resume"] if attempt else [])
+        after = rng.uniform(0, wall) if len(rows) < kills else None
+        in_a_save = after is not None and rng.random() < 0.5  # half the kills wait for a save instead
+        saves = [out, out / "checkpoints"] if in_a_save else None
+        finished, seconds = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves)
+        attempt += 1
+        if finished:
+            diff = differences(reference, outputs(task, out))
+            rounds.append({"copy": copy_no, "attempts": attempt, "equal": not diff, "differences": diff})
+            print(f"{task} copy {copy_no}: finished after {attempt - 1} kills: "
+                  f"{'bit for bit equal' if not diff else 'DIFFERS: ' + '; '.join(diff)}", flush=True)
+            copy_no, attempt = copy_no + 1, 0
+            continue
+        problems, latest, in_save = check_checkpoints(task, out)
+        rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
+                     "aimed_at": "a save" if in_a_save else "a random time",
+                     "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
+        print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): "
+              f"latest checkpoint step {latest}"
+              f"{', during a save' if in_save else ''}{'; ' + '; '.join(problems) if problems else ''}", flush=True)
+    return {"task": task, "straight_seconds": round(wall, 1), "kills": rows, "copies": rounds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=20, help="kills per run type (default 20)")
+    ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft or both (default grpo,sft)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
+    ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
+    ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
+    ap.add_argument("--smoke", action="store_true", help="tiny runs (seconds each): for the test")
+    args = ap.parse_args(argv)
+    if args.kills < 1:
+        ap.error("--kills must be at least 1")
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks or set(tasks) - {"grpo", "sft"}:
+        ap.error(f"--tasks: grpo and/or sft, not {args.tasks!r}")
+    root = Path(args.out)
+    shutil.rmtree(root, ignore_errors=True)
+    results = []
+    for task in tasks:
+        work = root / task
+        work.mkdir(parents=True)
+        results.append(drill(task, args.kills, work, random.Random(f"{args.seed}-{task}"), args.smoke, args.model))
+    (root / "drill.json").write_text(json.dumps(results, indent=1) + "\n")
+    ok = True
+    for r in results:
+        bad = [k for k in r["kills"] if k["problems"]]
+        unequal = [c for c in r["copies"] if not c["equal"]]
+        ok &= not bad and not unequal
+        print(f"{r['task']}: {len(r['kills'])} kills ({sum(k['in_save'] for k in r['kills'])} during a save), "
+              f"{len(r['copies'])} resumed copies: {len(r['copies']) - len(unequal)} bit for bit equal to the "
+              f"uninterrupted run ({r['straight_seconds']} s); {len(bad)} kills left a checkpoint that does not load")
+    print(f"wrote {root / 'drill.json'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
