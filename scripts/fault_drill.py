@@ -132,8 +132,7 @@ def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool
         from rookworld_rlvr.grpo import checkpoint as ckpt
 
         root = out / "checkpoints"
-        in_save = root.exists() and any(p.name.startswith(".") for p in root.iterdir())
-        in_save |= any(p.name.startswith((".final.", ".best.")) for p in out.iterdir()) if out.exists() else False
+        in_save = bool(hidden([out, root]))
         latest = None
         try:
             path = ckpt.latest_checkpoint(out)  # what --resume reads (it puts back a set-aside checkpoint)
@@ -158,7 +157,7 @@ def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool
     from rookworld_rlvr.statefile import load_state, state_exists
 
     ck = out / "model.checkpoint"
-    in_save = any(p.name.startswith(".") for p in out.iterdir()) if out.exists() else False
+    in_save = bool(hidden([out]))
     restore_aside(ck)  # what --resume does first
     latest = None
     if ck.exists():
@@ -181,9 +180,10 @@ def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool
 
 
 def hidden(folders: list[Path]) -> set[Path]:
-    """The temporary and set-aside entries (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.del-*`) in `folders`:
-    a save or a deletion is under way while one exists."""
-    return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".")}
+    """The temporary and set-aside directories (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.del-*`) in
+    `folders`: a checkpoint or model is being saved or deleted while one exists (a log's atomic
+    rewrite uses a temporary file, not counted)."""
+    return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".") and p.is_dir()}
 
 
 def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None) -> tuple[bool, float]:

@@ -414,6 +414,7 @@ def test_prompt_too_long_raises():
         ({"top_k": -1}, "top_k"),
         ({"num_return_sequences": 0}, "num_return_sequences"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"check_every": 0}, "check_every"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
@@ -618,6 +619,48 @@ def test_bf16_autocast_runs():
                    autocast_dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     assert gen.logprobs.dtype == torch.float32 and torch.isfinite(gen.logprobs).all()
     assert next(model.parameters()).dtype == torch.float32  # weights untouched
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_checking_for_the_end_every_few_steps_changes_no_token_mask_or_log_prob(rig, monkeypatch, stock):
+    """On a GPU the loop reads the stop flags every 8 steps (a host read waits for the device): rows
+    that stopped in between feed masked pads, and the outputs equal checking at every step."""
+    from rookworld_rlvr.model import gpt2_decode
+
+    kind, model, tok = rig
+    if stock:
+        monkeypatch.setattr(gpt2_decode, "supports", lambda m: False)
+    kwargs = dict(max_new_tokens=[4, 40, 9, 40], temperature=[1.0, 0.6, 1.4, 0.9], num_return_sequences=3)
+    every = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(3), check_every=1, **kwargs)
+    assert min(every.completion_mask.sum(1)) < every.completion_ids.shape[1], "no row stopped early"
+    for n in (3, 8, 64):
+        few = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(3), check_every=n, **kwargs)
+        assert few.texts == every.texts and few.finish_reasons == every.finish_reasons
+        assert torch.equal(few.completion_ids, every.completion_ids)
+        assert torch.equal(few.completion_mask, every.completion_mask)
+        assert_rounding_close(few.logprobs, every.logprobs, logprob_terms(model), kind)  # other batch shapes
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_bf16_autocast_is_entered_once_per_rollout_so_each_weight_is_cast_once(monkeypatch, stock):
+    """Entered per token, autocast dropped its cache of bf16 weight copies at every step and cast
+    every weight again (the LM head included); entered once, and outside inference mode (where
+    autocast caches nothing), each weight is cast once."""
+    from rookworld_rlvr.model import gpt2_decode
+
+    if stock:
+        monkeypatch.setattr(gpt2_decode, "supports", lambda m: False)
+    from torch.profiler import ProfilerActivity, profile
+
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=0.0)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        gen = generate(model, tok, PROMPTS[:2], max_new_tokens=12, num_return_sequences=2,
+                       autocast_dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    assert gen.completion_ids.shape[1] == 12  # 12 decode steps ran
+    head = list(model.lm_head.weight.shape)
+    casts = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == head]
+    assert len(casts) == 1, f"the LM head was cast {len(casts)} times in 13 forward calls"
 
 
 def test_filter_logits():
