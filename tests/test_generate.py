@@ -227,6 +227,54 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
     assert torch.equal(plain, grouped)
 
 
+@pytest.mark.parametrize("group_size,segments", [(1, True), (4, True), (4, False)], ids=["plain", "segments", "cache"])
+def test_scoring_in_chunks_of_rows_gives_the_one_piece_results_and_gradients(rig, monkeypatch, group_size, segments):
+    """At 124M a minibatch's full-vocabulary logits are 1.85 GB in float32; scored a few rows at a
+    time (each chunk checkpointed under autograd) the log-probs, entropies and gradients are those
+    of one piece, on every path. The chunk size is shrunk here so that the tiny model is chunked."""
+    from rookworld_rlvr.model import gpt2_segments, logprobs as lp_module
+
+    kind, model, tok = rig
+    if not segments:
+        monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
+                   generator=torch.Generator().manual_seed(5))
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    n = gen.completion_ids.shape[1]
+    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    vocab = model.lm_head.out_features
+    chunks = []
+    real = lp_module._score
+
+    def counted(logits, *a):
+        chunks.append((logits.shape[0], logits.numel()))
+        return real(logits, *a)
+
+    monkeypatch.setattr(lp_module, "_score", counted)
+    results = []
+    for elements in (2**40, 3 * n * vocab):  # one piece, then about 3 rows a chunk
+        monkeypatch.setattr(lp_module, "SCORE_CHUNK_ELEMENTS", elements)
+        chunks.clear()
+        model.zero_grad()
+        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True,
+                             group_size=group_size)
+        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        with torch.no_grad():
+            frozen = token_logprobs(model, *batch, n_completion=n, temperature=0.8, group_size=group_size)
+        results.append((out["logprobs"].detach(), out["entropy"].detach(), grads, frozen["logprobs"], list(chunks)))
+    (lp1, ent1, g1, f1, calls1), (lp2, ent2, g2, f2, calls2) = results
+    assert len(calls2) > len(calls1) and max(rows for rows, _ in calls1) == len(weights)
+    if group_size > 1:  # column 0 (one row per prompt, from the prompt pass) is scored whole
+        calls2 = [(rows, size) for rows, size in calls2 if size != len(weights) * vocab]
+    assert max(size for _, size in calls2) <= 3 * n * vocab, calls2
+    assert_rounding_close(lp2, lp1, logprob_terms(model), f"{kind} log-probs")
+    assert_rounding_close(ent2, ent1, logprob_terms(model), f"{kind} entropy")
+    assert_rounding_close(f2, f1, logprob_terms(model), f"{kind} no-grad log-probs")
+    assert_rounding_close(g2, g1, gradient_terms(model, batch[1]), f"{kind} gradient")
+    assert (lp2[~gen.completion_mask.bool()] == 0).all()
+
+
 @pytest.mark.parametrize("kind", ["linear", "conv1d"])
 def test_bf16_grad_linear_has_the_float32_forward_and_bf16_gradients(kind):
     """bf16_grad.linear: the module's own float32 output, bit for bit; input, weight and bias

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import accumulate
+from typing import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from . import gpt2_segments
 from .generate import accepts_logits_to_keep
@@ -79,13 +81,15 @@ def token_logprobs(
             **keep,
         )
         # Logits at position t predict token t + 1: take the C positions before each completion token.
-        result = _score(out.logits[:, -(n_completion + 1) : -1, :], targets, temperature, return_entropy,
-                        return_logits, entropy_grad)
+        logits = out.logits[:, -(n_completion + 1) : -1, :]
+        result = _score_in_chunks(lambda rows: logits[rows], len(logits), logits.shape[1], logits.shape[-1], targets,
+                                  temperature, return_entropy, return_logits, entropy_grad)
     else:  # scored piece by piece: no [N, C, V] copy is assembled unless the logits are asked for
         first, buckets, order = grouped
+        vocab = first.shape[-1]
         parts = [_score(first, targets[:, :1], temperature, return_entropy, return_logits, entropy_grad)]
-        parts += [_score(logits, targets[rows, 1:1 + logits.shape[1]], temperature, return_entropy, return_logits,
-                         entropy_grad) for rows, logits in buckets]
+        parts += [_score_in_chunks(logits, len(rows), width, vocab, targets[rows, 1:1 + width], temperature,
+                                   return_entropy, return_logits, entropy_grad) for rows, width, logits in buckets]
         result = {key: _assemble(parts[0][key], [part[key] for part in parts[1:]], order, n_completion)
                   for key in parts[0]}
     mask = attention_mask[:, -n_completion:].bool()
@@ -93,6 +97,32 @@ def token_logprobs(
         if key in result:
             result[key] = torch.where(mask, result[key], torch.zeros_like(result[key]))
     return result
+
+
+# Full-vocabulary elements per scoring chunk: 2^25 float32 logits are 128 MB. A 124M minibatch of 64 rows x
+# 144 tokens has 463M (1.85 GB, and the scoring made four more of that size); in chunks of about 4 rows,
+# each with its own LM-head product, the peak is a few chunk-sized tensors. Small models score in one piece.
+SCORE_CHUNK_ELEMENTS = 2**25
+
+
+def _score_in_chunks(logits_of: Callable[[slice], torch.Tensor], n: int, width: int, vocab: int,
+                     targets: torch.Tensor, temperature: float, entropy: bool, keep_logits: bool,
+                     entropy_grad: bool) -> dict[str, torch.Tensor]:
+    """`_score` of n rows whose logits [rows, width, vocab] `logits_of(rows)` makes (the LM head on
+    those rows' hidden states), a few rows at a time so that no [n, width, vocab] float32 tensor
+    is made more than once (not at all from hidden states). With autograd each chunk is
+    checkpointed: its logits are made again in the backward instead of being kept. Asked for the
+    logits (exact KL), or where one chunk holds every row, it scores all rows at once."""
+    rows = max(1, SCORE_CHUNK_ELEMENTS // max(1, width * vocab))
+    if keep_logits or rows >= n:
+        return _score(logits_of(slice(None)), targets, temperature, entropy, keep_logits, entropy_grad)
+
+    def chunk(sl: slice) -> dict[str, torch.Tensor]:
+        return _score(logits_of(sl), targets[sl], temperature, entropy, False, entropy_grad)
+
+    parts = [checkpoint(chunk, sl, use_reentrant=False) if torch.is_grad_enabled() else chunk(sl)
+             for sl in (slice(start, start + rows) for start in range(0, n, rows))]
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
 def _score(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool, keep_logits: bool,
@@ -178,8 +208,10 @@ def _completion_buckets(attention_mask: torch.Tensor, p: int, n_completion: int)
 def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion: int, group_size: int,
                     grad_dtype: torch.dtype | None = None, recorded: list | None = None):
     """Logits predicting the completion tokens, with one prompt pass per group: (column 0 [N, 1, V],
-    [(rows, logits [n_b, w_b, V] of columns 1..w_b)] per bucket, each row's place in the buckets'
-    rows); None when the model's cache cannot be expanded (the caller then runs the plain pass).
+    [(rows, w_b, logits_of)] per bucket, where logits_of(r) gives rows r's logits [r, w_b, V] of
+    columns 1..w_b (a plain GPT-2 makes them from hidden states only then: `_score_in_chunks`),
+    each row's place in the buckets' rows); None when the model's cache cannot be expanded (the
+    caller then runs the plain pass).
 
     The completion pass runs in a few buckets of rows of similar length, each only as wide as its
     longest completion: right padding was 5-22% of a benchmark batch's completion columns, and the
@@ -197,7 +229,8 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
             recorded = _recorded_stream(recorded, attention_mask, group_size, p, buckets)
         hidden = gpt2_segments.hidden_states(model, segments, grad_dtype, recorded)
         last_prompt = linear(model.lm_head, hidden[0][:, -1:], grad_dtype).repeat_interleave(group_size, dim=0)
-        scored = [(idx, linear(model.lm_head, h, grad_dtype)) for (idx, _), h in zip(buckets, hidden[1:])]
+        scored = [(idx, h.shape[1], lambda rows, h=h: linear(model.lm_head, h[rows], grad_dtype))
+                  for (idx, _), h in zip(buckets, hidden[1:])]
         return last_prompt, scored, _order(buckets, every_row)
     keep = accepts_logits_to_keep(model)
     first = model(input_ids=input_ids[head, :p], attention_mask=attention_mask[head, :p],
@@ -214,7 +247,8 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
                      position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True,
                      **({"logits_to_keep": n_completion - 1} if keep else {}))
-        return last_prompt, [(every_row, rest.logits[:, -(n_completion - 1):])], every_row
+        rest = rest.logits[:, -(n_completion - 1):]
+        return last_prompt, [(every_row, rest.shape[1], lambda rows: rest[rows])], every_row
     prompt_kv = [(layer.keys, layer.values) for layer in layers]
     scored = []
     for idx, w in buckets:
@@ -223,7 +257,7 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         out = model(input_ids=input_ids[idx, p:p + w], attention_mask=attention_mask[idx, :p + w],
                     position_ids=position_ids[idx, p:p + w], past_key_values=cache, use_cache=True,
                     **({"logits_to_keep": w} if keep else {}))
-        scored.append((idx, out.logits[:, -w:]))
+        scored.append((idx, w, lambda rows, logits=out.logits[:, -w:]: logits[rows]))
     return last_prompt, scored, _order(buckets, every_row)
 
 
