@@ -32,6 +32,33 @@ def test_check_batch_passes_with_a_learning_signal(tmp_path, tiny_model_dir, sma
     assert any(line.startswith("one step: loss") for line in lines)
 
 
+@pytest.mark.parametrize("autocast", ["none", "bf16"])
+def test_check_batch_recomputes_with_each_tasks_temperature_and_the_runs_precision(tmp_path, tiny_model_dir,
+                                                                                    small_data, scorer, autocast):
+    """With per-task sampling temperatures (as configs/default.yaml has: P: at 0.8) check-batch used
+    to recompute at the global temperature, in float32, and failed a healthy run (max |ratio-1| 3.8
+    on the shipped model). It now recomputes through the trainer's own passes; under bf16 its bound
+    is derived from bf16 rounding and the logits' size. A sampler that really samples at another
+    temperature than the trainer scores still fails."""
+    import rookworld_rlvr.grpo.rollout as rollout
+
+    over = dict(task_sampling={"P": {"temperature": 0.6}, "A": {"temperature": 1.3}}, mix_env_ratio=0.5,
+                autocast=autocast, kl_coef=0.04, **({"backward_dtype": "auto"} if autocast == "bf16" else {}))
+    tr = make(tmp_path / "ok", tiny_model_dir, small_data, scorer, varied_reward, **over)
+    lines = []
+    assert check_batch(tr, max_truncation=1.0, out=lines.append) == 0, "\n".join(lines)
+    assert any("bf16 rounding" in line for line in lines) == (autocast == "bf16")
+
+    real = rollout.generate
+    rollout_generate = lambda *a, **k: real(*a, **{**k, "temperature": 3.0})  # noqa: E731 - the fault
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rollout, "generate", rollout_generate)
+        tr = make(tmp_path / "bad", tiny_model_dir, small_data, scorer, varied_reward, **over)
+        lines = []
+        assert check_batch(tr, max_truncation=1.0, out=lines.append) == 1
+    assert any("sampler and trainer disagree on log-probs" in line for line in lines), "\n".join(lines)
+
+
 def test_overfit_one_batch_rises_on_a_learnable_reward(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, varied_reward, lr=3e-3, kl_coef=0.0, steps=12,
               batch_positions=2, group_size=8, max_new_tokens=16, temperature=1.0)
