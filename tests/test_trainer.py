@@ -599,6 +599,18 @@ print(*[step() for _ in range(6)])
     assert faults[-1] < 1_000, faults
 
 
+def test_host_memory_is_tuned_for_cpu_runs_only(monkeypatch):
+    """A GPU run's tensors live on the GPU: its process keeps glibc's defaults (hands freed host
+    memory back); the CPU run gets the tuning and logs it."""
+    from rookworld_rlvr import hostmem
+
+    calls = []
+    monkeypatch.setattr(hostmem, "keep_freed_memory", lambda: calls.append(1) or "tuned")
+    assert hostmem.for_device(torch.device("cuda")) is None and hostmem.for_device(torch.device("meta")) is None
+    assert calls == []
+    assert hostmem.for_device(torch.device("cpu")) == "tuned" and calls == [1]
+
+
 def _frozen_weights_update(tr, batch):
     """The update's gradient on `batch`, the weights left as they were."""
     tr.opt.step = lambda: None

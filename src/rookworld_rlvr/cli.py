@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 
-from rookworld_rlvr.hostmem import keep_freed_memory
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -218,7 +217,6 @@ def _add_optional(sub, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    keep_freed_memory()  # process-wide, so the command line sets it, never the library
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -9,8 +9,8 @@ the heap never trimmed, freed blocks stay in the heap and the next step reuses t
 
 The cost: the process keeps its peak heap until it exits (the resident size no longer shrinks
 between phases; the peak itself did not grow in our runs). The setting is process-wide, so only
-our entry points apply it (`cli.main`, `sweep.cli.main`, and `grpo.cli.build`, which logs it), not
-library use of `Trainer`.
+our entry points apply it, and only to CPU runs (`for_device`: `grpo.cli.build`, which logs it,
+and `rookworld sft`), not library use of `Trainer`.
 
 Owns the allocator policy, the one place that tunes it. Imports nothing of the package.
 """
@@ -22,6 +22,13 @@ import sys
 
 _M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 _M_MMAP_MAX = -4
+
+
+def for_device(device) -> str | None:
+    """Apply `keep_freed_memory` where a run's big tensors live in host memory (a CPU run) and
+    return its log line; None on a GPU, whose tensors live in its own memory (torch's caching
+    allocator there already reuses freed blocks) and whose process should hand freed host memory back."""
+    return keep_freed_memory() if device.type == "cpu" else None
 
 
 def keep_freed_memory() -> str:

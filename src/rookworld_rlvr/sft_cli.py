@@ -58,5 +58,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace, name: str) -> int:
     fields = asdict(SFTConfig())
     cfg = SFTConfig(**{k: getattr(args, k) for k in fields})
+    from rookworld_rlvr.hostmem import for_device
+    from rookworld_rlvr.model import resolve_device
+
+    note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
+    if note:
+        print(f"sft: {note}")
     train(cfg, resume=args.resume, progress=not args.quiet)
     return 0

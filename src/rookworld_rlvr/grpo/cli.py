@@ -40,7 +40,7 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
     from rookworld_rlvr.grpo.trainer import Trainer
-    from rookworld_rlvr.hostmem import keep_freed_memory
+    from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
     report = ReadReport()
@@ -73,8 +73,9 @@ def build(cfg: TrainConfig, log=print):
     except BaseException:
         pool.close()  # no engine outlives a failed start
         raise
-    if trainer.device.type == "cpu":  # where the steps' big tensors live in host memory
-        log(keep_freed_memory())
+    note = for_device(trainer.device)  # CPU runs only: there the steps' big tensors live in host memory
+    if note:
+        log(note)
     return trainer, pool
 
 

@@ -119,9 +119,6 @@ def run(args: argparse.Namespace, name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m rookworld_rlvr.sweep ...`: the same as `rookworld sweep ...`."""
-    from rookworld_rlvr.hostmem import keep_freed_memory
-
-    keep_freed_memory()
     parser = argparse.ArgumentParser(prog="rookworld sweep")
     add_arguments(parser, "sweep")
     args = parser.parse_args(argv)
