@@ -122,35 +122,35 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
 
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
     rows = []
-    for compile_ in (False,) if smoke else (False, True):  # compiling on a CPU takes minutes
-        for autocast in ("none", "bf16"):
-            over = dict(model=str(model_dir), data=str(data), eval_data="",
-                        output_dir=str(tmp / f"grpo-{autocast}-{compile_}"), steps=steps, device=str(device),
-                        autocast=autocast, compile=compile_, save_every=10**6, report=False, tensorboard=False,
-                        progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
-                        puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
-            if autocast == "bf16" or compile_:
-                over["backward_dtype"] = "auto"
-            if smoke:
-                over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
-            name = f"autocast {autocast}, compile {compile_}"
-            try:
-                cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
-                tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
-                reset_peak(device)
-                tr.train()
-            except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
-                rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
-                print(f"grpo {name}: failed: {e}", flush=True)
-                continue
-            recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
-            step = statistics.median(r["time/step"] for r in recs)
-            phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)
-                      for k in recs[0] if k.startswith("time/") and k != "time/step"}
-            rows.append({"config": name, "batch": f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}",
-                         "s_per_step": round(step, 3), "phase_share": phases,
-                         "peak_memory_gib": round(peak_memory(device), 2)})
-            print(f"grpo {name}: {step:.2f} s/step, peak {peak_memory(device):.1f} GiB", flush=True)
+    # (torch.compile was a setting once; config.REMOVED says why it went)
+    for autocast in ("none", "bf16"):
+        over = dict(model=str(model_dir), data=str(data), eval_data="",
+                    output_dir=str(tmp / f"grpo-{autocast}"), steps=steps, device=str(device),
+                    autocast=autocast, save_every=10**6, report=False, tensorboard=False,
+                    progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
+                    puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
+        if autocast == "bf16":
+            over["backward_dtype"] = "auto"
+        if smoke:
+            over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
+        name = f"autocast {autocast}"
+        try:
+            cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
+            tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
+            reset_peak(device)
+            tr.train()
+        except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
+            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            print(f"grpo {name}: failed: {e}", flush=True)
+            continue
+        recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
+        step = statistics.median(r["time/step"] for r in recs)
+        phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)
+                  for k in recs[0] if k.startswith("time/") and k != "time/step"}
+        rows.append({"config": name, "batch": f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}",
+                     "s_per_step": round(step, 3), "phase_share": phases,
+                     "peak_memory_gib": round(peak_memory(device), 2)})
+        print(f"grpo {name}: {step:.2f} s/step, peak {peak_memory(device):.1f} GiB", flush=True)
     return rows
 
 

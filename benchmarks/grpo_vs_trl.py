@@ -300,6 +300,11 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "paired_ratios": [t / r["time/step"] for t, r in zip(trl_times[warmup:], meas)],
         "ours_completion_len": statistics.mean(r["completion_len/mean"] for r in meas),
         "trl_completion_len": statistics.mean(trl_lengths[warmup:]) if len(trl_lengths) > warmup else None,
+        # seconds per generated token, TRL's over ours: the ratio at equal work where the two sample different
+        # lengths (each stops at its own EOS; a random model's completions all run to the limit)
+        "ratio_per_token": (trl_s / ours_s) * (statistics.mean(r["completion_len/mean"] for r in meas)
+                                               / statistics.mean(trl_lengths[warmup:]))
+        if len(trl_lengths) > warmup else None,
         "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
         "phase_share": {p: (v / step_tot if step_tot else 0.0) for p, v in phase_tot.items()},
         "ours_record_rollout": ours.record, "ours_forward": ours.record_note,
@@ -332,7 +337,8 @@ def table(machine: dict, results: list[dict]) -> str:
              + " / ".join(f"{machine[k]['bf16']:.0f}" for k in ("gflops_start", "gflops_end"))
              + f" GFLOP/s (CPU bf16 support: {machine['bf16_hardware']})", ""]
     head = (f"{'config':7s} {'params':>7s} {'beta':>5s} {'steps':>5s} {'BxG':>5s} {'tok':>4s} "
-            f"{'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} {'pairs':>11s} {'len ours/TRL':>12s}")
+            f"{'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} {'pairs':>11s} {'len ours/TRL':>12s} "
+            f"{'per token':>9s}")
     lines += [head, "-" * len(head)]
     for r in results:
         tl = f"{r['trl_completion_len']:.0f}" if r["trl_completion_len"] is not None else "?"
@@ -340,7 +346,8 @@ def table(machine: dict, results: list[dict]) -> str:
                      f"{r['prompts']}x{r['generations']:<3d} {r['max_tokens']:4d} {r['ours_s_per_step']:11.2f} "
                      f"{r['trl_s_per_step']:10.2f} {r['ratio_trl_over_ours']:7.2f}x "
                      f"{min(r['paired_ratios']):5.2f}-{max(r['paired_ratios']):4.2f}x "
-                     f"{r['ours_completion_len']:>6.0f}/{tl:<5s}")
+                     f"{r['ours_completion_len']:>6.0f}/{tl:<5s} "
+                     + (f"{r['ratio_per_token']:8.2f}x" if r.get("ratio_per_token") else f"{'?':>9s}"))
     lines.append("")
     for r in results:
         share = ", ".join(f"{p} {100 * r['phase_share'][p]:.0f}%" for p in PHASES)

@@ -19,7 +19,7 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert result["smoke"] and result["machine"]["device"] == "cpu"
     assert {(r["dtype"], r["prompts"], r["group"]) for r in result["generation"]} == {("float32", 2, 2), ("bf16", 2, 2)}
     assert all(r["tokens_per_s"] > 0 for r in result["generation"])
-    assert [r["config"] for r in result["grpo"]] == ["autocast none, compile False", "autocast bf16, compile False"]
+    assert [r["config"] for r in result["grpo"]] == ["autocast none", "autocast bf16"]
     assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
                for r in result["grpo"])
     assert result["sft"][0]["preset"] == "tiny" and result["sft"][0]["s_per_step"] > 0

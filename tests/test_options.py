@@ -283,8 +283,6 @@ ROWS = [
         lambda b, o: differ(b["grads"], o["grads"]) and (b["grads"] - o["grads"]).norm() < 1e-2 * b["grads"].norm()),
     Row("record_rollout", {"record_rollout": "always"}, COLLECT,
         lambda b, o: all(r.recorded is not None for r in o["rows"]) and all(r.recorded is None for r in b["rows"])),
-    Row("compile", {"compile": True}, P(lambda env, over: env.trainer(over)),
-        lambda b, o: type(o.forward_model).__name__ == "OptimizedModule" and b.forward_model is b.policy),
     Row("threads", {"threads": "NTHREADS"}, P(lambda env, over: _threads(env, over)), lambda b, o: o == b + 1),
     # -- data ----------------------------------------------------------------------------------------------
     Row("data", {"data": "EVALFILE"}, COLLECT, lambda b, o: set(b["prompts"]).isdisjoint(o["prompts"])),
@@ -714,6 +712,7 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
 
 def test_removed_fields_say_why():
     for name, why in (("adv_clip", "never bound"), ("lora_dropout", "dropout is off"),
-                      ("resample_zero_variance", "replaced by dynamic_sampling")):
+                      ("resample_zero_variance", "replaced by dynamic_sampling"),
+                      ("compile", "never call, so it turned them off")):
         with pytest.raises(ValueError, match=f"'{name}' was .*{why}"):
             load_config(None, {name: "1"})

@@ -34,6 +34,10 @@ REMOVED = {
     "resample_zero_variance": "replaced by dynamic_sampling (DAPO: the same rounds, with oversampling and its cost logged)",
     "kl_divergence_threshold": "renamed guard_kl_mean: one signal of the collapse guard",
     "kl_max_recoveries": "renamed guard_max_recoveries: shared by every collapse guard signal",
+    "compile": "removed: it compiled the model's forward, which the GPT-2 paths (one forward over prompt and "
+               "length buckets, the cascade decode step) never call, so it turned them off instead and recompiled "
+               "at every new batch shape (32 s a step against 0.7 on a CPU); compiling those paths needs "
+               "shape-stable steps first",
 }
 
 
@@ -58,9 +62,8 @@ class TrainConfig:
                                      "gradients). Memory: about 36 x n_embd x n_layer bytes per row and new token, for the "
                                      "whole batch (2.1 GB for 124M, 64 rows x 100). auto = on a CPU, for models from n_embd "
                                      "512 (124M, 768 wide: a 40% shorter policy pass; the tiny model, 256 wide: no gain; "
-                                     "unmeasured on GPUs: always tries it there). Plain GPT-2 policies without autocast, LoRA "
-                                     "or compile; the log says if it is on")
-    compile: bool = _f(False, "torch.compile the policy forward (GPU; little gain on CPU)")
+                                     "unmeasured on GPUs: always tries it there). Plain GPT-2 policies without autocast or "
+                                     "LoRA; the log says if it is on")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     # -- data ----------------------------------------------------------------------------------
     data: str = _f("data/train.jsonl.gz", "training prompts: our JSONL(.gz) or upstream RookWorld text lines")

@@ -89,10 +89,10 @@ def validate(cfg: TrainConfig) -> None:
          "must be > 1 or null")
     need(not (cfg.backward_dtype == "float32" and cfg.autocast == "bf16"), "backward_dtype",
          "float32 contradicts autocast bf16 (its backward products are bf16)")
-    need(not (cfg.backward_dtype == "bf16" and (cfg.lora_r or cfg.compile)), "backward_dtype",
-         "bf16 needs a plain GPT-2 policy: not with lora_r or compile (use auto or float32)")
-    need(not (cfg.record_rollout == "always" and (cfg.lora_r or cfg.compile or cfg.autocast == "bf16")),
-         "record_rollout", "always needs a plain GPT-2 policy: not with lora_r, compile or autocast bf16 (use auto)")
+    need(not (cfg.backward_dtype == "bf16" and cfg.lora_r), "backward_dtype",
+         "bf16 needs a plain GPT-2 policy: not with lora_r (use auto or float32)")
+    need(not (cfg.record_rollout == "always" and (cfg.lora_r or cfg.autocast == "bf16")),
+         "record_rollout", "always needs a plain GPT-2 policy: not with lora_r or autocast bf16 (use auto)")
     need(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
     cfg.reward_config().validate()
     known = set(cfg.sampling_for("P", 0))

@@ -73,13 +73,13 @@ def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None, device: tor
     setting = cfg.record_rollout
     if setting == "never":
         return False, "recomputed (record_rollout: never)"
-    why = ("autocast" if amp is not None else "LoRA" if cfg.lora_r else "compile" if cfg.compile
-           else None if plain_gpt2(model) else "not a plain GPT-2")
+    why = ("autocast" if amp is not None else "LoRA" if cfg.lora_r else None if plain_gpt2(model)
+           else "not a plain GPT-2")
     if why:
         if setting == "always":
-            raise ValueError(f"config field 'record_rollout': always needs a plain GPT-2 policy without autocast, "
-                             f"LoRA or compile ({why}); use auto")
-        return False, f"recomputed (record_rollout needs a plain GPT-2 policy without autocast, LoRA or compile: {why})"
+            raise ValueError(f"config field 'record_rollout': always needs a plain GPT-2 policy without autocast "
+                             f"or LoRA ({why}); use auto")
+        return False, f"recomputed (record_rollout needs a plain GPT-2 policy without autocast or LoRA: {why})"
     width = model.config.n_embd
     if setting == "auto" and device.type != "cpu":
         return False, f"recomputed (record_rollout auto: measured on CPUs only; use always on {device.type})"

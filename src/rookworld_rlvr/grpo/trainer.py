@@ -141,7 +141,7 @@ class Trainer:
             self.ref.eval().requires_grad_(False)
         # the peft wrapper's forward hides HF's logits_to_keep; its inner model runs the same adapters
         net = self.policy.get_base_model() if cfg.lora_r else self.policy
-        self.forward_model = torch.compile(net) if cfg.compile else net
+        self.forward_model = net
         self.grad_dtype, self.grad_note = backward_dtype(cfg.backward_dtype, self.forward_model, self.amp, self.device)
         self.record, self.record_note = record_rollout(cfg, self.forward_model, self.amp, self.device)
 
