@@ -6,7 +6,8 @@ tokenizers live outside (`rookworld_rlvr.chess_tokenizers`). Imports nothing of 
 engine or the trainer.
 """
 
-from .generate import Generation, filter_logits, generate, positions_from_mask
+from .generate import Generation, generate, positions_from_mask
+from .sampling import filter_logits
 from .load import (
     ModelLoadError,
     fuse_activations,

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import gpt2_decode
 from .padding import pad
+from .sampling import next_tokens
 
 try:  # transformers >= 5 cache layers; older versions use the model's default cache
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -112,48 +113,6 @@ def _validate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
         raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
-
-
-def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus (top-p) set to -inf; the best token always survives."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already reach top_p.
-        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
-        drop_sorted[..., 0] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _next_tokens(
-    logits: torch.Tensor,
-    *,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    greedy: bool,
-    generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return it with its log-prob under log_softmax(logits / T)."""
-    logits = logits.float()
-    if greedy:
-        tokens = logits.argmax(-1)
-        logp = logits.log_softmax(-1)
-    else:
-        scaled = logits / temperature
-        logp = scaled.log_softmax(-1)
-        probs = filter_logits(scaled, top_k, top_p).softmax(-1)
-        if generator is not None and generator.device != probs.device:
-            tokens = torch.multinomial(probs.to(generator.device), 1, generator=generator).to(probs.device)
-        else:
-            tokens = torch.multinomial(probs, 1, generator=generator)
-        tokens = tokens.squeeze(-1)
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 class _PreallocatedLayer(DynamicLayer):
@@ -387,7 +346,7 @@ def generate(
             compacted = rows.numel() < n_rows
             if compacted:  # every row draws, so no row's sample depends on which groups left
                 logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
-            tokens, token_logp = _next_tokens(logits, **sample)
+            tokens, token_logp = next_tokens(logits, **sample)
             if compacted:
                 tokens, token_logp = tokens[rows], token_logp[rows]
             alive = ~finished[rows]
