@@ -256,6 +256,29 @@ def test_move_evals_batched_and_cached(pool):
     assert all(isinstance(v, float) for v in batch)
 
 
+def test_move_evals_of_many_positions_run_in_parallel_and_equal_one_by_one(tmp_path):
+    """A batch's searches of several positions go to the pool at once (two engines both busy), and
+    each value equals the one-position call's: the rewards do not change."""
+    pairs = [(fen, m.uci()) for fen in VARIED[:4] for m in list(chess.Board(fen).legal_moves)[:3]]
+    with StockfishPool(config(workers=2)) as fresh:
+        busy, peak, real = [0], [0], fresh._move_eval_value
+
+        def tracked(*a):
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+            try:
+                return real(*a)
+            finally:
+                busy[0] -= 1
+
+        fresh._move_eval_value = tracked
+        together = fresh.move_evals_many(pairs)
+    with StockfishPool(config(workers=1)) as serial:
+        one_by_one = [serial.move_evals(fen, [move])[0] for fen, move in pairs]
+    assert together == one_by_one
+    assert peak[0] == 2, "the searches of different positions did not overlap"
+
+
 # -- the persistent cache ------------------------------------------------------------
 
 

@@ -220,6 +220,33 @@ def test_engine_scores_moves_outside_the_top_five_and_missing_truth(pool):
     assert [b.total for b in batch][0] == 1.0 and batch[1].total == r.total and batch[2].total < batch[1].total
 
 
+def test_a_batch_searches_the_moves_outside_the_candidates_of_all_its_positions_in_one_pool_call(policy_truths,
+                                                                                                 tmp_path):
+    """Each position's outside moves used to be searched one position after another; now one
+    `move_evals_many` call hands them all to the pool, and the scores equal one-by-one scoring."""
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    truths = [t for t in policy_truths if len(t.moves) == 5][:4]
+    prompts, completions = [], []
+    for t in truths:
+        for move in sorted(m.uci() for m in chess.Board(t.fen).legal_moves if m.uci() not in t.moves)[:2]:
+            prompts.append(P.prompt(t.fen))
+            completions.append(P.completion(t).rsplit("B:", 1)[0] + f"B: {move}")
+    with StockfishPool(EngineConfig(depth=6, workers=2)) as pool:
+        calls = []
+        real = pool.move_evals_many
+        pool.move_evals_many = lambda pairs: calls.append(len(pairs)) or real(pairs)
+        batch = RewardScorer(engine=pool).score_batch(prompts, completions, [t.to_dict() for t in truths
+                                                                             for _ in range(2)])
+        misses = pool.stats["misses"]
+    assert calls[0] == len(prompts) and misses == len(prompts)  # all searched in the first call; then cache hits
+    with StockfishPool(EngineConfig(depth=6, workers=1)) as alone:
+        one = [RewardScorer(engine=alone).score(p, c, t.to_dict()) for p, c, t in
+               zip(prompts, completions, [t for t in truths for _ in range(2)])]
+    assert [b.total for b in batch] == [r.total for r in one]
+    assert len({b.components["quality"] for b in batch}) > 2  # the searched evals differ from move to move
+
+
 def test_change_credit_counts_only_what_the_move_changed():
     fen = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
     t = E.transition(fen, "g1f3")

@@ -393,11 +393,19 @@ class StockfishPool:
 
     def move_evals(self, fen: str, moves: Sequence[str]) -> list[float]:
         """move_eval for several moves of one position, spread over the pool."""
+        return self.move_evals_many([(fen, move) for move in moves])
+
+    def move_evals_many(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """move_eval for (FEN, move) pairs of any number of positions: every search not in the cache
+        is spread over the pool at once (a batch's positions no longer wait for each other)."""
         self._check_open()
-        board = _parse_board(fen)
-        parsed = [_parse_move(board, move, fen) for move in moves]
-        keys = [f"M|{board.fen()}|{m.uci()}|{self._limits_key}" for m in parsed]
-        jobs = {k: functools.partial(self._move_eval_value, board, m, fen) for k, m in zip(keys, parsed)}
+        keys, jobs = [], {}
+        for fen, move in pairs:
+            board = _parse_board(fen)
+            parsed = _parse_move(board, move, fen)
+            key = f"M|{board.fen()}|{parsed.uci()}|{self._limits_key}"
+            keys.append(key)
+            jobs.setdefault(key, functools.partial(self._move_eval_value, board, parsed, fen))
         found = self._resolve(jobs)
         return [found[k] for k in keys]
 

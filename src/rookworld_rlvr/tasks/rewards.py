@@ -201,15 +201,16 @@ class RewardScorer:
         return [self.score(p, c, x, weights.get(t)) for p, c, x, t in zip(prompts, completions, truths, tasks)]
 
     def _prefetch_move_evals(self, completions, truths) -> None:
-        by_fen: dict[str, set[str]] = {}
+        """Search every legal best move outside its candidates, of every position, in one pool call."""
+        pairs: set[tuple[str, str]] = set()
         for c, x in zip(completions, truths):
             if not isinstance(x, PolicyTruth):
                 continue
             best = pol_task.parse_completion(c).move
             if best and best not in x.moves and strength.is_legal(x.fen, best):
-                by_fen.setdefault(x.fen, set()).add(best)
-        for fen, moves in by_fen.items():
-            self.engine.move_evals(fen, sorted(moves))
+                pairs.add((x.fen, best))
+        if pairs:
+            self.engine.move_evals_many(sorted(pairs))
 
     def _move_value(self, truth: PolicyTruth, move: str, n_legal: int, notes: list[str]) -> float:
         """The eval of a legal move: the truth's, the engine's, or (no engine) the bound below."""
