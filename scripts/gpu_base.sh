@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M]
+# 1. the training data: the shipped data/train.jsonl.gz plus, from python-chess alone, its A: rows copied with
+#    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
+#    (the game starts the shipped data lacks), on the training side of the held-out split, seeded;
+# 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters), bf16 autocast, batch 256, its
+#    lr schedule fitted to M minutes of training (default 8), checkpointed every 500 steps (rerun with the same
+#    OUT_DIR and RESUME=1 to continue);
+# 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
+#    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
+#    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
+#    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine).
+# --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_base.py runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M]}
+shift
+smoke=0
+minutes=8
+while [ $# -gt 0 ]; do
+  case $1 in
+    --smoke) smoke=1 ;;
+    --minutes) minutes=${2:?--minutes needs a number}; shift ;;
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M)" >&2; exit 2 ;;
+  esac
+  shift
+done
+py=${PYTHON:-python3}
+mkdir -p "$out"
+work=${WORK:-/tmp/gpu-base}
+mkdir -p "$work"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (scripts/gpu_pack.sh)
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl
+  export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+if [ $smoke = 1 ]; then
+  source_data="$work/slice.jsonl"
+  "$py" - "$source_data" <<'EOF'
+import gzip, sys
+rows = []
+with gzip.open("data/train.jsonl.gz", "rt") as fh:
+    for line in fh:
+        rows.append(line)
+        if len(rows) == 300:
+            break
+open(sys.argv[1], "w").writelines(rows)
+EOF
+  openings=20
+  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0)
+else
+  source_data=data/train.jsonl.gz
+  openings=4000
+  sft=(--preset wide --device cuda --autocast auto --batch-size 256 --steps 100000 --max-minutes "$minutes"
+       --save-every 500 --eval-every 500 --eval-samples 0)
+fi
+
+if [ ! -f "$work/train.jsonl.gz" ]; then  # seeded: the same rows on every machine
+  "$py" -m rookworld_rlvr data histories "$source_data" --out "$work/histories.jsonl.gz" --cut-share 0.2 \
+    --openings $openings --side train --seed 0
+  { if [[ $source_data == *.gz ]]; then gzip -dc "$source_data"; else cat "$source_data"; fi
+    gzip -dc "$work/histories.jsonl.gz"; } | gzip -1 > "$work/train.jsonl.gz.tmp"
+  mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
+fi
+
+"$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \
+  "${sft[@]}" ${RESUME:+--resume} --quiet
+
+rm -rf "$work/export"
+"$py" scripts/export_bf16.py "$work/base" "$work/export"
+rm -f "$out"/*.safetensors "$out/meta.tar"
+cp "$work"/export/*.safetensors "$out"/
+cp "$work/base.sft_log.jsonl" "$work/export/sft_log.jsonl"
+tar cf "$out/meta.tar" -C "$work/export" --exclude '*.safetensors' .
+"$py" - "$out" <<'EOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from export_bf16 import check
+files = sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_file())
+problems = check(files)
+print(f"gpu_base: {len(files)} files in {sys.argv[1]}" + "".join(f"; {p}" for p in problems))
+sys.exit(1 if problems else 0)
+EOF
