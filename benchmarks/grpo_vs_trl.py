@@ -1,7 +1,10 @@
 """GRPO seconds per step: our trainer vs TRL's GRPOTrainer on the same work.
 
     python benchmarks/grpo_vs_trl.py [--config small|124m|both] [--steps 5] [--beta 0 0.04]
-                                     [--threads 2] [--json OUT]
+                                     [--threads 2] [--device cpu|cuda] [--json OUT]
+
+With --device cuda both trainers run on the GPU (TRL without `use_cpu`), each step is timed with the
+device synchronised at both ends, and the matmul rates of the FLOP bound are the GPU's.
 
 Both trainers get the same model (two copies of one checkpoint), the same prompts in the same
 order (B prompts per step, half P: and half A:, from data/train.jsonl.gz), the same reward (one
@@ -70,19 +73,30 @@ def bf16_hardware() -> str:
     return "+".join(found) if found else "none"
 
 
-def matmul_gflops(dtype: torch.dtype, n: int = 1024, min_seconds: float = 0.4) -> float:
-    """torch.matmul of n x n matrices at the current thread count (best of short timed batches)."""
+def sync(device: str) -> None:
+    """Wait for the device's queued kernels (a GPU's step ends when its last kernel does)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 1024, min_seconds: float = 0.4, device: str = "cpu") -> float:
+    """torch.matmul of n x n matrices at the current thread count (best of short timed batches); on a GPU
+    4096 x 4096, timed with the device synchronised."""
+    if torch.device(device).type == "cuda":
+        n = max(n, 4096)
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dtype)
-    b = torch.randn(n, n, generator=g).to(dtype)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     for _ in range(3):
         torch.matmul(a, b)
     best, spent = 0.0, 0.0
     while spent < min_seconds:
         reps = 4
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(reps):
             torch.matmul(a, b)
+        sync(device)
         dt = time.perf_counter() - t0
         spent += dt
         best = max(best, 2 * n ** 3 * reps / dt / 1e9)
@@ -206,7 +220,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
     B, G, M = args.prompts, args.generations, args.max_tokens
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-beta{beta}-", dir=tmp))
     cfg = load_config(None, {
-        "model": str(model_dir), "device": "cpu", "threads": args.threads, "data": str(args.data), "eval_data": "",
+        "model": str(model_dir), "device": args.device, "threads": args.threads, "data": str(args.data), "eval_data": "",
         "batch_positions": B, "group_size": G, "temperature": args.temperature, "max_new_tokens": M,
         "lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "kl_coef": beta, "steps": total,
         "mix_env_ratio": 0.5, "autocast": "bf16" if args.bf16 else "none", "engine_cache": None,
@@ -227,6 +241,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
 
         def ours_step() -> None:
             step = ours.step
+            sync(args.device)
             t0 = time.perf_counter()
             timings: dict[str, float] = {}
             batch = ours.assemble(ours.collect(step, timings))
@@ -235,6 +250,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
             if ours.ref is not None:
                 ours.kl_ctl.update(m.get("kl_mean", 0.0))
             ours.step += 1
+            sync(args.device)
             seconds = time.perf_counter() - t0
             rec = step_record(step, batch, m, timings, seconds, G, ours.use_ref, ours.collect_stats)
             rec["guard"] = guard
@@ -251,9 +267,11 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
                 torch.set_num_threads(args.threads)
                 if self.k % 2 == 0:
                     ours_step()
+                sync(args.device)
                 self.t0 = time.perf_counter()
 
             def on_step_end(self, a, state, control, **kw):
+                sync(args.device)
                 trl_times.append(time.perf_counter() - self.t0)
                 if self.k % 2 == 1:
                     ours_step()
@@ -261,9 +279,9 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
                     f"TRL {trl_times[-1]:.2f} s{'  (warm-up)' if self.k < warmup else ''}")
                 self.k += 1
 
-        trl_model, tok = load_policy(str(model_dir), device="cpu", verbose=False)
+        trl_model, tok = load_policy(str(model_dir), device=args.device, verbose=False)
         trl_args = GRPOConfig(
-            output_dir=str(run_dir / "trl"), use_cpu=True, gradient_checkpointing=False, disable_dropout=True,
+            output_dir=str(run_dir / "trl"), use_cpu=torch.device(args.device).type == "cpu", gradient_checkpointing=False, disable_dropout=True,
             per_device_train_batch_size=B * G, num_generations=G, max_completion_length=M, beta=beta,
             temperature=args.temperature, top_k=0, top_p=1.0, learning_rate=args.lr,
             lr_scheduler_type="constant", warmup_steps=0, max_steps=total, logging_steps=1, report_to=[],
@@ -330,7 +348,7 @@ def table(machine: dict, results: list[dict]) -> str:
     lines = [f"GRPO seconds per step: rookworld-rlvr vs TRL {machine['trl']} GRPOTrainer (interleaved, medians)",
              f"machine: {machine['cpu']} ({machine['processor']}), {machine['cores']} cores, "
              f"{machine['threads']} torch threads, torch {machine['torch']}, transformers {machine['transformers']}, "
-             f"load average at start {machine['loadavg']}",
+             f"load average at start {machine['loadavg']}, device {machine['device']}",
              f"command: {machine['command']}",
              "matmul 1024x1024 at the start / end of the run (the bound uses the faster): float32 "
              + " / ".join(f"{machine[k]['float32']:.0f}" for k in ("gflops_start", "gflops_end")) + " GFLOP/s, bf16 "
@@ -389,6 +407,7 @@ def main() -> int:
     ap.add_argument("--backward-dtype", choices=("auto", "float32", "bf16"), default="auto",
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there (default cpu)")
     # smoke-test knobs (the benchmark itself is 8 x 8, 100 tokens)
     ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--generations", type=int, default=8, help=argparse.SUPPRESS)
@@ -417,13 +436,16 @@ def main() -> int:
 
     machine = {
         "cpu": cpu_model(), "processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "device": args.device if torch.device(args.device).type == "cpu" else
+        f"{args.device} ({torch.cuda.get_device_name(torch.device(args.device))})",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "trl": trl.__version__, "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "command": " ".join(["python", *map(shlex.quote, sys.argv)]), "bf16_hardware": bf16_hardware(),
     }
     def rates() -> dict[str, float]:
         log("measuring matmul rates ...")
-        return {"float32": matmul_gflops(torch.float32), "bf16": matmul_gflops(torch.bfloat16)}
+        return {"float32": matmul_gflops(torch.float32, device=args.device),
+                "bf16": matmul_gflops(torch.bfloat16, device=args.device)}
 
     machine["gflops_start"] = rates()  # this VM's matmul rate drifts (96-197 GFLOP/s float32 in one session)
 

@@ -2,7 +2,8 @@
 # The one prepared command for a GPU machine (offline; about 8 minutes on one H100):
 #   scripts/gpu_check.sh OUT_DIR            the CUDA tests (tests/gpu), then benchmarks/gpu_check.py on cuda
 #   scripts/gpu_check.sh OUT_DIR --smoke    the same on the CPU at tiny sizes (a CPU test runs this)
-# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit), gpu_check.json and gpu_check.md.
+# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit), gpu_check.json and gpu_check.md, and (not with --smoke)
+# grpo_vs_trl.txt/.json: TRL's GRPOTrainer beside ours on the GPU, or why it did not run.
 # Uses the python on PATH (PYTHON=... to choose): a CUDA build of torch with this package's dependencies;
 # what the GPU image lacks (python-chess, Stockfish) comes from scripts/gpu_pack.sh's .whl/ and .gpu/ when present.
 set -uo pipefail
@@ -30,5 +31,15 @@ ROOKWORLD_TEST_DEVICE=$device "$py" -m pytest -q -m gpu tests/gpu -p no:cachepro
 tests=${PIPESTATUS[0]}
 "$py" benchmarks/gpu_check.py --device "$device" --out "$out" $mode
 bench=$?
+# TRL's GRPOTrainer beside ours on the same GPU and work (124M, bf16), when TRL and its dependencies import
+# (carried as wheels, or in the image); at most 150 s. Not in --smoke (tests/test_gpu_check.py keeps it short).
+if [ "$mode" != "--smoke" ]; then
+  if "$py" -c "import trl, datasets, accelerate" 2> "$out/grpo_vs_trl.txt"; then
+    timeout 150 "$py" benchmarks/grpo_vs_trl.py --config 124m --device cuda --bf16 --beta 0 --steps-124m 3 \
+      --warmup-124m 1 --json "$out/grpo_vs_trl.json" > "$out/grpo_vs_trl.txt" 2>&1 || echo "grpo_vs_trl: exit $?" >> "$out/grpo_vs_trl.txt"
+  else
+    echo "grpo_vs_trl: TRL, datasets or accelerate does not import here (see above); not run" >> "$out/grpo_vs_trl.txt"
+  fi
+fi
 echo "gpu_check: tests exit $tests, benchmarks exit $bench; results in $out"
 [ "$tests" = 0 ] && [ "$bench" = 0 ]
