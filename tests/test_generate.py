@@ -186,6 +186,26 @@ def test_policy_equals_reference_before_update(rig):
     assert (ent[gen.completion_mask.bool()] > 0).all() and (ent[~gen.completion_mask.bool()] == 0).all()
 
 
+def grouped_rollout(model, tok):
+    """4 prompts x 4 sampled completions of different lengths as a scoring batch, and random
+    per-token weights (0 off the completions) for a loss."""
+    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
+                   generator=torch.Generator().manual_seed(5))
+    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    return gen, batch, gen.completion_ids.shape[1], weights
+
+
+def scored_with_gradients(model, batch, n, weights, group_size, grad_dtype=None):
+    """(log-probs, entropies, every parameter's gradient) of the weighted sum of both at T 0.8."""
+    model.zero_grad()
+    out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=group_size,
+                         grad_dtype=grad_dtype)
+    ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    return out["logprobs"].detach(), out["entropy"].detach(), grads
+
+
 @pytest.mark.parametrize("segments", [True, False])
 def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, segments):
     """One prompt pass per group (expanded KV cache) gives the plain pass's log-probs and gradients,
@@ -199,20 +219,12 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
     monkeypatch.setattr(gpt2_segments, "hidden_states", lambda m, segs, *a: calls.append(len(segs)) or real(m, segs, *a))
     if not segments:
         monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
-    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
-                   generator=torch.Generator().manual_seed(5))
-    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    n = gen.completion_ids.shape[1]
-    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    gen, batch, n, weights = grouped_rollout(model, tok)
     need = [max(int(k) - 1, 1) for k in gen.completion_mask.sum(1)]
     assert len(length_buckets(need)) > 1, f"{kind}: test lost its teeth, the completion pass ran as one bucket"
     results = []
     for group_size in (1, 4):
-        model.zero_grad()
-        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=group_size)
-        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        results.append((out["logprobs"].detach(), out["entropy"].detach(), grads))
+        results.append(scored_with_gradients(model, batch, n, weights, group_size))
     (lp1, ent1, g1), (lp4, ent4, g4) = results
     assert_rounding_close(lp4, lp1, logprob_terms(model), f"{kind} log-probs")
     assert_rounding_close(ent4, ent1, logprob_terms(model), f"{kind} entropy")
@@ -237,11 +249,7 @@ def test_scoring_in_chunks_of_rows_gives_the_one_piece_results_and_gradients(rig
     kind, model, tok = rig
     if not segments:
         monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
-    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
-                   generator=torch.Generator().manual_seed(5))
-    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    n = gen.completion_ids.shape[1]
-    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    gen, batch, n, weights = grouped_rollout(model, tok)
     vocab = model.lm_head.out_features
     chunks = []
     real = lp_module._score
@@ -255,14 +263,10 @@ def test_scoring_in_chunks_of_rows_gives_the_one_piece_results_and_gradients(rig
     for elements in (2**40, 3 * n * vocab):  # one piece, then about 3 rows a chunk
         monkeypatch.setattr(lp_module, "SCORE_CHUNK_ELEMENTS", elements)
         chunks.clear()
-        model.zero_grad()
-        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True,
-                             group_size=group_size)
-        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        lp, ent, grads = scored_with_gradients(model, batch, n, weights, group_size)
         with torch.no_grad():
             frozen = token_logprobs(model, *batch, n_completion=n, temperature=0.8, group_size=group_size)
-        results.append((out["logprobs"].detach(), out["entropy"].detach(), grads, frozen["logprobs"], list(chunks)))
+        results.append((lp, ent, grads, frozen["logprobs"], list(chunks)))
     (lp1, ent1, g1, f1, calls1), (lp2, ent2, g2, f2, calls2) = results
     assert len(calls2) > len(calls1) and max(rows for rows, _ in calls1) == len(weights)
     if group_size > 1:  # column 0 (one row per prompt, from the prompt pass) is scored whole
@@ -310,19 +314,10 @@ def test_grouped_pass_with_bf16_gradients_keeps_log_probs_exact(rig):
     """token_logprobs(grad_dtype=bf16) on the one-forward GPT-2 path: the same log-probs and
     entropy as float32 (the sampler's agreement is untouched), gradients within bf16 rounding."""
     kind, model, tok = rig
-    gen = generate(model, tok, PROMPTS[:4], max_new_tokens=[30, 6, 18, 30], num_return_sequences=4,
-                   generator=torch.Generator().manual_seed(5))
-    batch = build_batch(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    n = gen.completion_ids.shape[1]
-    weights = torch.randn(gen.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * gen.completion_mask
+    gen, batch, n, weights = grouped_rollout(model, tok)
     results = {}
     for dtype in (None, torch.bfloat16):
-        model.zero_grad()
-        out = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=4,
-                             grad_dtype=dtype)
-        ((out["logprobs"] + out["entropy"]) * weights).sum().backward()
-        results[dtype] = (out["logprobs"].detach(), out["entropy"].detach(),
-                          torch.cat([p.grad.flatten() for p in model.parameters()]))
+        results[dtype] = scored_with_gradients(model, batch, n, weights, 4, grad_dtype=dtype)
     (lp32, ent32, g32), (lp16, ent16, g16) = results[None], results[torch.bfloat16]
     assert torch.equal(lp16, lp32) and torch.equal(ent16, ent32)
     assert not torch.equal(g16, g32)
