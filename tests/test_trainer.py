@@ -755,3 +755,47 @@ def test_check_share_draws_positions_in_check_beside_puzzles_and_resumes_exactly
     assert [s.fen for s in first + again.take("P", 9)] == [s.fen for s in drawn]
     with pytest.raises(ValueError, match="no P: position of the training data is in check"):
         PromptSampler({"P": [s for s in pol if not in_check(s.fen)]}, seed=0, check_share=0.3)
+
+
+def test_schedule_step_follows_the_larger_of_steps_and_time():
+    from rookworld_rlvr.grpo.control import schedule_step
+
+    assert schedule_step(3, 10, 1e9, None) == 3  # no budget: the step alone
+    assert schedule_step(3, 10, 30.0, 60.0) == 5  # half the time used: halfway through the schedule
+    assert schedule_step(8, 10, 30.0, 60.0) == 8  # steps ahead of the clock
+    assert schedule_step(3, 10, 600.0, 60.0) == 10  # past the budget: the end of the schedule, not beyond
+
+
+def test_max_minutes_ends_the_run_evaluated_and_saved_and_resume_does_not_train_on(
+        tmp_path, tiny_model_dir, small_data, scorer):
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=50, max_minutes=1e-4, eval_limit=4,
+              save_every=20)  # 6 ms: over after the first step
+    tr.eval_fn = lambda model, tokenizer: {"probe": 1.0}
+    summary = tr.train()
+    assert summary["steps"] == 1 and summary["ended_by_time"] is True
+    assert summary["base"]["step"] == 0 and summary["final"]["step"] == 1  # evaluated at its end
+    assert [s for s, _ in ckpt.list_checkpoints(tr.run_dir)][-1] == 1  # saved at its end
+    assert (tr.run_dir / "final" / "config.json").exists()
+    again = make(tmp_path, tiny_model_dir, small_data, scorer, steps=50, max_minutes=1e-4, eval_limit=4,
+                 save_every=20, resume=True)
+    assert again.clock >= 1e-4 * 60  # the time spent before the resume counts
+    assert again.train()["steps"] == 1
+
+
+def test_max_minutes_moves_the_lr_schedule_with_the_time_used(tmp_path, tiny_model_dir, small_data, scorer):
+    from rookworld_rlvr.grpo.control import cosine_lr
+
+    steps = 10
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=steps, max_minutes=60.0)
+    tr.clock = 30 * 60.0  # half the budget used before the first step
+    m = tr.update(tr.assemble(tr.collect(0, {})), 0, {})
+    assert m["lr"] == pytest.approx(tr.cfg.lr * cosine_lr(5, steps, 0, tr.cfg.min_lr_ratio))
+    plain = make(tmp_path / "b", tiny_model_dir, small_data, scorer, steps=steps)
+    assert plain.update(plain.assemble(plain.collect(0, {})), 0, {})["lr"] == pytest.approx(tr.cfg.lr)
+
+
+def test_max_minutes_is_validated():
+    with pytest.raises(ValueError, match="max_minutes"):
+        load_config(None, {"max_minutes": 0})
+    with pytest.raises(ValueError, match="max_minutes"):
+        load_config(None, {"max_minutes": "-1"})

@@ -90,6 +90,11 @@ class TrainConfig:
     puzzle_eval_data: str | None = _f("data/puzzles_eval.jsonl.gz", "held-out puzzles each evaluation solves (null = skip)")
     # -- batch and sampling --------------------------------------------------------------------
     steps: int = _f(60, "optimizer steps (one batch of prompts per step)")
+    max_minutes: float | None = _f(None, "wall-clock budget of the run in minutes, counted over resumes (evaluations "
+                                         "included): the run ends, evaluated and saved, after the first step past it, "
+                                         "and the lr schedule runs on the larger of step/steps and time used/budget, so "
+                                         "it decays when the time ends (null = run all `steps`; runs ended by time are "
+                                         "not reproducible step for step)")
     batch_positions: int = _f(8, "prompts per step (B)")
     group_size: int = _f(8, "completions per prompt (G)")
     temperature: float = _f(1.0, "sampling temperature (the trainer's log-probs use the same temperature)")

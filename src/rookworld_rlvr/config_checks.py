@@ -52,6 +52,8 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("temperature", "lora_alpha", "std_floor", "kl_clamp", "kl_target"):
         need(getattr(cfg, name) > 0, name, "must be > 0")
     need(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "must be > 0")
+    need(cfg.max_minutes is None or (cfg.max_minutes > 0 and math.isfinite(cfg.max_minutes)), "max_minutes",
+         "must be > 0 or null")
     need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
     need(cfg.env_terminal_share is None or 0 <= cfg.env_terminal_share <= 1, "env_terminal_share",
          "must be in [0, 1] or null")

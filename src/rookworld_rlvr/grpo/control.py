@@ -155,6 +155,14 @@ def cosine_lr(step: int, total_steps: int, warmup_steps: int = 0, min_ratio: flo
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def schedule_step(step: int, total_steps: int, elapsed: float, budget: float | None) -> int:
+    """Where the lr schedule is: `step`, or under a wall-clock budget (seconds) the share of it used
+    times total_steps when that is further along, so the decay ends when the time does."""
+    if not budget:
+        return step
+    return max(step, min(total_steps, int(elapsed / budget * total_steps)))
+
+
 class CurriculumSchedule:
     """Reward-component weights that change over training, per task.
 

@@ -39,7 +39,7 @@ def capture(tr: Trainer) -> dict:
         "anchor": copy.deepcopy(tr.anchor.sampler.state) if tr.anchor else None,
         "generator": tr.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
         "base_eval": tr.base_eval, "best": tr.best, "history_eval": tr.history_eval,
-        "config": tr.cfg.to_dict(), "version": __version__,
+        "config": tr.cfg.to_dict(), "version": __version__, "elapsed": tr.run_seconds(),
         "backward_dtype": "bf16" if tr.grad_dtype is not None else "float32",
     }
     if tr.ref is not None and tr.cfg.ref_refresh_every:

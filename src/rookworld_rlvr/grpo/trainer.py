@@ -28,7 +28,8 @@ from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo import state
 from rookworld_rlvr.grpo.anchor import Anchor
-from rookworld_rlvr.grpo.control import CurriculumSchedule, KLController, RewardNormalizer, adamw, cosine_lr
+from rookworld_rlvr.grpo.control import (CurriculumSchedule, KLController, RewardNormalizer, adamw, cosine_lr,
+                                         schedule_step)
 from rookworld_rlvr.grpo.guards import CollapseGuard, GuardEvent, NonFiniteGuard, TrainingStopped
 from rookworld_rlvr.grpo.lora import with_lora
 from rookworld_rlvr.grpo.monitor import SymptomMonitor
@@ -115,8 +116,12 @@ class Trainer:
         self.base_eval: dict | None = None
         self.best: tuple[float, int] | None = None
         self.history_eval: list[dict] = []
+        # wall-clock seconds of the run (max_minutes): before this process, its start, and the last agreed reading
+        self.elapsed_before, self.t_start, self.clock = 0.0, time.time(), 0.0
         if resume_from is not None:  # every rank loads the same checkpoint
-            state.restore(self, ckpt.load_state(resume_from))
+            st = ckpt.load_state(resume_from)
+            state.restore(self, st)
+            self.elapsed_before = self.clock = st.get("elapsed", 0.0)
             if self.main:
                 truncate_logs(self.run_dir, self.step)
             self.log(f"resumed from {resume_from} at step {self.step}")
@@ -190,7 +195,8 @@ class Trainer:
                 if cfg.updates_per_batch > 1 else []
         norms = Norms.of(batch, cfg, step)
         anchor = self.anchor.batch(self.policy) if self.anchor else None
-        lr = cfg.lr * self.lr_scale * cosine_lr(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        at = schedule_step(step, cfg.steps, self.clock, cfg.max_minutes and cfg.max_minutes * 60)
+        lr = cfg.lr * self.lr_scale * cosine_lr(at, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
         timings["policy"] = timings["optimizer"] = 0.0
         metrics: dict[str, float] = {}
         status = "ok"
@@ -273,8 +279,9 @@ class Trainer:
 
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
                    dynamic_ncols=True)
-        while self.step < cfg.steps:
+        while self.step < cfg.steps and not self.out_of_time():
             record = self.train_step()
+            self._tick()
             if record is None:  # a guard rolled back: the steps since the restored state are redone
                 bar.n = self.step
                 bar.set_postfix(recovered=self.guard.recoveries, lr_scale=f"{self.lr_scale:.3g}")
@@ -290,7 +297,7 @@ class Trainer:
             bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
                             s=f"{record['time/step']:.1f}", **({"recovered": self.guard.recoveries}
                                                               if self.guard.recoveries else {}))
-            last = self.step >= cfg.steps
+            last = self.step >= cfg.steps or self.out_of_time()
             new_best = False
             if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
                 res = self.evaluate()
@@ -310,7 +317,21 @@ class Trainer:
             if self.step % cfg.save_every == 0 or last or (new_best and cfg.guard_eval_drop is not None):
                 state.save(self)
         bar.close()
+        if self.out_of_time() and self.step < cfg.steps:
+            self.log(f"max_minutes {cfg.max_minutes:g} reached: ended at step {self.step} of {cfg.steps}")
         return self._finish()
+
+    def run_seconds(self) -> float:
+        """This process's reading of the run's wall-clock time, resumes included."""
+        return self.elapsed_before + time.time() - self.t_start
+
+    def _tick(self) -> None:
+        """Agree on the run's time (rank 0's reading on every rank): the lr and the end follow it alike."""
+        if self.cfg.max_minutes is not None:
+            self.clock = dist.broadcast_object(self.run_seconds())
+
+    def out_of_time(self) -> bool:
+        return self.cfg.max_minutes is not None and self.clock >= self.cfg.max_minutes * 60
 
     def _finish(self) -> dict:  # noqa: C901 - one summary, written once
         """The run's summary; rank 0 writes the final model and summary.json."""
@@ -318,6 +339,8 @@ class Trainer:
         final_eval = self.history_eval[-1] if self.history_eval else None
         summary = {"base": self.base_eval, "final": final_eval,
                    "best_step": self.best[1] if self.best else None, "steps": self.step,
+                   **({"ended_by_time": self.out_of_time() and self.step < self.cfg.steps,
+                       "minutes": round(self.run_seconds() / 60, 2)} if self.cfg.max_minutes is not None else {}),
                    "best": best_summary(self.best, held_out_reward(final_eval), self.step),
                    "guard": {"recoveries": self.guard.recoveries, "nan_rollbacks": self.nan_guard.rollbacks,
                              "events": len(events.read_text().splitlines()) if self.main and events.exists() else 0}}
