@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M]
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny]
 # 1. the training data: the shipped data/train.jsonl.gz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded;
-# 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters), bf16 autocast, batch 256, its
-#    lr schedule fitted to M minutes of training (default 8), checkpointed every 500 steps (rerun with the same
-#    OUT_DIR and RESUME=1 to continue);
+# 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
+#    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
+#    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
@@ -14,15 +14,17 @@
 # --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_base.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M]}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P]}
 shift
 smoke=0
 minutes=8
+preset=wide
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M)" >&2; exit 2 ;;
+    --preset) preset=${2:?--preset needs a name}; shift ;;
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -49,11 +51,11 @@ with gzip.open("data/train.jsonl.gz", "rt") as fh:
 open(sys.argv[1], "w").writelines(rows)
 EOF
   openings=20
-  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0)
+  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0)
 else
   source_data=data/train.jsonl.gz
   openings=4000
-  sft=(--preset wide --device cuda --autocast auto --batch-size 256 --steps 100000 --max-minutes "$minutes"
+  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --max-minutes "$minutes"
        --save-every 500 --eval-every 500 --eval-samples 0)
 fi
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""results.md for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
+
+The GRPO run's verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
+intervals), the two matches, the machine and the minutes each stage took; then a check that everything in OUT
+would come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1 when not).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_bf16 import check  # noqa: E402
+
+
+def machine() -> str:
+    import torch
+
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'cpu'})"
+    cuda = f", CUDA {torch.version.cuda}" if torch.cuda.is_available() else ""
+    return f"{where}; torch {torch.__version__}{cuda}"
+
+
+def report(work: Path) -> str:
+    from rookworld_rlvr.play import format_summary
+    from rookworld_rlvr.verdict import verdict_table
+
+    summary = json.loads((work / "grpo" / "summary.json").read_text())
+    times = [line.split("\t") for line in (work / "times.tsv").read_text().splitlines() if line.strip()]
+    lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine()}.", "",
+             "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", "",
+             f"GRPO: {summary['steps']} steps"
+             + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")
+             + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + ".", "",
+             "## Verdict: the base -> the trained model (held-out, greedy)", "", "```",
+             verdict_table(summary["base"], summary["final"]), "```", "", "## Matches", ""]
+    for name in ("match_trained_vs_base", "match_base_vs_board"):
+        path = work / f"{name}.json"
+        lines += (["```", format_summary(json.loads(path.read_text())), "```", ""] if path.exists()
+                  else [f"{name}: not played", ""])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    work, out = (Path(a) for a in (argv if argv is not None else sys.argv[1:]))
+    text = report(work)
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    problems = check(files)
+    total = sum(p.stat().st_size for p in files) / 2**20
+    print(f"gpu_rl: {len(files)} files, {total:.1f} MiB in {out}" + "".join(f"; {p}" for p in problems))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

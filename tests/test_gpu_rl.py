@@ -1,0 +1,78 @@
+"""scripts/gpu_rl.sh --smoke (which runs scripts/gpu_base.sh --smoke first): the prepared GPU recipes, a base
+and GRPO on top of it, run end to end on a CPU at tiny sizes; what they leave in OUT is what a GPU machine can
+send back, loads as models again, and holds the verdict and the matches."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def unpack(folder: Path, into: Path) -> Path:
+    """A model directory from a folder of shards and meta.tar, as it came back."""
+    into.mkdir()
+    with tarfile.open(folder / "meta.tar") as tar:
+        tar.extractall(into, filter="data")
+    for f in folder.glob("*.safetensors"):
+        (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
+def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.model import load_policy
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PYTHON": sys.executable, "WORK": str(work)}
+    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
+    assert {p.relative_to(out).as_posix() for p in files} >= {"base/meta.tar", "trained/meta.tar", "results.md"}
+    # the base's training data has game starts: A: rows with a one-move history from the start position
+    rows = [s for s in read_samples(work / "sft" / "train.jsonl.gz") if s.task == "A"]
+    assert any(s.truth.fen.startswith("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w") for s in rows)
+    base = unpack(out / "base", tmp_path / "base")
+    log = [json.loads(x) for x in (base / "sft_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    model, _ = load_policy(str(base), device="cpu", verbose=False)
+    trained, _ = load_policy(str(work / "sft" / "base"), device="cpu", verbose=False)
+    for (name, a), b in zip(model.state_dict().items(), trained.state_dict().values()):  # bf16 copies
+        torch.testing.assert_close(a, b.to(torch.bfloat16).float(), rtol=0, atol=0, msg=name)
+    # the GRPO run: trained from that base, judged, matched
+    rl = unpack(out / "trained", tmp_path / "trained")
+    summary = json.loads((rl / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["base"] and summary["final"]
+    assert yaml.safe_load((rl / "config.yaml").read_text())["model"] == str(work / "sft" / "base")
+    load_policy(str(rl), device="cpu", verbose=False)
+    for name in ("match_trained_vs_base", "match_base_vs_board"):
+        assert json.loads((rl / f"{name}.json").read_text())["games"] == 2
+    text = (out / "results.md").read_text()
+    assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
+    # a rerun (after a timeout, say) continues: finished stages are not run again
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert all(f"{stage} done before" in again.stdout for stage in ("base", "grpo", "match_trained", "match_base"))
+    assert (work / "grpo" / "summary.json").read_text() == json.dumps(summary, indent=2)
+
+
+def test_an_export_that_would_not_come_back_is_named(tmp_path):
+    spec = importlib.util.spec_from_file_location("export_bf16", REPO / "scripts" / "export_bf16.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "big.safetensors").write_bytes(b"\0" * (17 * 2**20))
+    for i in range(8):
+        (tmp_path / f"f{i}.json").write_text("{}")
+    problems = module.check(sorted(tmp_path.iterdir()))
+    assert problems == ["big.safetensors: 17.0 MiB > 16", "9 files > 8"]
