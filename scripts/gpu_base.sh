@@ -10,8 +10,8 @@
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
-#    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine).
-# --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_base.py runs it).
+#    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
+# --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P]}
