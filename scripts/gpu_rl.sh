@@ -42,7 +42,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (scripts
 fi
 if [ -f .gpu/stockfish.xz ] && [ -z "${STOCKFISH_PATH:-}" ]; then  # carried Stockfish (gpu_pack.sh --stockfish)
   xz -dc .gpu/stockfish.xz > "$work/stockfish.tmp" && chmod +x "$work/stockfish.tmp" && mv "$work/stockfish.tmp" "$work/stockfish"
-  export STOCKFISH_PATH="$PWD/$work/stockfish"
+  export STOCKFISH_PATH="$(cd "$work" && pwd)/stockfish"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 stage() {  # name, command...: run once, its minutes in times.tsv
