@@ -799,3 +799,25 @@ def test_max_minutes_is_validated():
         load_config(None, {"max_minutes": 0})
     with pytest.raises(ValueError, match="max_minutes"):
         load_config(None, {"max_minutes": "-1"})
+
+
+def test_a_run_whose_time_ends_on_a_rollback_still_ends_evaluated(tmp_path, tiny_model_dir, small_data, scorer):
+    """The step a guard rolls back to was never evaluated: the final model and the final evaluation must agree."""
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, steps=50, max_minutes=60.0, save_every=1,
+              guard_max_recoveries=3)
+    tr.eval_fn = lambda model, tokenizer: {"probe": 1.0}
+    real_step = tr.train_step
+
+    def step_then_collapse():
+        record = real_step()
+        if tr.step == 2:  # a collapse at step 2 with the time up: back to step 1
+            tr.clock = 3600.0
+            rollback(tr, "injected collapse", 1)
+            return None
+        return record
+
+    tr.train_step = step_then_collapse
+    tr._tick = lambda: None  # the clock is the test's
+    summary = tr.train()
+    assert summary["steps"] == 1 and summary["ended_by_time"] is True
+    assert summary["final"]["step"] == 1 and [s for s, _ in ckpt.list_checkpoints(tr.run_dir)][-1] == 1

@@ -319,6 +319,12 @@ class Trainer:
         bar.close()
         if self.out_of_time() and self.step < cfg.steps:
             self.log(f"max_minutes {cfg.max_minutes:g} reached: ended at step {self.step} of {cfg.steps}")
+            if self.history_eval and self.history_eval[-1]["step"] != self.step:  # a rollback came last
+                res = self.evaluate()
+                self.history_eval.append(res)
+                if self.main:
+                    append_jsonl(self.run_dir / "eval.jsonl", res)
+                state.save(self)
         return self._finish()
 
     def run_seconds(self) -> float:
