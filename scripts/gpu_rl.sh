@@ -5,7 +5,8 @@
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4);
 # 2. GRPO from it: configs/gpu-grpo.yaml (64 prompts x 8 a step, Stockfish on the machine's cores) for N minutes
-#    (default 2.5), held-out evaluation at its start and end;
+#    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
+#    its start and end;
 # 3. two 200-game matches from the held-out openings: the trained model against its base, and the base against
 #    the shipped models/rookworld-board;
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
@@ -59,7 +60,7 @@ stage() {  # name, command...: run once, its minutes in times.tsv
 if [ $smoke = 1 ]; then
   device=cpu
   base_args=(--smoke)
-  grpo=(--data "$work/sft/train.jsonl.gz" --device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
+  grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
   games=(--games 2 --max-plies 8)
 else
@@ -79,7 +80,8 @@ grpo_stage() {
   local resume=()
   [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
   "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$work/sft/base" --output-dir "$work/grpo" \
-    --max-minutes "$grpo_minutes" --engine-cache "$work/engine.sqlite" "${grpo[@]}" "${resume[@]}"
+    --data "$work/sft/train.jsonl.gz" --max-minutes "$grpo_minutes" --engine-cache "$work/engine.sqlite" \
+    "${grpo[@]}" "${resume[@]}"
 }
 stage grpo grpo_stage
 
