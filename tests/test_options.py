@@ -321,6 +321,8 @@ ROWS = [
         base={"mix_env_ratio": 0.0, "batch_positions": 4}),
     # -- batch and sampling --------------------------------------------------------------------------------
     Row("steps", {"steps": 3}, P(lambda env, over: len(train(env, over)["metrics"])), lambda b, o: (b, o) == (2, 3)),
+    Row("max_minutes", {"max_minutes": 1e-4}, P(lambda env, over: len(train(env, over)["metrics"])),  # 6 ms: one step
+        lambda b, o: (b, o) == (2, 1)),
     Row("batch_positions", {"batch_positions": 4}, COLLECT, lambda b, o: (len(b["groups"]), len(o["groups"])) == (2, 4)),
     Row("group_size", {"group_size": 2}, COLLECT, lambda b, o: {len(g) for g in o["groups"]} == {2}),
     Row("temperature", {"temperature": 0.5}, COLLECT, lambda b, o: differ(b["logp"], o["logp"])),
