@@ -13,7 +13,7 @@
 #    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary and the matches)
 #    and results.md (the verdict: base, trained and a random mover with 95% intervals; the matches; the minutes).
 # Each stage is kept in WORK (default runs/gpu-rl, git-ignored, so it stays on a warm GPU machine between calls):
-# rerun the same command to continue where a timeout stopped it. Needs Stockfish: carried by
+# rerun the same command to continue where a timeout stopped it; every call fills OUT afresh. Needs Stockfish: carried by
 # `scripts/gpu_pack.sh --stockfish` (.gpu/stockfish.xz), or STOCKFISH_PATH, or one on PATH.
 # --smoke: the same on the CPU at tiny sizes, in about a minute (tests/test_gpu_rl.py runs it).
 set -euo pipefail
@@ -71,7 +71,7 @@ else
 fi
 
 base_stage() {
-  PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$out/base" "${base_args[@]}"
+  PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}"
 }
 [ -f "$work/sft/base.checkpoint/config.json" ] && [ ! -f "$work/base.done" ] && export RESUME_SFT=1
 stage base base_stage
@@ -90,8 +90,11 @@ stage match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$work/sft/
 stage match_base "$py" -m rookworld_rlvr match "$work/sft/base" models/rookworld-board "${games[@]}" --device "$device" \
   --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
 
-# the trained model with the run's record, and the verdict
-rm -rf "$work/export" "$out/trained"
+# into OUT on every call (a GPU machine gives each call an empty one): the base, the trained model with the
+# run's record, and the verdict
+rm -rf "$work/export" "$out/base" "$out/trained"
+mkdir -p "$out/base"
+cp "$work"/base-out/* "$out/base/"
 "$py" scripts/export_bf16.py "$work/grpo/final" "$work/export"
 mkdir -p "$out/trained"
 cp "$work"/export/*.safetensors "$out/trained/"

@@ -60,11 +60,15 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
         assert json.loads((rl / f"{name}.json").read_text())["games"] == 2
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
-    # a rerun (after a timeout, say) continues: finished stages are not run again
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
+    # again and fills its OUT all the same
+    again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), "--smoke"], capture_output=True, text=True, env=env,
+                           timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert all(f"{stage} done before" in again.stdout for stage in ("base", "grpo", "match_trained", "match_base"))
     assert (work / "grpo" / "summary.json").read_text() == json.dumps(summary, indent=2)
+    assert sorted(p.relative_to(tmp_path / "out2") for p in (tmp_path / "out2").rglob("*")) == \
+        sorted(p.relative_to(out) for p in out.rglob("*"))
 
 
 def test_an_export_that_would_not_come_back_is_named(tmp_path):
