@@ -9,9 +9,7 @@ trainer, real files; a dense toy reward where the field is not about rewards, th
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
