@@ -38,17 +38,21 @@ def check(files: list[Path]) -> list[str]:
     return problems
 
 
+def report(files: list[Path], label: str, where: Path) -> int:
+    """Print what `files` come to and why they would not come back; the exit status (1: they would not)."""
+    problems = check(files)
+    total = sum(p.stat().st_size for p in files) / 2**20
+    print(f"{label}: {len(files)} files, {total:.1f} MiB in {where}" + "".join(f"; {p}" for p in problems))
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--shard-mb", type=int, default=15)
     args = ap.parse_args(argv)
-    files = export(args.model_dir, args.out, args.shard_mb)
-    problems = check(files)
-    total = sum(p.stat().st_size for p in files) / 2**20
-    print(f"export_bf16: {len(files)} files, {total:.1f} MiB in {args.out}" + "".join(f"; {p}" for p in problems))
-    return 1 if problems else 0
+    return report(export(args.model_dir, args.out, args.shard_mb), "export_bf16", args.out)
 
 
 if __name__ == "__main__":

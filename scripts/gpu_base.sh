@@ -80,9 +80,6 @@ tar cf "$out/meta.tar" -C "$work/export" --exclude '*.safetensors' .
 import sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
-from export_bf16 import check
-files = sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_file())
-problems = check(files)
-print(f"gpu_base: {len(files)} files in {sys.argv[1]}" + "".join(f"; {p}" for p in problems))
-sys.exit(1 if problems else 0)
+from export_bf16 import report
+sys.exit(report(sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_file()), "gpu_base", sys.argv[1]))
 EOF

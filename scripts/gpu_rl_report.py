@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_bf16 import check  # noqa: E402
+from export_bf16 import report as report_files  # noqa: E402
 
 
 def machine() -> str:
@@ -50,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(work)
     (out / "results.md").write_text(text + "\n")
     print(text)
-    files = sorted(p for p in out.rglob("*") if p.is_file())
-    problems = check(files)
-    total = sum(p.stat().st_size for p in files) / 2**20
-    print(f"gpu_rl: {len(files)} files, {total:.1f} MiB in {out}" + "".join(f"; {p}" for p in problems))
-    return 1 if problems else 0
+    return report_files(sorted(p for p in out.rglob("*") if p.is_file()), "gpu_rl", out)
 
 
 if __name__ == "__main__":
