@@ -7,7 +7,8 @@ For every run directory it replays metrics.jsonl (and eval.jsonl) through the co
 with the run's own config.yaml, or the bounds given here, and prints per signal the worst
 excursion that lasted guard_patience steps in a row (below the median for the valid share and the
 reward, above it for truncation, the larger of the two factors for entropy, the value for KL; the
-fall below the best evaluation so far for eval) next to its bound, with the margin left; and any
+fall below the best evaluation before it for eval, against the wider of guard_eval_drop and two paired
+standard errors where the evaluations kept their rows) next to its bound, with the margin left; and any
 step where the guard would have acted. A run that trained without a guard event and keeps a
 clear margin on every signal is what the defaults must allow.
 """
@@ -25,6 +26,7 @@ import yaml
 
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo.guards import CollapseGuard
+from rookworld_rlvr.metrics import held_out_reward, held_out_se
 
 BOUNDS = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_entropy_factor",
           "guard_truncation_rise", "guard_eval_drop")
@@ -83,13 +85,19 @@ def main() -> None:
             worst = max(ex)
             margin = "off" if bound is None else f"{bound - worst:+.4g}"
             print(f"  {key:<16} {worst:>18.4g} {'-' if bound is None else format(bound, '.4g'):>9} {margin:>9}")
-        scores = [statistics.fmean([e[t]["mean_reward"] for t in ("policy", "environment") if (e.get(t) or {}).get("n")])
-                  for e in evals]
-        if len(scores) > 1:
-            falls = [max(scores[:i]) - s for i, s in enumerate(scores) if i]
-            b = cfg["guard_eval_drop"]
-            print(f"  {'eval':<16} {max(falls):>18.4g} {'-' if b is None else format(b, '.4g'):>9} "
-                  f"{'off' if b is None else format(b - max(falls), '+.4g'):>9}")
+        scores = [held_out_reward(e) for e in evals]
+        b = cfg["guard_eval_drop"]
+        if len(scores) > 1 and b is not None:  # each evaluation against the best before it, as the guard judges it
+            rows = []
+            for i in range(1, len(evals)):
+                j = max(range(i), key=lambda k: scores[k])
+                se = held_out_se(evals[i], evals[j])
+                bound = max(b, CollapseGuard.EVAL_Z * se) if se is not None else b
+                rows.append((bound - (scores[j] - scores[i]), scores[j] - scores[i], bound))
+            margin, fall, bound = min(rows)
+            print(f"  {'eval':<16} {fall:>18.4g} {bound:>9.4g} {margin:>+9.4g}")
+        elif len(scores) > 1:
+            print(f"  {'eval':<16} {max(max(scores[:i]) - s for i, s in enumerate(scores) if i):>18.4g} {'-':>9} {'off':>9}")
         guard = CollapseGuard(*(cfg[n] for n in BOUNDS), window=window, patience=patience, max_recoveries=10 ** 6)
         fired = [(r["step"], e.signal, e.value) for r in records if not r.get("nonfinite")
                  and (e := guard.observe(r["step"], r))]

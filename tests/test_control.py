@@ -146,6 +146,18 @@ def test_collapse_guard_evaluation_against_the_best_and_recoveries_then_stop():
     assert stop.action == "stop" and "guard_eval_drop" in stop.message and "1/1 recoveries" in stop.message
 
 
+def test_collapse_guard_evaluation_judges_a_drop_against_its_paired_noise():
+    """A change inside 2 paired standard errors is the evaluation's noise, not a drop; the same
+    change measured on more rows (a smaller standard error) is one. guard_eval_drop stays the least drop."""
+    guard = CollapseGuard(eval_drop=0.02)
+    assert guard.observe_eval(10, 0.70, best=0.73, se=0.02) is None  # 0.03 < 2 x 0.02: 100 noisy rows
+    ev = guard.observe_eval(10, 0.70, best=0.73, se=0.005)  # 0.03 > 2 x 0.005: 1,000 steady rows
+    assert ev is not None and ev.bound == pytest.approx(0.71) and ev.noise == 0.005
+    assert "(the best so far 0.73; paired standard error 0.005)" in ev.message
+    assert guard.observe_eval(20, 0.715, best=0.73, se=0.0) is None  # below the least drop, however certain
+    assert guard.observe_eval(20, 0.70, best=0.73, se=float("nan")) is not None  # unknown noise: the fixed bound
+
+
 def test_collapse_guard_phase_reset_and_state_round_trip():
     a = CollapseGuard(patience=2)
     _feed(a, [HEALTHY] * 4 + [{**HEALTHY, "valid/P": 0.2}])

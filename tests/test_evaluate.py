@@ -150,6 +150,32 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
     assert a["mean_reward"] < 0
 
 
+def test_held_out_se_pairs_the_rows_of_two_evaluations(reference, env_samples):
+    """Per-row rewards pair two evaluations of the same rows: the standard error of the held-out
+    reward's change is that of the row differences, far below what unpaired means would give."""
+    import statistics
+
+    ps, envs = reference[:20], env_samples[:20]
+    samples = ps + envs
+    good = truth_completions(samples)
+    half = [with_best(c, illegal_move(s.fen)) if i % 2 else c for i, (s, c) in enumerate(zip(ps, good[:20]))]
+    bad = half + ["nonsense" if i % 4 == 0 else c for i, c in enumerate(good[20:])]
+    a = mt.score_completions(samples, good, RewardScorer())
+    b = mt.score_completions(samples, bad, RewardScorer())
+    assert a["policy"]["rewards"] == [1.0] * 20 and len(b["environment"]["rewards"]) == 20
+    assert mt.held_out_se(a, a) == 0
+    dp = [x - y for x, y in zip(b["policy"]["rewards"], a["policy"]["rewards"])]
+    de = [x - y for x, y in zip(b["environment"]["rewards"], a["environment"]["rewards"])]
+    expected = (statistics.variance(dp) / 20 + statistics.variance(de) / 20) ** 0.5 / 2
+    assert mt.held_out_se(b, a) == pytest.approx(expected) and expected > 0
+    assert mt.held_out_reward(b) < mt.held_out_reward(a)
+    other = mt.score_completions(samples[:-1], bad[:-1], RewardScorer())  # not the same rows: nothing to pair
+    assert mt.held_out_se(other, a) is None and mt.held_out_se(b, None) is None
+    policy_only = mt.score_completions(ps, good[:20], RewardScorer())
+    assert mt.held_out_se(policy_only, a) is None
+    json.dumps(b)
+
+
 def test_examples_per_task(mixed):
     res = mt.score_completions(mixed, truth_completions(mixed), RewardScorer(), examples=2)
     ex = res["examples"]

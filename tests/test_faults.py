@@ -567,6 +567,9 @@ def test_a_held_out_drop_rolls_back_to_the_best_evaluation(tmp_path, small_data,
     # the spiked update is step FAULT_STEP + 1; the evaluation right after it catches it, before any sample does
     assert (ev["signal"], ev["step"], ev["action"]) == ("eval", FAULT_STEP + 1, "recover"), ev
     assert ev["value"] < ev["reference"] - 0.2 and ev["to_step"] <= FAULT_STEP
+    # the bound is the least drop or two standard errors of the change paired over the 8 rows, whichever is wider
+    assert ev["noise"] > 0 and ev["bound"] == pytest.approx(ev["reference"] - max(0.2, 2 * ev["noise"]))
+    assert "paired standard error" in ev["message"]
     evals = [json.loads(x) for x in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == list(range(9))  # the bad evaluation is gone with the steps it judged
     records, weights = fault_free

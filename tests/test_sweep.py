@@ -9,6 +9,7 @@ import pytest
 import yaml
 from test_trainer import varied_reward
 
+from rookworld_rlvr.metrics import held_out_se
 from rookworld_rlvr.sweep.cli import main as sweep_main
 from rookworld_rlvr.sweep.space import load_space
 from rookworld_rlvr.sweep.trials import run_sweep
@@ -64,6 +65,8 @@ def test_every_swept_parameter_reaches_the_trainer_config(tmp_path, tiny_model_d
             assert key in t.user_attrs, key
         assert t.value == t.user_attrs["final_reward"]
         assert t.user_attrs["gain"] == pytest.approx(t.user_attrs["final_reward"] - t.user_attrs["base_reward"])
+        s = json.loads((out / f"trial_{t.number}" / "summary.json").read_text())  # paired over the same rows
+        assert t.user_attrs["gain_se"] is not None and t.user_attrs["gain_se"] == pytest.approx(held_out_se(s["final"], s["base"]))
         assert t.user_attrs["steps"] == 1 and t.user_attrs["status"] == "complete"
     assert trials[0].params != trials[1].params
     assert (out / "summary.json").exists() and (out / "sweep.png").exists()

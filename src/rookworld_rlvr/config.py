@@ -194,8 +194,9 @@ class TrainConfig:
                                                  "its recent median (null = off)")
     guard_truncation_rise: float | None = _f(0.3, "collapse guard: the share of completions cut at the length limit "
                                                   "more than this above its recent median (null = off)")
-    guard_eval_drop: float | None = _f(0.05, "collapse guard: a held-out evaluation more than this below the best so "
-                                             "far (rolls back to the best one; with eval_every 0 only the final "
+    guard_eval_drop: float | None = _f(0.02, "collapse guard: a held-out evaluation more than this below the best so "
+                                             "far, and beyond 2 standard errors of the change paired over the same "
+                                             "rows (rolls back to the best one; with eval_every 0 only the final "
                                              "evaluation is checked; null = off)")
     guard_window: int = _f(10, "steps of accepted history whose median the relative collapse signals compare with "
                                "(they start after 3)")

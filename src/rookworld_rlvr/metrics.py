@@ -11,7 +11,9 @@ completions alone (`evaluate` only adds generation). Conventions (all shares are
 - environment `nls`: normalised Levenshtein similarity of the first '+' field to the true
   FEN, 0 when there is no such field; `reward_mae`: |truth - predicted| with the prediction
   clipped to [-1, 1] (the reward range) and an unparseable reward counted as 0.
-- `held_out_reward`: the one number a run is judged by (best checkpoint, collapse guard, sweeps).
+- `held_out_reward`: the one number a run is judged by (best checkpoint, collapse guard, sweeps);
+  each task's `rewards` (one per row, in the samples' order) let two evaluations of the same rows be
+  compared pairwise (`held_out_se`).
 
 Chess only: imports no torch and nothing of the model or trainer.
 """
@@ -145,6 +147,7 @@ def task_metrics(task: str, samples: Sequence[Sample], completions: Sequence[str
     out: dict[str, Any] = {"n": len(samples), **{k: None for k in names}}
     if samples:
         out.update(compute(samples, completions, results))
+        out["rewards"] = [round(r.total, 4) for r in results]
     return out
 
 
@@ -197,3 +200,26 @@ def held_out_reward(res: dict | None) -> float | None:
         return None
     vals = [res[t]["mean_reward"] for t in ("policy", "environment") if (res.get(t) or {}).get("n")]
     return float(sum(vals) / len(vals)) if vals else None
+
+
+def held_out_se(res: dict | None, ref: dict | None) -> float | None:
+    """Standard error of held_out_reward(res) - held_out_reward(ref), paired over the rows both
+    evaluations scored (the same rows in the same order: one run's held-out set). None when either
+    lacks a task's per-row `rewards` or their rows differ: then there is nothing to pair.
+
+    Paired, because most rows keep their answer from one evaluation to the next: the noise of a
+    change is far below that of either mean (0.010-0.018 at 100 + 100 rows, 0.005 at 1,000 + 1,000)."""
+    if not res or not ref:
+        return None
+    tasks = [t for t in ("policy", "environment") if (res.get(t) or {}).get("n")]
+    if not tasks or tasks != [t for t in ("policy", "environment") if (ref.get(t) or {}).get("n")]:
+        return None
+    var = 0.0
+    for t in tasks:
+        a, b = res[t].get("rewards"), ref[t].get("rewards")
+        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b) or len(a) < 2:
+            return None
+        d = [x - y for x, y in zip(a, b)]
+        m = sum(d) / len(d)
+        var += sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)
+    return math.sqrt(var) / len(tasks)

@@ -57,6 +57,7 @@ class GuardEvent:
     recoveries: int  # recoveries so far, this one included
     message: str
     also: list[str] = field(default_factory=list)  # other signals out of bounds at the same step
+    noise: float | None = None  # eval: the paired standard error of the drop, when known
 
     def record(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
@@ -77,7 +78,9 @@ class CollapseGuard:
                             deterministic task such as A:, not a collapse); `entropy` (all tasks
                             together) where the record has no per-task entropy
       truncation_rate       share of completions cut at the limit above its median + truncation_rise
-      eval (observe_eval)   held-out score below the best so far - eval_drop
+      eval (observe_eval)   held-out score below the best so far - max(eval_drop, EVAL_Z x the paired
+                            standard error of that difference): a change inside the evaluation's noise is
+                            not a drop
 
     A relative signal's median is over its last `window` accepted values (it needs MIN_HISTORY of
     them); a value out of bounds is not added, and `patience` such records in a row fire. The
@@ -89,6 +92,7 @@ class CollapseGuard:
 
     MIN_HISTORY = 3
     NOISE_Z = 3.0  # a batch mean this many standard errors (from the prompts drawn) low is still noise
+    EVAL_Z = 2.0  # a held-out drop within this many paired standard errors is noise (the 95% level of the tables)
     KNOBS = {
         "valid": "a task's sampled answers stopped being well-formed: lower lr or raise kl_coef, and check the "
                  "reward for a term that pays malformed output (malformed_penalty, the format weight); "
@@ -214,12 +218,22 @@ class CollapseGuard:
             event.message += f" (also out of bounds: {', '.join(also)})"
         return event
 
-    def observe_eval(self, step: int, score: float, best: float) -> GuardEvent | None:
-        """A held-out evaluation at `step` against the best score so far."""
+    def observe_eval(self, step: int, score: float, best: float, se: float | None = None) -> GuardEvent | None:
+        """A held-out evaluation at `step` against the best score so far; `se` is the standard error
+        of the difference, paired over the same rows (`metrics.held_out_se`), when known."""
         bound = self.bounds["eval"]
-        if bound is None or not score < best - bound:
+        if bound is None:
             return None
-        return self._decide("eval", "eval", score, best, best - bound, step, step)
+        if se is not None and math.isfinite(se):
+            bound = max(bound, self.EVAL_Z * se)
+        if not score < best - bound:
+            return None
+        event = self._decide("eval", "eval", score, best, best - bound, step, step)
+        if se is not None and math.isfinite(se):
+            event.noise = float(se)
+            event.message = event.message.replace(f"(the best so far {best:.4g})",
+                                                  f"(the best so far {best:.4g}; paired standard error {se:.2g})", 1)
+        return event
 
     def reset_history(self) -> None:
         """A phase or curriculum change moves the signals on purpose: start their medians afresh."""

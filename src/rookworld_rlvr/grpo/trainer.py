@@ -39,7 +39,7 @@ from rookworld_rlvr.grpo.prompts import PromptSampler
 from rookworld_rlvr.grpo.rollout import Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect
 from rookworld_rlvr.grpo.runlog import append_jsonl, best_summary, git_commit, set_aside, step_record, truncate_logs
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
-from rookworld_rlvr.metrics import held_out_reward
+from rookworld_rlvr.metrics import held_out_reward, held_out_se
 from rookworld_rlvr.model import load_policy, resolve_device
 
 
@@ -303,7 +303,8 @@ class Trainer:
                 res = self.evaluate()
                 if res:
                     score = held_out_reward(res) or 0.0
-                    event = self.guard.observe_eval(self.step, score, self.best[0]) if self.best else None
+                    event = self.guard.observe_eval(self.step, score, self.best[0], held_out_se(res, self.best_eval())) \
+                        if self.best else None
                     if event is not None:  # back to the best evaluation's state (saved when it was the best)
                         self._act(event)
                         bar.n = self.step
@@ -326,6 +327,14 @@ class Trainer:
                     append_jsonl(self.run_dir / "eval.jsonl", res)
                 state.save(self)
         return self._finish()
+
+    def best_eval(self) -> dict | None:
+        """The evaluation the best score came from (the latest at its step: a rollback redoes steps)."""
+        if self.best is None:
+            return None
+        score, step = self.best
+        return next((e for e in reversed(self.history_eval) if e.get("step") == step
+                     and held_out_reward(e) == score), None)
 
     def run_seconds(self) -> float:
         """This process's reading of the run's wall-clock time, resumes included."""

@@ -51,7 +51,8 @@ def summarize(study, out: str | Path | None = None, log: Callable[[str], None] |
     def row(t) -> dict:
         a = t.user_attrs
         return {"trial": t.number, "state": t.state.name, "value": t.value, "base_reward": a.get("base_reward"),
-                "final_reward": a.get("final_reward"), "gain": a.get("gain"), "steps": a.get("steps"),
+                "final_reward": a.get("final_reward"), "gain": a.get("gain"), "gain_se": a.get("gain_se"),
+                "steps": a.get("steps"),
                 "seconds": a.get("seconds"), "overrides": a.get("overrides", dict(t.params)),
                 "failure": a.get("failure"), "output_dir": a.get("output_dir"), "worker": a.get("worker"),
                 "outcome": a.get("outcome"), "guard_events": a.get("guard_events"),
@@ -134,7 +135,7 @@ def format_summary(s: dict) -> str:
     if s["duplicates"]:
         lines.append(f"warning: configurations completed more than once: {s['duplicates']}")
     if s["trial_table"]:
-        lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} "
+        lines.append(f"{'trial':>5}  {'state':<8} {'outcome':<15} {'base':>7} {'final':>7} {'gain':>8} {'z':>5} "
                      f"{'best/ (step, - final)':>22} {'mins':>5}  configuration / guard events / failure")
         for r in s["trial_table"]:
             tail = fmt_overrides(r["overrides"]) + (f"  guard: {', '.join(r['guard_signals'])}" if r.get("guard_signals") else "") \
@@ -143,7 +144,9 @@ def format_summary(s: dict) -> str:
             best = "-"
             if r.get("best_reward") is not None and r.get("final_reward") is not None:  # best/ beside final/
                 best = f"{r['best_step']}, {fmt_delta(r['best_reward'] - r['final_reward'])}"
+            se = r.get("gain_se")  # the gain in paired standard errors: beyond +-1.96, beyond the noise
+            z = f"{r['gain'] / se:+.1f}" if se and r.get("gain") is not None else "-"
             lines.append(f"{r['trial']:>5}  {r['state']:<8} {r.get('outcome') or '-':<15} "
                          f"{fmt_number(r['base_reward']):>7} {fmt_number(r['final_reward']):>7} "
-                         f"{fmt_delta(r['gain']):>8} {best:>22} {minutes:>5}  {tail}")
+                         f"{fmt_delta(r['gain']):>8} {z:>5} {best:>22} {minutes:>5}  {tail}")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from rookworld_rlvr.config import load_config
-from rookworld_rlvr.metrics import held_out_reward
+from rookworld_rlvr.metrics import held_out_reward, held_out_se
 from rookworld_rlvr.sweep.space import SweepSpace, fmt_overrides, resolve
 from rookworld_rlvr.sweep.study import all_finished, default_storage, make_sampler, open_study, real, requeue
 from rookworld_rlvr.sweep.summary import outcome, summarize
@@ -107,7 +107,8 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
         else:
             best = summary.get("best") or {}
             a = finish(TrialState.COMPLETE, final_r, base_reward=base_r, final_reward=final_r,
-                       gain=final_r - base_r if base_r is not None else None, steps=summary["steps"],
+                       gain=final_r - base_r if base_r is not None else None,
+                       gain_se=held_out_se(summary["final"], summary["base"]), steps=summary["steps"],
                        best_step=best.get("step"), best_reward=best.get("held_out_reward"))
     except TrainingStopped as e:
         a = finish(TrialState.FAIL, failure=f"stopped at step {trainer.step if trainer else 0}: {e}", status="stopped")
