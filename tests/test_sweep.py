@@ -273,6 +273,9 @@ def test_the_collapse_preset_reaches_the_settings_that_break_runs_with_the_guard
         assert (c.steps, c.batch_positions, c.eval_every) == (30, 4, 10) and c.updates_per_batch == 2
         assert all(getattr(c, f) == getattr(default, f) for f in guards), "the guards run as shipped"
         assert c.inert_settings() == []
+    six = load_space("configs/sweeps/collapse-six.yaml")  # a subset of the grid, each run as the grid runs it
+    subset = [load_config(six.config, {**six.base, **c}) for c in six.grid_overrides()]
+    assert len(subset) == 6 and all(c in configs for c in subset)
     trust = [load_config(space.config, {**load_space("configs/sweeps/trust_region.yaml").base, **c})
              for c in load_space("configs/sweeps/trust_region.yaml").grid_overrides()]
     assert {(c.importance_sampling_level, c.clip_delta) for c in trust} == {
