@@ -86,7 +86,7 @@ def _feed(guard, records, start=1):
 
 @pytest.mark.parametrize("signal,bad,bound", [
     ("valid/P", 0.6, 1.0 - 0.3), ("valid/A", 0.55, 0.9 - 0.3), ("reward/P", 0.3, 0.55 - 0.2),
-    ("reward/A", 0.5, 0.8 - 0.2), ("kl_mean", 1.5, 1.0), ("kl_seq_max", 6.0, 5.0), ("entropy", 1.2, 0.5 * 2.0),
+    ("reward/A", 0.5, 0.8 - 0.2), ("kl_mean", 0.8, 0.5), ("kl_seq_max", 6.0, 5.0), ("entropy", 1.2, 0.5 * 2.0),
     ("entropy", 0.2, 0.5 / 2.0), ("truncation_rate", 0.5, 0.0 + 0.3),
 ])
 def test_collapse_guard_fires_on_each_signal_after_patience(signal, bad, bound):

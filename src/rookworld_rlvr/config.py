@@ -186,7 +186,7 @@ class TrainConfig:
                                              "than this below its recent median (null = off)")
     guard_reward_drop: float | None = _f(0.2, "collapse guard: a task's training reward (reward/P, reward/A) more than "
                                               "this below its recent median (null = off)")
-    guard_kl_mean: float | None = _f(1.0, "collapse guard: mean per-token KL to the reference above this (null = off; "
+    guard_kl_mean: float | None = _f(0.5, "collapse guard: mean per-token KL to the reference above this (null = off; "
                                           "with kl_coef 0 the reference pass runs for it unless both KL bounds are null)")
     guard_kl_max: float | None = _f(5.0, "collapse guard: the largest per-completion mean KL (kl_seq_max) above this "
                                          "(null = off)")
