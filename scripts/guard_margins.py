@@ -85,20 +85,18 @@ def main() -> None:
             worst = max(ex)
             margin = "off" if bound is None else f"{bound - worst:+.4g}"
             print(f"  {key:<16} {worst:>18.4g} {'-' if bound is None else format(bound, '.4g'):>9} {margin:>9}")
+        guard = CollapseGuard(*(cfg[n] for n in BOUNDS), window=window, patience=patience, max_recoveries=10 ** 6)
         scores = [held_out_reward(e) for e in evals]
-        b = cfg["guard_eval_drop"]
-        if len(scores) > 1 and b is not None:  # each evaluation against the best before it, as the guard judges it
+        if len(scores) > 1 and cfg["guard_eval_drop"] is not None:  # each against the best before it, as the guard
             rows = []
             for i in range(1, len(evals)):
                 j = max(range(i), key=lambda k: scores[k])
-                se = held_out_se(evals[i], evals[j])
-                bound = max(b, CollapseGuard.EVAL_Z * se) if se is not None else b
+                bound = guard.eval_bound(held_out_se(evals[i], evals[j]))
                 rows.append((bound - (scores[j] - scores[i]), scores[j] - scores[i], bound))
             margin, fall, bound = min(rows)
             print(f"  {'eval':<16} {fall:>18.4g} {bound:>9.4g} {margin:>+9.4g}")
         elif len(scores) > 1:
             print(f"  {'eval':<16} {max(max(scores[:i]) - s for i, s in enumerate(scores) if i):>18.4g} {'-':>9} {'off':>9}")
-        guard = CollapseGuard(*(cfg[n] for n in BOUNDS), window=window, patience=patience, max_recoveries=10 ** 6)
         fired = [(r["step"], e.signal, e.value) for r in records if not r.get("nonfinite")
                  and (e := guard.observe(r["step"], r))]
         print("  would act at: " + (", ".join(f"step {s} ({sig} {v:.4g})" for s, sig, v in fired) if fired else "none"))

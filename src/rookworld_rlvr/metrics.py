@@ -21,6 +21,7 @@ Chess only: imports no torch and nothing of the model or trainer.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Callable, Sequence
 
 from rookworld_rlvr.data.io import Sample
@@ -219,7 +220,5 @@ def held_out_se(res: dict | None, ref: dict | None) -> float | None:
         a, b = res[t].get("rewards"), ref[t].get("rewards")
         if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b) or len(a) < 2:
             return None
-        d = [x - y for x, y in zip(a, b)]
-        m = sum(d) / len(d)
-        var += sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)
+        var += statistics.variance([x - y for x, y in zip(a, b)]) / len(a)
     return math.sqrt(var) / len(tasks)

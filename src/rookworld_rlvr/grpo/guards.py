@@ -167,12 +167,14 @@ class CollapseGuard:
         return value < ref - bound, ref, ref - bound  # valid, reward
 
     def _decide(self, signal: str, kind: str, value: float, ref: float | None, bound: float, step: int,
-                first: int) -> GuardEvent:
+                first: int, noise: float | None = None) -> GuardEvent:
         action: Literal["recover", "stop"] = "recover" if self.recoveries < self.max_recoveries else "stop"
         if action == "recover":
             self.recoveries += 1
         against = f"its recent median {ref:.4g}" if ref is not None and kind != "eval" else (
             f"the best so far {ref:.4g}" if ref is not None else "")
+        if noise is not None:
+            against += f"; paired standard error {noise:.2g}"
         what = f"{signal} {value:.4g} crossed {bound:.4g}" + (f" ({against})" if against else "")
         span = f"for {step - first + 1} steps " if step > first else ""
         if action == "recover":
@@ -180,7 +182,8 @@ class CollapseGuard:
         else:
             msg = (f"collapse guard: {what} {span}at step {step}, after {self.recoveries}/{self.max_recoveries} "
                    f"recoveries. {self.KNOBS[kind]}")
-        return GuardEvent(action, signal, float(value), ref, float(bound), step, first, self.recoveries, msg)
+        return GuardEvent(action, signal, float(value), ref, float(bound), step, first, self.recoveries, msg,
+                          noise=noise)
 
     def observe(self, step: int, record: Mapping[str, Any]) -> GuardEvent | None:
         """Take one step's record (its `step` is 1-based); return an event when a signal fires."""
@@ -218,22 +221,22 @@ class CollapseGuard:
             event.message += f" (also out of bounds: {', '.join(also)})"
         return event
 
+    def eval_bound(self, se: float | None = None) -> float | None:
+        """How far below the best a held-out score may fall: eval_drop, widened to EVAL_Z paired
+        standard errors of the change where those are known (None: the signal is off)."""
+        bound = self.bounds["eval"]
+        if bound is None or se is None or not math.isfinite(se):
+            return bound
+        return max(bound, self.EVAL_Z * se)
+
     def observe_eval(self, step: int, score: float, best: float, se: float | None = None) -> GuardEvent | None:
         """A held-out evaluation at `step` against the best score so far; `se` is the standard error
         of the difference, paired over the same rows (`metrics.held_out_se`), when known."""
-        bound = self.bounds["eval"]
-        if bound is None:
+        bound = self.eval_bound(se)
+        if bound is None or not score < best - bound:
             return None
-        if se is not None and math.isfinite(se):
-            bound = max(bound, self.EVAL_Z * se)
-        if not score < best - bound:
-            return None
-        event = self._decide("eval", "eval", score, best, best - bound, step, step)
-        if se is not None and math.isfinite(se):
-            event.noise = float(se)
-            event.message = event.message.replace(f"(the best so far {best:.4g})",
-                                                  f"(the best so far {best:.4g}; paired standard error {se:.2g})", 1)
-        return event
+        noise = float(se) if se is not None and math.isfinite(se) else None
+        return self._decide("eval", "eval", score, best, best - bound, step, step, noise)
 
     def reset_history(self) -> None:
         """A phase or curriculum change moves the signals on purpose: start their medians afresh."""
