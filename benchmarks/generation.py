@@ -1,11 +1,12 @@
 """Generation throughput: our KV-cache sampler vs transformers' `generate` on the same model.
 
     python benchmarks/generation.py [--model models/rookworld-board | --gpt2-124m] [--device cpu|cuda]
-                                    [--bf16] [--threads 1] [--repeats 3] [--ours-only]
+                                    [--bf16] [--threads 1] [--repeats 3] [--ours-only] [--decode-graph]
 
 Batch 64 = 8 prompts x 8 completions, 100 new tokens, greedy and sampled at T=1. Prints new
 tokens per second (median of repeats, after one unmeasured run). `--gpt2-124m`: the GPT-2 124M
-architecture with random weights (nothing downloaded); `--bf16`: bf16 autocast in both samplers.
+architecture with random weights (nothing downloaded); `--bf16`: bf16 autocast in both samplers;
+`--decode-graph`: ours with the shape-stable decode step (a CUDA graph on CUDA, eager elsewhere).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (default float32)")
     ap.add_argument("--gpt2-124m", action="store_true", help="a random model of the GPT-2 124M architecture")
     ap.add_argument("--ours-only", action="store_true", help="skip transformers' generate")
+    ap.add_argument("--decode-graph", action="store_true", help="ours with generate(decode_graph=True)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = args.model
@@ -67,7 +69,7 @@ def main() -> None:
             t0 = time.perf_counter()
             g = generate(model, tok, prompts, max_new_tokens=new, greedy=mode == "greedy", temperature=1.0,
                          num_return_sequences=8, generator=torch.Generator(device=args.device).manual_seed(k),
-                         autocast_dtype=dtype)
+                         autocast_dtype=dtype, decode_graph=args.decode_graph)
             sync()
             if k:
                 ours.append(int(g.completion_mask.sum()) / (time.perf_counter() - t0))

@@ -1,6 +1,6 @@
 """The measurements of `scripts/gpu_check.sh`: generation tokens/s, GRPO step time, phase shares and
-peak memory at the GPT-2 124M architecture, and SFT throughput, on one device; a JSON file and a
-markdown table in --out.
+peak memory at the GPT-2 124M architecture (each with `decode_graph` off and on), and SFT throughput,
+on one device; a JSON file and a markdown table in --out.
 
     python benchmarks/gpu_check.py --device cuda --out OUT            # on the GPU machine (about 5 minutes)
     python benchmarks/gpu_check.py --device cpu --smoke --out OUT     # tiny sizes: proves the script runs
@@ -15,6 +15,7 @@ the timings are the trainer's own. Medians over the measured repeats, after one 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import resource
@@ -99,7 +100,7 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
 
     prompts_all = [s.render("padded")[0] for s in read_samples(ROOT / "data" / "eval.jsonl.gz") if s.task == "P"]
     rows = []
-    for dtype_name, dtype in (("float32", None), ("bf16", torch.bfloat16)):
+    for (dtype_name, dtype), graph in itertools.product((("float32", None), ("bf16", torch.bfloat16)), (False, True)):
         model, tok = load_policy(str(model_dir), device=str(device), verbose=False)
         for prompts_n, group in shapes:
             times, tokens = [], 0
@@ -107,33 +108,35 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
                 sync(device)
                 t = time.perf_counter()
                 out = generate(model, tok, prompts_all[:prompts_n], max_new_tokens=new_tokens, temperature=1.0,
-                               num_return_sequences=group, autocast_dtype=dtype,
+                               num_return_sequences=group, autocast_dtype=dtype, decode_graph=graph,
                                generator=torch.Generator(device=device).manual_seed(k))
                 sync(device)
                 if k:  # the first run warms up (allocator, kernels)
                     times.append(time.perf_counter() - t)
                     tokens = int(out.completion_mask.sum())
             sec = statistics.median(times)
-            rows.append({"dtype": dtype_name, "prompts": prompts_n, "group": group, "new_tokens": new_tokens,
-                         "generated_tokens": tokens, "seconds": round(sec, 4), "tokens_per_s": round(tokens / sec, 1)})
-            print(f"generation {dtype_name} {prompts_n}x{group}: {tokens / sec:.0f} tokens/s", flush=True)
+            rows.append({"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
+                         "new_tokens": new_tokens, "generated_tokens": tokens, "seconds": round(sec, 4),
+                         "tokens_per_s": round(tokens / sec, 1)})
+            print(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}: "
+                  f"{tokens / sec:.0f} tokens/s", flush=True)
     return rows
 
 
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
     rows = []
     # (torch.compile was a setting once; config.REMOVED says why it went)
-    for autocast in ("none", "bf16"):
+    for autocast, graph in (("none", False), ("bf16", False), ("bf16", True)):
         over = dict(model=str(model_dir), data=str(data), eval_data="",
-                    output_dir=str(tmp / f"grpo-{autocast}"), steps=steps, device=str(device),
-                    autocast=autocast, save_every=10**6, report=False, tensorboard=False,
+                    output_dir=str(tmp / f"grpo-{autocast}-{graph}"), steps=steps, device=str(device),
+                    autocast=autocast, decode_graph=graph, save_every=10**6, report=False, tensorboard=False,
                     progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
                     puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
         if autocast == "bf16":
             over["backward_dtype"] = "auto"
         if smoke:
             over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
-        name = f"autocast {autocast}"
+        name = f"autocast {autocast}" + (", decode_graph" if graph else "")
         try:
             cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
             tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
@@ -179,9 +182,9 @@ def markdown(result: dict) -> str:
     lines = [f"# GPU check: {m.get('gpu', m.get('cpu'))}", "",
              f"torch {m['torch']}, CUDA {m.get('cuda', '-')}, driver {m.get('driver', '-')}, device {m['device']}"
              + (" (smoke: tiny sizes)" if result["smoke"] else ""), "",
-             "| generation | prompts x group x tokens | tokens/s |", "|---|---|---|"]
-    lines += [f"| {r['dtype']} | {r['prompts']} x {r['group']} x {r['new_tokens']} | {r['tokens_per_s']} |"
-              for r in result["generation"]]
+             "| generation | decode_graph | prompts x group x tokens | tokens/s |", "|---|---|---|---|"]
+    lines += [f"| {r['dtype']} | {'on' if r['decode_graph'] else 'off'} | {r['prompts']} x {r['group']} x "
+              f"{r['new_tokens']} | {r['tokens_per_s']} |" for r in result["generation"]]
     lines += ["", "| GRPO step (124M preset) | batch | s/step | peak GiB | phase shares |", "|---|---|---|---|---|"]
     for r in result["grpo"]:
         if "error" in r:

@@ -231,7 +231,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=None))
     reward = TRLRewardFunction(RewardScorer(cfg.reward_config(), engine=pool))
     try:
-        ours = Trainer(cfg, lambda p, c, t, w: reward.scorer.score_batch(p, c, t, w), [], None, log=lambda *_: None)
+        ours = Trainer(cfg, reward.scorer, [], None, log=lambda *_: None)
         prompts = step_prompts(args.data, ours.tokenizer, total, B, M, ours.policy.config.n_positions, args.seed)
         ours.prompts = OrderedPrompts(prompts)
         dataset = Dataset.from_list([{"prompt": s.render("compact")[0], "truth": json.dumps(s.truth.to_dict())}

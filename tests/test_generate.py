@@ -684,6 +684,58 @@ def test_checking_for_the_end_every_few_steps_changes_no_token_mask_or_log_prob(
         assert_rounding_close(few.logprobs, every.logprobs, logprob_terms(model), kind)  # other batch shapes
 
 
+@pytest.mark.parametrize("check_every", [1, 8])
+def test_rows_that_finish_are_handed_over_with_their_final_texts_while_others_decode(rig, check_every):
+    """on_finished (the trainer starts scoring there) gets each stopped row once, with the text that
+    Generation.texts will hold, before the last decode step; the outputs are those of a run without it."""
+    kind, model, tok = rig
+    kwargs = dict(max_new_tokens=[4, 40, 9, 40], temperature=[1.0, 0.6, 1.4, 0.9], num_return_sequences=3,
+                  check_every=check_every)
+    plain = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(3), **kwargs)
+    calls: list[tuple[list[int], list[str]]] = []
+    gen = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(3),
+                   on_finished=lambda rows, texts: calls.append((rows, texts)), **kwargs)
+    assert gen.texts == plain.texts and torch.equal(gen.completion_ids, plain.completion_ids)
+    assert torch.equal(gen.completion_mask, plain.completion_mask)
+    handed = [row for rows, _ in calls for row in rows]
+    assert len(handed) == len(set(handed)) > 0, "a row was handed over twice, or none was"
+    for rows, texts in calls:
+        assert texts == [gen.texts[i] for i in rows]
+    lengths = gen.completion_mask.sum(1)
+    assert all(lengths[i] < gen.completion_ids.shape[1] for i in handed), "a row still decoding at the end was handed"
+    early = [i for i in range(len(gen.texts)) if lengths[i] + check_every <= gen.completion_ids.shape[1] - 1]
+    assert set(early) <= set(handed), "a row that stopped a check before the end was not handed over"
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_shape_stable_decode_step_gives_the_same_tokens_and_log_probs(rig, greedy):
+    """decode_graph (on CUDA one captured graph per rollout; on a CPU the same shape-stable step run
+    eagerly): keys written by index, attention over the whole masked cache, no group leaving the
+    batch. The tokens equal the default path's and the log-probs agree up to float reordering."""
+    kind, model, tok = rig
+    kwargs = dict(max_new_tokens=[4, 40, 9, 40], temperature=[1.0, 0.6, 1.4, 0.9], num_return_sequences=3,
+                  greedy=greedy)
+    plain = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), **kwargs)
+    static = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), decode_graph=True, **kwargs)
+    assert min(plain.completion_mask.sum(1)) < plain.completion_ids.shape[1], "no row stopped early"
+    assert static.texts == plain.texts and static.finish_reasons == plain.finish_reasons
+    assert torch.equal(static.completion_ids, plain.completion_ids)
+    assert torch.equal(static.completion_mask, plain.completion_mask)
+    assert_rounding_close(static.logprobs, plain.logprobs, logprob_terms(model), kind)
+
+
+def test_the_shape_stable_decode_step_under_bf16_autocast_and_its_limits():
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=2.0)
+    kwargs = dict(max_new_tokens=12, num_return_sequences=2, greedy=True, autocast_dtype=torch.bfloat16)
+    plain = generate(model, tok, PROMPTS[:3], **kwargs)
+    static = generate(model, tok, PROMPTS[:3], decode_graph=True, **kwargs)
+    assert torch.equal(static.completion_ids, plain.completion_ids)
+    assert_bf16_rounding_close(static.logprobs, plain.logprobs, "bf16 shape-stable step")
+    with pytest.raises(ValueError, match="decode_graph"):
+        generate(model, tok, PROMPTS[:1], max_new_tokens=4, decode_graph=True, record=True)
+
+
 @pytest.mark.parametrize("stock", [False, True])
 def test_bf16_autocast_is_entered_once_per_rollout_so_each_weight_is_cast_once(monkeypatch, stock):
     """Entered per token, autocast dropped its cache of bf16 weight copies at every step and cast

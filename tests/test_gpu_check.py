@@ -14,12 +14,13 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
                           text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
                                                        "HOME": str(tmp_path)})
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    assert "6 passed" in (out / "gpu_tests.log").read_text()
+    assert "8 passed" in (out / "gpu_tests.log").read_text()
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["smoke"] and result["machine"]["device"] == "cpu"
-    assert {(r["dtype"], r["prompts"], r["group"]) for r in result["generation"]} == {("float32", 2, 2), ("bf16", 2, 2)}
+    assert {(r["dtype"], r["decode_graph"], r["prompts"], r["group"]) for r in result["generation"]} == {
+        (dtype, graph, 2, 2) for dtype in ("float32", "bf16") for graph in (False, True)}
     assert all(r["tokens_per_s"] > 0 for r in result["generation"])
-    assert [r["config"] for r in result["grpo"]] == ["autocast none", "autocast bf16"]
+    assert [r["config"] for r in result["grpo"]] == ["autocast none", "autocast bf16", "autocast bf16, decode_graph"]
     assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
                for r in result["grpo"])
     assert result["sft"][0]["preset"] == "tiny" and result["sft"][0]["s_per_step"] > 0

@@ -281,6 +281,8 @@ ROWS = [
         lambda b, o: differ(b["grads"], o["grads"]) and (b["grads"] - o["grads"]).norm() < 1e-2 * b["grads"].norm()),
     Row("record_rollout", {"record_rollout": "always"}, COLLECT,
         lambda b, o: all(r.recorded is not None for r in o["rows"]) and all(r.recorded is None for r in b["rows"])),
+    Row("decode_graph", {"decode_graph": True}, P(lambda env, over: env.trainer(over).graph_note),
+        lambda b, o: b.startswith("eager") and o.startswith("shape-stable")),  # same samples: test_trainer.py
     Row("threads", {"threads": "NTHREADS"}, P(lambda env, over: _threads(env, over)), lambda b, o: o == b + 1),
     # -- data ----------------------------------------------------------------------------------------------
     Row("data", {"data": "EVALFILE"}, COLLECT, lambda b, o: set(b["prompts"]).isdisjoint(o["prompts"])),
@@ -440,6 +442,9 @@ ROWS = [
     Row("curriculum", {"curriculum": {"P": [[0, {"evals": 5.0}]]}}, P(rewards), lambda b, o: o[0] != b[0]),
     Row("engine_depth", {"engine_depth": 1}, P(lambda env, over: _analyse(env, over)), lambda b, o: b != o),
     Row("engine_workers", {"engine_workers": 2}, P(lambda env, over: _engines(env, over)), lambda b, o: (b, o) == (1, 2)),
+    # (that the searches start early with the same rewards: test_trainer's score_overlap tests)
+    Row("score_overlap", {"score_overlap": "always"}, P(lambda env, over: _overlap(env, over)),
+        lambda b, o: (b, o) == ("after generation", "during generation")),
     Row("engine_cache", {"engine_cache": "CACHEFILE"}, P(lambda env, over: _cache_file(env, over)), lambda b, o: o and not b),
     # -- run -------------------------------------------------------------------------------------------------
     Row("output_dir", {"output_dir": "OUTDIR"}, P(lambda env, over: train(env, over)["run"]),
@@ -516,6 +521,16 @@ def _engines(env: Env, over: dict) -> int:
         return len(pool.pids)
     finally:
         pool.close()
+
+
+def _overlap(env: Env, over: dict) -> str:
+    """When `rookworld train`'s trainer scores, as its banner says."""
+    from rookworld_rlvr.grpo.cli import build
+
+    trainer, pool = build(env.config(over), log=lambda *_: None)
+    pool.close()
+    return "during generation" if "scoring as rows finish, during generation" in trainer.banner() else \
+        "after generation" if "scoring after generation" in trainer.banner() else trainer.banner()
 
 
 def _cache_file(env: Env, over: dict) -> bool:

@@ -821,3 +821,65 @@ def test_a_run_whose_time_ends_on_a_rollback_still_ends_evaluated(tmp_path, tiny
     summary = tr.train()
     assert summary["steps"] == 1 and summary["ended_by_time"] is True
     assert summary["final"]["step"] == 1 and [s for s, _ in ckpt.list_checkpoints(tr.run_dir)][-1] == 1
+
+
+class _Watching(RewardScorer):
+    """The real scorer, noting how many engine searches had run when each scoring call began."""
+
+    def score_batch(self, *args, **kwargs):
+        self.searched_before_scoring.append(self.engine.stats["engine_calls"])
+        return super().score_batch(*args, **kwargs)
+
+
+def test_scoring_overlapped_with_generation_starts_the_searches_early_and_gives_the_same_rewards(tmp_path, small_data):
+    """score_overlap: the Stockfish searches for legal best moves outside the top 5 run for the rows that
+    finish while others decode; the rewards, and the searches made, equal scoring after generation."""
+    from pathlib import Path
+
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "rookworld-board"  # writes legal moves off the top 5
+    seen = {}
+    for setting in ("never", "always"):
+        with StockfishPool(EngineConfig(depth=4, workers=2)) as pool:
+            scorer = _Watching(engine=pool)
+            scorer.searched_before_scoring = []
+            fields = make_fields(tmp_path, shipped, small_data)
+            fields.update(score_overlap=setting, batch_positions=4, group_size=4, mix_env_ratio=0.5,
+                          max_new_tokens=90, output_dir=str(tmp_path / setting), eval_data="", seed=2)
+            cfg = load_config(None, fields)
+            tr = Trainer(cfg, scorer, read_samples(cfg.data), None, log=lambda *_: None)
+            assert tr.overlap == (setting == "always")
+            groups = tr.collect(0, {})
+            seen[setting] = ([(r.text, r.reward) for g in groups for r in g], scorer.searched_before_scoring[0],
+                             pool.stats["engine_calls"])
+    assert seen["always"][0] == seen["never"][0]
+    assert seen["never"][1] == 0 and seen["always"][1] > 0, "no search started before scoring"
+    assert seen["always"][2] == seen["never"][2]  # the same searches, none twice
+
+
+def test_score_overlap_auto_is_off_on_a_cpu_and_always_needs_a_prefetching_reward(tmp_path, tiny_model_dir,
+                                                                                  small_data, scorer):
+    assert not make(tmp_path, tiny_model_dir, small_data, scorer, score_overlap="auto").overlap
+    assert make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=scorer, score_overlap="always").overlap
+    with pytest.raises(ValueError, match="score_overlap"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, score_overlap="always")  # a plain function: no prefetch
+    with pytest.raises(ValueError, match="score_overlap"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, score_overlap="sometimes")
+
+
+def test_decode_graph_samples_the_same_groups_and_records_nothing(tmp_path, tiny_model_dir, small_data, scorer):
+    """The shape-stable decode step (a CUDA graph on CUDA) changes no sample: the same texts, rewards
+    and sampler log-probs as the default decoding; it turns record_rollout off and refuses always."""
+    runs = {}
+    for on in (False, True):
+        tr = make(tmp_path, tiny_model_dir, small_data, scorer, decode_graph=on, output_dir=str(tmp_path / f"g{on}"),
+                  mix_env_ratio=0.5, record_rollout="auto")
+        assert tr.graph == on and (not on or (not tr.record and "decode_graph" in tr.record_note))
+        runs[on] = [r for g in tr.collect(0, {}) for r in g]
+    assert [(r.text, r.reward) for r in runs[True]] == [(r.text, r.reward) for r in runs[False]]
+    assert_rounding_close(torch.tensor([x for r in runs[True] for x in r.sampler_logp]),
+                          torch.tensor([x for r in runs[False] for x in r.sampler_logp]), logprob_terms(tr.policy),
+                          "sampler log-probs")
+    with pytest.raises(ValueError, match="decode_graph"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, decode_graph=True, record_rollout="always")

@@ -64,6 +64,10 @@ class TrainConfig:
                                      "512 (124M, 768 wide: a 40% shorter policy pass; the tiny model, 256 wide: no gain; "
                                      "unmeasured on GPUs: always tries it there). Plain GPT-2 policies without autocast or "
                                      "LoRA; the log says if it is on")
+    decode_graph: bool = _f(False, "decode with a shape-stable step: every row stays in the batch to the end and, on "
+                                   "CUDA, each token replays one captured CUDA graph of the whole model (one launch "
+                                   "instead of hundreds from Python); the same samples up to float reordering. Plain "
+                                   "GPT-2 policies (LoRA included); its step records nothing (record_rollout off)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     # -- data ----------------------------------------------------------------------------------
     data: str = _f("data/train.jsonl.gz", "training prompts: our JSONL(.gz) or upstream RookWorld text lines")
@@ -223,6 +227,10 @@ class TrainConfig:
     curriculum: dict = _f({}, "weights over steps: {P: [[0, {format: 1.0}], [20, {...}]], A: [...]}")
     engine_depth: int = _f(8, "Stockfish depth for truths the data lacks and moves outside the top 5")
     engine_workers: int = _f(1, "Stockfish processes")
+    score_overlap: str = _f("auto", "auto | always | never: start the Stockfish searches that scoring needs (legal best "
+                                    "moves outside a sample's top 5) for the rows that finish while the rest of the batch "
+                                    "still decodes; the rewards are the same. auto = when the policy is not on the CPU "
+                                    "(on a CPU the engine would take the decode's cores)")
     engine_cache: str | None = _f("data/.cache/engine.sqlite", "SQLite analysis cache shared across runs (null = memory only)")
     # -- run ---------------------------------------------------------------------------------------
     output_dir: str = _f("runs/default", "run directory (config, metrics, checkpoints, report)")

@@ -28,7 +28,8 @@ CHOICES = {"loss_type": LOSS_TYPES, "importance_sampling_level": LEVELS, "scale_
            "truncated_completions": ("score", "mask", "malformed"), "anchor_tasks": ("A", "P", "PA"),
            "anchor_order": ("best-first", "given"),
            "layout": ("compact", "padded"), "autocast": ("none", "bf16", "auto"),
-           "backward_dtype": ("auto", "float32", "bf16"), "record_rollout": ("auto", "always", "never")}
+           "backward_dtype": ("auto", "float32", "bf16"), "record_rollout": ("auto", "always", "never"),
+           "score_overlap": ("auto", "always", "never")}
 POSITIVE_OR_NULL = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_truncation_rise",
                     "guard_eval_drop")
 
@@ -93,6 +94,8 @@ def validate(cfg: TrainConfig) -> None:
          "float32 contradicts autocast bf16 (its backward products are bf16)")
     need(not (cfg.backward_dtype == "bf16" and cfg.lora_r), "backward_dtype",
          "bf16 needs a plain GPT-2 policy: not with lora_r (use auto or float32)")
+    need(not (cfg.record_rollout == "always" and cfg.decode_graph), "record_rollout",
+         "always records the sampler's projections, which the decode_graph step does not: not both")
     need(not (cfg.record_rollout == "always" and (cfg.lora_r or cfg.autocast == "bf16")),
          "record_rollout", "always needs a plain GPT-2 policy: not with lora_r or autocast bf16 (use auto)")
     need(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")

@@ -55,11 +55,7 @@ def build(cfg: TrainConfig, log=print):
         if cfg.history_eval_data and eval_samples else None
     eval_samples = limit_per_task(eval_samples, cfg.eval_limit or None)
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
-    scorer = RewardScorer(cfg.reward_config(), engine=pool)
-
-    def reward_fn(prompts, completions, truths, weights):
-        return scorer.score_batch(prompts, completions, truths, weights)
-
+    scorer = RewardScorer(cfg.reward_config(), engine=pool)  # the reward function (score_batch, prefetch)
     eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens)
 
     def eval_fn(model, tokenizer):
@@ -69,7 +65,7 @@ def build(cfg: TrainConfig, log=print):
                         puzzles=held_out_puzzles, histories=histories, return_examples=3)
 
     try:
-        trainer = Trainer(cfg, reward_fn, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
+        trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
     except BaseException:
         pool.close()  # no engine outlives a failed start
         raise

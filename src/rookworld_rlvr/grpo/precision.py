@@ -73,6 +73,8 @@ def record_rollout(cfg: TrainConfig, model, amp: torch.dtype | None, device: tor
     setting = cfg.record_rollout
     if setting == "never":
         return False, "recomputed (record_rollout: never)"
+    if cfg.decode_graph:
+        return False, "recomputed (decode_graph: its step records nothing)"
     why = ("autocast" if amp is not None else "LoRA" if cfg.lora_r else None if plain_gpt2(model)
            else "not a plain GPT-2")
     if why:

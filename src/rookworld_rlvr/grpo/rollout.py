@@ -12,6 +12,7 @@ the model's `generate`; the rewards come in as a function (`reward_fn`), so noth
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,11 +26,37 @@ from rookworld_rlvr.grpo.control import RewardNormalizer
 from rookworld_rlvr.grpo.loss import group_advantages
 from rookworld_rlvr.grpo.prompts import PromptSampler
 from rookworld_rlvr.grpo.quality_term import legal_position_move, legal_quality_advantages
-from rookworld_rlvr.model import generate
+from rookworld_rlvr.model import generate, gpt2_decode
 from rookworld_rlvr.model.generate import positions_from_mask
 from rookworld_rlvr.model.padding import pad, pad_pairs
 
 RewardFn = Callable[[list[str], list[str], list[Any], dict], list[Any]]
+# A reward function may also have `prefetch(completions, truths)`: the engine work its scoring will
+# need, started for the rows that finish while the batch decodes (`tasks.rewards.RewardScorer`).
+
+
+def decode_graph(on: bool, model, device: torch.device) -> tuple[bool, str]:
+    """Whether rollouts decode with the shape-stable step (config `decode_graph`), and how."""
+    if not on:
+        return False, "eager steps, finished groups leave the batch"
+    if not gpt2_decode.supports(model, any_mode=True):
+        raise ValueError(f"config field 'decode_graph' needs a plain GPT-2 policy, not {type(model).__name__}")
+    return True, ("shape-stable, one CUDA graph per rollout" if device.type == "cuda"
+                  else f"shape-stable (run eagerly: CUDA graphs need CUDA, not {device.type})")
+
+
+def score_overlap(setting: str, reward_fn: RewardFn, device: torch.device) -> tuple[bool, str]:
+    """Whether scoring starts on finished rows during generation (config `score_overlap`), and why."""
+    if setting == "never":
+        return False, "after generation (score_overlap: never)"
+    if not callable(getattr(reward_fn, "prefetch", None)):
+        if setting == "always":
+            raise ValueError("config field 'score_overlap': always needs a reward function with a prefetch method "
+                             "(the Stockfish scorer of `rookworld train` has one)")
+        return False, "after generation (the reward function has no prefetch)"
+    if setting == "auto" and device.type == "cpu":
+        return False, "after generation (score_overlap auto: on a CPU the engine would take the decode's cores)"
+    return True, "as rows finish, during generation"
 
 
 @dataclass
@@ -104,6 +131,8 @@ class Rollout:
     record: bool  # keep the sampler's projections for the first update (grpo.precision.record_rollout)
     weights: dict[str, dict[str, float]]  # reward component weights per task at this step
     timings: dict[str, float]
+    overlap: bool = False  # start scoring's engine work on rows that finish while others decode
+    graph: bool = False  # the shape-stable decode step, a CUDA graph on CUDA (config decode_graph)
 
     def groups(self, by_task: dict[str, list]) -> list[list[Row]]:
         """G completions for each sample, scored; groups in task order (P: first).
@@ -128,16 +157,25 @@ class Rollout:
         cfg, G = self.cfg, self.cfg.group_size
         prompts = [x.render(cfg.layout)[0] for _, x in items]
         first = settings[items[0][0]]
-        t0 = time.time()
-        g = generate(self.model, self.tokenizer, prompts,
-                     max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
-                     temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
-                     top_p=first["top_p"], num_return_sequences=G, generator=self.generator, autocast_dtype=self.amp,
-                     record=self.record)
-        self.timings["generate"] = self.timings.get("generate", 0.0) + time.time() - t0
-        t0 = time.time()
+        truths = [items[i // G][1].truth for i in range(len(items) * G)]
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score-overlap") as early:
+            started: list[concurrent.futures.Future] = []
+
+            def on_finished(rows: list[int], texts: list[str]) -> None:
+                started.append(early.submit(self.reward_fn.prefetch, texts, [truths[i] for i in rows]))
+
+            t0 = time.time()
+            g = generate(self.model, self.tokenizer, prompts,
+                         max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
+                         temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
+                         top_p=first["top_p"], num_return_sequences=G, generator=self.generator,
+                         autocast_dtype=self.amp, record=self.record, on_finished=on_finished if self.overlap else None,
+                         decode_graph=self.graph)
+            self.timings["generate"] = self.timings.get("generate", 0.0) + time.time() - t0
+            t0 = time.time()
+            for future in started:
+                future.result()  # an engine failure surfaces here, as it would in scoring
         n = len(g.texts)
-        truths = [items[i // G][1].truth for i in range(n)]
         row_prompts = [prompts[i // G] for i in range(n)]
         results = self.reward_fn(row_prompts, g.texts, truths, self.weights)
         self.timings["score"] = self.timings.get("score", 0.0) + time.time() - t0

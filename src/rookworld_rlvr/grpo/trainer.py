@@ -36,7 +36,8 @@ from rookworld_rlvr.grpo.monitor import SymptomMonitor
 from rookworld_rlvr.grpo.passes import Passes, task_slices
 from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record_rollout
 from rookworld_rlvr.grpo.prompts import PromptSampler
-from rookworld_rlvr.grpo.rollout import Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect
+from rookworld_rlvr.grpo.rollout import (Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect,
+                                        decode_graph, score_overlap)
 from rookworld_rlvr.grpo.runlog import append_jsonl, best_summary, git_commit, set_aside, step_record, truncate_logs
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
 from rookworld_rlvr.metrics import held_out_reward, held_out_se
@@ -149,6 +150,8 @@ class Trainer:
         self.forward_model = net
         self.grad_dtype, self.grad_note = backward_dtype(cfg.backward_dtype, self.forward_model, self.amp, self.device)
         self.record, self.record_note = record_rollout(cfg, self.forward_model, self.amp, self.device)
+        self.overlap, self.overlap_note = score_overlap(cfg.score_overlap, self.reward_fn, self.device)
+        self.graph, self.graph_note = decode_graph(cfg.decode_graph, self.forward_model, self.device)
 
     def sampler(self):
         """The policy as a plain transformers model: itself, or (LoRA) a separate copy holding base +
@@ -172,7 +175,7 @@ class Trainer:
         weights = {"P": self.curriculum.weights("P", step, cfg.policy_weights),
                    "A": self.curriculum.weights("A", step, cfg.env_weights)}
         run = Rollout(self.sampler(), self.tokenizer, self.reward_fn, cfg, step, self.gen, self.amp, self.record,
-                      weights, timings)
+                      weights, timings, self.overlap, self.graph)
         groups, self.collect_stats = collect(run, self.prompts)
         return groups
 
@@ -395,7 +398,7 @@ class Trainer:
                  f"{' (beta 0: for the KL guard only)' if self.use_ref and self.cfg.kl_coef == 0 else ''}"
                  f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
                  f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}; "
-                 f"forward projections {self.record_note}",
+                 f"forward projections {self.record_note}; decoding {self.graph_note}; scoring {self.overlap_note}",
                  "config:"]
         lines += [f"  {k}: {json.dumps(v)}" for k, v in self.cfg.to_dict().items()]
         return "\n".join(lines)

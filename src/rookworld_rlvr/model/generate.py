@@ -19,15 +19,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import gpt2_decode
+from .kv_cache import DynamicCache, make_cache, select_rows
 from .padding import pad
 from .sampling import next_tokens
-
-try:  # transformers >= 5 cache layers; older versions use the model's default cache
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-except ImportError:  # pragma: no cover
-    DynamicCache = None
-    DynamicLayer = object
-
 
 @dataclass
 class Generation:
@@ -115,74 +109,6 @@ def _validate(
         raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
 
 
-class _PreallocatedLayer(DynamicLayer):
-    """A DynamicLayer that writes into one buffer sized for the whole rollout.
-
-    The stock layer concatenates on every step, copying the whole cache each time
-    (about 40% of CPU generation time for the tiny model). Here `keys`/`values`
-    are views of the filled part of a preallocated buffer.
-    """
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            batch, heads, _, _ = key_states.shape
-            self._keys = key_states.new_empty((batch, heads, self.capacity, key_states.shape[-1]))
-            self._values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]))
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({end} tokens)")
-        self._keys[:, :, self.length : end] = key_states
-        self._values[:, :, self.length : end] = value_states
-        self.length = end
-        self._refresh_views()
-        return self.keys, self.values
-
-    def _refresh_views(self) -> None:
-        self.keys = self._keys[:, :, : self.length]
-        self.values = self._values[:, :, : self.length]
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self._keys = self._keys.index_select(0, indices)
-            self._values = self._values.index_select(0, indices)
-            self._refresh_views()
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self._keys = self._keys.repeat_interleave(repeats, dim=0)
-            self._values = self._values.repeat_interleave(repeats, dim=0)
-            self._refresh_views()
-
-
-def _make_cache(model: PreTrainedModel, capacity: int):
-    """A preallocated cache for plain full-attention models; None lets the model build its default."""
-    if DynamicCache is None:
-        return None
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception:  # exotic configs: fall back to the model's own cache
-        return None
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    cache.layers = [_PreallocatedLayer(capacity) for _ in cache.layers]
-    return cache
-
-
-def _select_rows(cache, index: torch.Tensor):
-    """Expand a prefill cache [U, ...] to the rollout rows [N, ...] (index maps row -> prompt)."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(index)
-        return cache
-    # Legacy tuple-of-tuples caches (remote-code models).
-    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
-
-
 def _inference(fn):
     """Run `fn` under torch.inference_mode (less per-op bookkeeping than no_grad: tiny-model
     rollouts 4.5% faster) and return its Generation with ordinary tensors (clones made outside
@@ -218,6 +144,8 @@ def generate(
     record: bool = False,
     logits_processor: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     check_every: int | None = None,
+    on_finished: Callable[[list[int], list[str]], None] | None = None,
+    decode_graph: bool = False,
 ) -> Generation:
     """Sample `num_return_sequences` completions per prompt (or argmax with greedy=True).
 
@@ -245,10 +173,21 @@ def generate(
     finished groups). Each check reads a device value on the host, which on a GPU waits for every
     queued kernel; default 1 on a CPU, 8 elsewhere. It changes no token, mask or log-prob: rows
     that stopped between checks feed masked pads, and only the generator draws a few steps more.
+
+    `on_finished(rows, texts)`: called at those checks with the rows that stopped since the last one
+    and their final texts (as `Generation.texts`), while the other rows decode on; e.g. to start
+    scoring them. Rows still decoding at the last step are not reported.
+
+    `decode_graph`: decode with the shape-stable step (`gpt2_decode.GraphedStep`): every row stays
+    in the decode batch and, on CUDA, each step replays one captured CUDA graph instead of launching
+    every kernel from Python. The same tokens and log-probs up to float reordering. A plain GPT-2
+    only (the cascade path), without `record`.
     """
     _check_prompts(prompts)
     if record and not (gpt2_decode.supports(model) and DynamicCache is not None and autocast_dtype is None):
         raise ValueError("record=True needs a plain GPT-2 in eval mode and no autocast (the cascade decoding path)")
+    if decode_graph and (record or DynamicCache is None or not gpt2_decode.supports(model, any_mode=True)):
+        raise ValueError("decode_graph=True needs a plain GPT-2 (the cascade decoding path) and record=False")
     per_prompt = {}
     for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature)):
         values = list(value) if isinstance(value, (list, tuple)) else [value] * len(prompts)
@@ -296,6 +235,7 @@ def generate(
     logprobs = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
     hit_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    reported = torch.zeros(n_rows, dtype=torch.bool, device=device)  # rows handed to on_finished
 
     recorded = None
     if record:
@@ -316,7 +256,8 @@ def generate(
     was_training = model.training
     model.eval()
     cascade = gpt2_decode.supports(model) and DynamicCache is not None
-    cache = DynamicCache(config=model.config) if cascade else _make_cache(model, prompt_len + max_new_tokens)
+    graphed = None
+    cache = DynamicCache(config=model.config) if cascade else make_cache(model, prompt_len + max_new_tokens)
     if check_every is None:  # see the docstring: on a CPU a host read costs nothing
         check_every = 1 if device.type == "cpu" else 8
     elif not isinstance(check_every, int) or check_every < 1:
@@ -331,9 +272,10 @@ def generate(
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
             decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None,
-                                                 record=record)
+                                                 record=record, static=decode_graph)
+            graphed = gpt2_decode.GraphedStep(decoder, n_rows, device) if decode_graph else None
         else:
-            cache = _select_rows(cache, index)
+            cache = select_rows(cache, index)
         # The rows still decoding: all at first; a group whose G rows have all finished is dropped
         # from the decode batch (see _worth_compacting), so late steps run on fewer rows.
         rows = torch.arange(n_rows, device=device)
@@ -359,8 +301,11 @@ def generate(
             if step + 1 == max_new_tokens or ((step + 1) % check_every == 0 and bool(finished.all())):
                 break
             checked = (step + 1) % check_every == 0
+            if checked and on_finished is not None:
+                reported = _report_finished(finished & ~reported, reported, on_finished, tokenizer, completion,
+                                            completion_mask, hit_eos, step + 1, eos_id)
             live = ~finished[rows].view(-1, G).all(1) if checked else None  # per decoding group
-            if checked and _worth_compacting(live, cascade, cache):
+            if checked and not decode_graph and _worth_compacting(live, cascade, cache):
                 local = live.nonzero().squeeze(1)  # positions of the live groups among the decoding ones
                 local_rows = (local.unsqueeze(1) * G + torch.arange(G, device=device)).flatten()
                 rows, tokens, alive = rows[local_rows], tokens[local_rows], alive[local_rows]
@@ -370,6 +315,9 @@ def generate(
                     cache.batch_select_indices(local_rows)
                     attention_mask = attention_mask[local_rows]
             # Rows that already finished feed a masked pad token; their outputs are discarded.
+            if graphed is not None:
+                logits = graphed(tokens, next_position + step, step)
+                continue
             if cascade:
                 out, every_row = None, rows.numel() == n_rows  # (groups may have left just above)
                 if recorded is not None:  # written in place while every row decodes, else scattered after
@@ -396,6 +344,18 @@ def generate(
     logprobs = logprobs[:, :steps]
     texts, reasons = _decode(tokenizer, completion, completion_mask, hit_eos, eos_id)
     return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, reasons, recorded)
+
+
+def _report_finished(new: torch.Tensor, reported: torch.Tensor, on_finished: Callable, tokenizer,
+                     completion: torch.Tensor, mask: torch.Tensor, hit_eos: torch.Tensor, steps: int,
+                     eos_id: int) -> torch.Tensor:
+    """Hand the rows in `new` (finished, not yet reported) with their texts to `on_finished`."""
+    if not bool(new.any()):
+        return reported
+    rows = new.nonzero().squeeze(1)
+    texts, _ = _decode(tokenizer, completion[rows, :steps], mask[rows, :steps], hit_eos[rows], eos_id)
+    on_finished(rows.tolist(), texts)
+    return reported | new
 
 
 def _worth_compacting(live: torch.Tensor, cascade: bool, cache) -> bool:

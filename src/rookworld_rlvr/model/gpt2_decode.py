@@ -129,22 +129,24 @@ def recording(model: torch.nn.Module, out: torch.Tensor) -> Iterator[None]:
             h.remove()
 
 
-def supports(model: torch.nn.Module) -> bool:
-    """Plain self-attention GPT-2 whose forward we reproduce exactly."""
+def supports(model: torch.nn.Module, any_mode: bool = False) -> bool:
+    """Plain self-attention GPT-2 whose forward we reproduce exactly (in eval mode, unless `any_mode`:
+    whether it will be once put in eval mode)."""
     from transformers import GPT2LMHeadModel
 
     cfg = getattr(model, "config", None)
     return (type(model) is GPT2LMHeadModel and not cfg.add_cross_attention and not cfg.reorder_and_upcast_attn
-            and not model.training)
+            and (any_mode or not model.training))
 
 
 class CascadeDecoder:
     """Holds the shared prompt cache and a per-row completion cache; `step` runs one token per row."""
 
     def __init__(self, model, prompt_cache, prompt_mask: torch.Tensor, group: int, capacity: int,
-                 pack: bool = False, record: bool = False) -> None:
+                 pack: bool = False, record: bool = False, static: bool = False) -> None:
         """`pack`: run the projections on oneDNN-packed weights (only where `can_pack(model)`).
-        `record`: `step` can write the projections' outputs (the GELU then runs unfused)."""
+        `record`: `step` can write the projections' outputs (the GELU then runs unfused).
+        `static`: the caches start zeroed, for `step(..., t=)` (see there)."""
         self.model = model
         self.blocks = model.transformer.h
         self.group = group
@@ -163,9 +165,11 @@ class CascadeDecoder:
         self.prompt_bias.masked_fill_(prompt_mask == 0, float("-inf"))
         self.prompt_bias = self.prompt_bias[:, None, None, :]
         # each row's own keys/values, laid out by prompt like the queries: [U, H, G, capacity, D]
-        self.ck = [self.pk[0].new_empty((u, h, group, capacity, d)) for _ in layers]
-        self.cv = [self.pk[0].new_empty((u, h, group, capacity, d)) for _ in layers]
+        alloc = self.pk[0].new_zeros if static else self.pk[0].new_empty  # (masked garbage could be NaN)
+        self.ck = [alloc((u, h, group, capacity, d)) for _ in layers]
+        self.cv = [alloc((u, h, group, capacity, d)) for _ in layers]
         self.length = 0
+        self.slots = torch.arange(capacity, device=prompt_mask.device)
 
     def select_groups(self, keep: torch.Tensor) -> None:
         """Go on with only the groups `keep` (indices among the current ones) and their rows."""
@@ -178,13 +182,21 @@ class CascadeDecoder:
                 cache[i] = old.new_empty((keep.numel(), *old.shape[1:]))
                 cache[i][:, :, :, :t] = old[:, :, :, :t].index_select(0, keep)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, record: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, record: torch.Tensor | None = None,
+             t: torch.Tensor | None = None) -> torch.Tensor:
         """tokens, positions [N] -> float32 logits [N, V] for the next token. `record` [layers, N,
-        sum(projection_widths)]: receives every layer's projection outputs (needs `record=True`)."""
+        sum(projection_widths)]: receives every layer's projection outputs (needs `record=True`).
+
+        `t` (a 0-dim long tensor on the device, the step's index; needs `static=True`): the
+        shape-stable form, which a CUDA graph can capture (`GraphedStep`): keys and values are written
+        at t by index, every row attends over the whole completion cache with the slots after t
+        masked, and no Python value changes between steps. The same numbers, up to float reordering."""
         tr = self.model.transformer
         x = tr.wte(tokens) + tr.wpe(positions)  # [N, E]
-        t = self.length
         n, e = x.shape
+        if t is None:
+            t = self.length
+            self.length = t + 1
         u, g = n // self.group, self.group
 
         def keep(i: int, j: int, y: torch.Tensor) -> torch.Tensor:  # layer i's projection j: recorded, passed on
@@ -199,21 +211,78 @@ class CascadeDecoder:
             q, k, v = keep(i, 0, qkv(block.ln_1(x))).split(attn.split_size, dim=-1)
             # [N, E] = [U, G, H, D] -> [U, H, G, D]: a prompt's G queries side by side
             q, k, v = (z.view(u, g, h, attn.head_dim).transpose(1, 2) for z in (q, k, v))
-            self.ck[i][:, :, :, t] = k
-            self.cv[i][:, :, :, t] = v
-            a = self._attend(q, i, t + 1, attn.scaling)  # [U, H, G, D]
+            if isinstance(t, int):
+                self.ck[i][:, :, :, t] = k
+                self.cv[i][:, :, :, t] = v
+            else:  # by index: the same kernels at every step
+                self.ck[i].index_copy_(3, t.view(1), k.unsqueeze(3))
+                self.cv[i].index_copy_(3, t.view(1), v.unsqueeze(3))
+            a = self._attend(q, i, t, attn.scaling)  # [U, H, G, D]
             x = x + keep(i, 1, out(a.transpose(1, 2).reshape(n, e)))
             x = x + keep(i, 3, down(act(keep(i, 2, up(block.ln_2(x))))))
-        self.length = t + 1
         return self.head(tr.ln_f(x)).float()
 
-    def _attend(self, q: torch.Tensor, i: int, length: int, scaling: float) -> torch.Tensor:
-        """Softmax over [shared prompt keys | own completion keys]; q [U, H, G, D] -> [U, H, G, D]."""
+    def _attend(self, q: torch.Tensor, i: int, t: int | torch.Tensor, scaling: float) -> torch.Tensor:
+        """Softmax over [shared prompt keys | own completion keys up to step t]; q [U, H, G, D] ->
+        [U, H, G, D]. A tensor t attends over the whole (zeroed) cache with the later slots masked."""
         sp = (q @ self.pk[i].transpose(-1, -2)) * scaling + self.prompt_bias  # [U, H, G, P]
-        kc, vc = self.ck[i][:, :, :, :length], self.cv[i][:, :, :, :length]  # [U, H, G, T, D]
-        sc = (q.unsqueeze(3) @ kc.transpose(-1, -2)).squeeze(3) * scaling  # [U, H, G, T]
+        if isinstance(t, int):
+            kc, vc = self.ck[i][:, :, :, :t + 1], self.cv[i][:, :, :, :t + 1]  # [U, H, G, T, D]
+            sc = (q.unsqueeze(3) @ kc.transpose(-1, -2)).squeeze(3) * scaling  # [U, H, G, T]
+        else:
+            kc, vc = self.ck[i], self.cv[i]  # [U, H, G, capacity, D]
+            sc = ((q.unsqueeze(3) @ kc.transpose(-1, -2)).squeeze(3) * scaling).masked_fill(self.slots > t,
+                                                                                             float("-inf"))
         probs = torch.cat([sp, sc], -1).float().softmax(-1).to(q.dtype)
         p = sp.shape[-1]
         out_p = probs[..., :p] @ self.pv[i]  # [U, H, G, D]
         out_c = (probs[..., p:].unsqueeze(3) @ vc).squeeze(3)  # [U, H, G, D]
         return out_p + out_c
+
+
+class GraphedStep:
+    """A `CascadeDecoder(static=True)`'s step at fixed rows: on CUDA captured once as a CUDA graph (after
+    two eager warm-up runs of the first step, which rewrite the same keys) and replayed at every later
+    step, one launch for the whole model instead of hundreds of kernels; elsewhere run eagerly (the
+    same shape-stable code, which the CPU tests check). Under autocast the capture runs without
+    autocast's weight cache (a cached cast made during capture would be freed under the graph), so
+    each replay casts the weights again."""
+
+    def __init__(self, decoder: CascadeDecoder, rows: int, device: torch.device) -> None:
+        self.decoder = decoder
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.cuda = device.type == "cuda"
+        self.graph = None
+        self.logits: torch.Tensor | None = None
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, t: int) -> torch.Tensor:
+        """Float32 logits [rows, V] (on CUDA the graph's own output buffer: read it before the next call)."""
+        self.t.fill_(t)
+        if not self.cuda:
+            return self.decoder.step(tokens, positions, t=self.t)
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.logits
+
+    def _capture(self) -> None:
+        amp = torch.is_autocast_enabled("cuda")
+        dtype = torch.get_autocast_dtype("cuda") if amp else None
+
+        def run() -> torch.Tensor:
+            with torch.autocast("cuda", dtype=dtype, cache_enabled=False) if amp else contextlib.nullcontext():
+                return self.decoder.step(self.tokens, self.positions, t=self.t)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = run()

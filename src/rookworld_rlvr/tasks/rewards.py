@@ -200,6 +200,20 @@ class RewardScorer:
         weights = weights or {}
         return [self.score(p, c, x, weights.get(t)) for p, c, x, t in zip(prompts, completions, truths, tasks)]
 
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], truths: Sequence[Any] | None,
+                 weights: dict[str, dict[str, float]] | None = None) -> list[RewardResult]:
+        """`score_batch`: a scorer is the trainer's reward function (`grpo.rollout.RewardFn`)."""
+        return self.score_batch(prompts, completions, truths, weights)
+
+    def prefetch(self, completions: Sequence[str], truths: Sequence[Any]) -> None:
+        """Run now, into the engine's cache, the searches that scoring these completions will need
+        (legal best moves outside their truth's candidates), so that `score_batch` finds them there:
+        the trainer calls it for the rows that finish while the rest of the batch still decodes.
+        `truths` are the samples' truth objects. The rewards are the same either way; without an engine
+        it does nothing."""
+        if self.engine is not None:
+            self._prefetch_move_evals(completions, truths)
+
     def _prefetch_move_evals(self, completions, truths) -> None:
         """Search every legal best move outside its candidates, of every position, in one pool call."""
         pairs: set[tuple[str, str]] = set()
