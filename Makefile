@@ -11,7 +11,7 @@ ARGS ?=
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,report,lora,sweep]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,report,lora,sweep,bench]"
 	touch $(STAMP)
 
 setup: $(STAMP) stockfish

@@ -194,8 +194,35 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['config']} | {r['batch']} | {r['s_per_step']} | {r['peak_memory_gib']} | {shares} |")
     lines += ["", "| SFT preset | batch | s/step | samples/s |", "|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['batch_size']} | {r['s_per_step']} | {r['samples_per_s']} |" for r in result["sft"]]
-    lines += ["", f"TRL GRPOTrainer: {result['trl']}", ""]
-    return "\n".join(lines)
+    trl = result["trl"]
+    if isinstance(trl, dict):
+        lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "
+                  "| TRL s/step | TRL / ours per step | per token |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {'bf16' if r['bf16'] else 'float32'} | {r['config']} | {r['beta']:g} | {r['prompts']} x "
+                  f"{r['generations']} x {r['max_tokens']} | {r['ours_s_per_step']:.3f} | {r['trl_s_per_step']:.3f} "
+                  f"| {r['ratio_trl_over_ours']:.2f}x | "
+                  + (f"{r['ratio_per_token']:.2f}x |" if r.get("ratio_per_token") else "- |") for r in trl["results"]]
+    else:
+        lines += ["", f"TRL GRPOTrainer: {trl}"]
+    return "\n".join(lines + [""])
+
+
+def add_trl(out: Path, trl_json: Path, trl_log: Path) -> None:
+    """Put benchmarks/grpo_vs_trl.py's result (run after this script by gpu_check.sh) into OUT's JSON and
+    table; where it wrote none, the last lines of its log say why."""
+    result = json.loads((out / "gpu_check.json").read_text())
+    if trl_json.is_file():
+        trl = json.loads(trl_json.read_text())
+        result["trl"] = {"trl": trl["machine"]["trl"], "command": trl["machine"]["command"], "results": [
+            {k: r.get(k) for k in ("config", "beta", "bf16", "prompts", "generations", "max_tokens", "ours_s_per_step",
+                                   "trl_s_per_step", "ratio_trl_over_ours", "ratio_per_token", "paired_ratios")}
+            for r in trl["results"]]}
+    else:
+        tail = trl_log.read_text().strip().splitlines()[-3:] if trl_log.is_file() else ["no log"]
+        result["trl"] = "not measured: " + " / ".join(tail)[-400:]
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "gpu_check.md").write_text(markdown(result))
+    print(markdown(result))
 
 
 def main() -> int:
@@ -203,7 +230,13 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: proves the script runs (CPU)")
+    ap.add_argument("--add-trl", nargs=2, type=Path, metavar=("JSON", "LOG"),
+                    help="only put benchmarks/grpo_vs_trl.py's JSON (or, if it wrote none, its log's last lines) into "
+                         "OUT's gpu_check.json and gpu_check.md")
     args = ap.parse_args()
+    if args.add_trl:
+        add_trl(args.out, *args.add_trl)
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA device", file=sys.stderr)
@@ -233,7 +266,7 @@ def main() -> int:
                   "generation": generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3),
                   "grpo": grpo(model_dir, data, device, tmp, 2 if args.smoke else 6, args.smoke),
                   "sft": sft(data, device, tmp, 2 if args.smoke else 30, args.smoke),
-                  "trl": "not measured: benchmarks/grpo_vs_trl.py runs on the CPU only so far"}
+                  "trl": "not measured yet: scripts/gpu_check.sh runs benchmarks/grpo_vs_trl.py next"}
     result["seconds"] = round(time.time() - t0, 1)
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "gpu_check.md").write_text(markdown(result))

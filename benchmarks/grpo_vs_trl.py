@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -228,7 +227,8 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "output_dir": str(run_dir / "ours"), "tensorboard": False, "report": False, "progress": False,
         "seed": args.seed,
     })
-    pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=None))
+    pool = (StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=None))
+            if args.engine == "stockfish" else None)
     reward = TRLRewardFunction(RewardScorer(cfg.reward_config(), engine=pool))
     try:
         ours = Trainer(cfg, reward.scorer, [], None, log=lambda *_: None)
@@ -298,7 +298,8 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         trl_logged = [h["step_time"] for h in trl.state.log_history if "step_time" in h]
         trl_lengths = [h["completions/mean_length"] for h in trl.state.log_history if "completions/mean_length" in h]
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
 
     meas = ours_rec[warmup:]
     ours_s = statistics.median(r["time/step"] for r in meas)
@@ -348,7 +349,7 @@ def table(machine: dict, results: list[dict]) -> str:
     lines = [f"GRPO seconds per step: rookworld-rlvr vs TRL {machine['trl']} GRPOTrainer (interleaved, medians)",
              f"machine: {machine['cpu']} ({machine['processor']}), {machine['cores']} cores, "
              f"{machine['threads']} torch threads, torch {machine['torch']}, transformers {machine['transformers']}, "
-             f"load average at start {machine['loadavg']}, device {machine['device']}",
+             f"load average at start {machine['loadavg']}, device {machine['device']}, reward engine {machine['engine']}",
              f"command: {machine['command']}",
              "matmul 1024x1024 at the start / end of the run (the bound uses the faster): float32 "
              + " / ".join(f"{machine[k]['float32']:.0f}" for k in ("gflops_start", "gflops_end")) + " GFLOP/s, bf16 "
@@ -408,6 +409,10 @@ def main() -> int:
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there (default cpu)")
+    ap.add_argument("--engine", choices=("stockfish", "none"), default="stockfish",
+                    help="the shared reward's Stockfish pool; none: a legal best move outside a sample's top 5 is "
+                         "valued at the lowest of the 5 (RewardScorer without an engine), for a machine without "
+                         "Stockfish (default stockfish)")
     # smoke-test knobs (the benchmark itself is 8 x 8, 100 tokens)
     ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--generations", type=int, default=8, help=argparse.SUPPRESS)
@@ -441,6 +446,7 @@ def main() -> int:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "trl": trl.__version__, "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "command": " ".join(["python", *map(shlex.quote, sys.argv)]), "bf16_hardware": bf16_hardware(),
+        "engine": args.engine,
     }
     def rates() -> dict[str, float]:
         log("measuring matmul rates ...")

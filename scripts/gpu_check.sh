@@ -2,10 +2,10 @@
 # The one prepared command for a GPU machine (offline; about 8 minutes on one H100):
 #   scripts/gpu_check.sh OUT_DIR            the CUDA tests (tests/gpu), then benchmarks/gpu_check.py on cuda
 #   scripts/gpu_check.sh OUT_DIR --smoke    the same on the CPU at tiny sizes (a CPU test runs this)
-# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit), gpu_check.json and gpu_check.md, and (not with --smoke)
-# grpo_vs_trl.txt/.json: TRL's GRPOTrainer beside ours on the GPU, or why it did not run.
+# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit), gpu_check.json and gpu_check.md (TRL's GRPOTrainer beside ours
+# included), and grpo_vs_trl.txt/.json: that run's own output, or why it did not run.
 # Uses the python on PATH (PYTHON=... to choose): a CUDA build of torch with this package's dependencies;
-# what the GPU image lacks (python-chess, Stockfish) comes from scripts/gpu_pack.sh's .whl/ and .gpu/ when present.
+# what the GPU image lacks (python-chess; TRL and datasets) comes from scripts/gpu_pack.sh --trl's .whl/ when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--smoke]}
@@ -18,7 +18,8 @@ py=${PYTHON:-python3}
 device=cuda
 [ "$mode" = "--smoke" ] && device=cpu
 mkdir -p "$out"
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (scripts/gpu_pack.sh)
+# carried wheels (scripts/gpu_pack.sh --trl: built for the GPU image's Python; --smoke uses this machine's own)
+if [ "$mode" != "--smoke" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -31,15 +32,23 @@ ROOKWORLD_TEST_DEVICE=$device "$py" -m pytest -q -m gpu tests/gpu -p no:cachepro
 tests=${PIPESTATUS[0]}
 "$py" benchmarks/gpu_check.py --device "$device" --out "$out" $mode
 bench=$?
-# TRL's GRPOTrainer beside ours on the same GPU and work (124M, bf16), when TRL and its dependencies import
-# (carried as wheels, or in the image); at most 150 s. Not in --smoke (tests/test_gpu_check.py keeps it short).
-if [ "$mode" != "--smoke" ]; then
-  if "$py" -c "import trl, datasets, accelerate" 2> "$out/grpo_vs_trl.txt"; then
-    timeout 150 "$py" benchmarks/grpo_vs_trl.py --config 124m --device cuda --bf16 --beta 0 --steps-124m 3 \
-      --warmup-124m 1 --json "$out/grpo_vs_trl.json" > "$out/grpo_vs_trl.txt" 2>&1 || echo "grpo_vs_trl: exit $?" >> "$out/grpo_vs_trl.txt"
+# TRL's GRPOTrainer beside ours on the same device and work (124M, bf16; --smoke: the shipped small model, 2 x 2
+# completions of 8 tokens, float32), when TRL and its dependencies import (scripts/gpu_pack.sh --trl carries them);
+# at most 150 s. Its result joins gpu_check.json and gpu_check.md; where it did not run, the reason does. The shared
+# reward runs without Stockfish (--engine none: a move outside a sample's top 5 is valued at the lowest of them):
+# Stockfish (21 MiB) and TRL's wheels do not fit in one 64 MiB carry with the tree, and both trainers score alike.
+rm -f "$out/grpo_vs_trl.json"
+if "$py" -c "import trl, datasets, accelerate" 2> "$out/grpo_vs_trl.txt"; then
+  if [ "$mode" = "--smoke" ]; then
+    trl_args=(--config small --device cpu --beta 0 --steps 1 --warmup 0 --threads 1 --prompts 2 --generations 2 --max-tokens 8 --engine none)
   else
-    echo "grpo_vs_trl: TRL, datasets or accelerate does not import here (see above); not run" >> "$out/grpo_vs_trl.txt"
+    trl_args=(--config 124m --device cuda --bf16 --beta 0 --steps-124m 3 --warmup-124m 1 --engine none)
   fi
+  timeout 150 "$py" benchmarks/grpo_vs_trl.py "${trl_args[@]}" --json "$out/grpo_vs_trl.json" > "$out/grpo_vs_trl.txt" 2>&1 \
+    || echo "grpo_vs_trl: exit $?" >> "$out/grpo_vs_trl.txt"
+else
+  echo "grpo_vs_trl: TRL, datasets or accelerate does not import here (scripts/gpu_pack.sh --trl carries them); not run" >> "$out/grpo_vs_trl.txt"
 fi
+[ "$bench" = 0 ] && "$py" benchmarks/gpu_check.py --out "$out" --add-trl "$out/grpo_vs_trl.json" "$out/grpo_vs_trl.txt" > /dev/null
 echo "gpu_check: tests exit $tests, benchmarks exit $bench; results in $out"
 [ "$tests" = 0 ] && [ "$bench" = 0 ]

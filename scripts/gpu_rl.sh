@@ -37,7 +37,8 @@ done
 py=${PYTHON:-python3}
 work=${WORK:-runs/gpu-rl}
 mkdir -p "$out" "$work"
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (scripts/gpu_pack.sh)
+# carried wheels (scripts/gpu_pack.sh: built for the GPU image's Python; --smoke uses this machine's own)
+if [ $smoke = 0 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl
   export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 fi

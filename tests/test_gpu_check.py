@@ -1,5 +1,6 @@
 """scripts/gpu_check.sh, the one prepared command for a GPU machine, runs end to end here in its
---smoke mode: the CUDA tests on the CPU, then every measurement at tiny sizes, into the folder given."""
+--smoke mode: the CUDA tests on the CPU, then every measurement at tiny sizes, TRL's GRPOTrainer beside
+ours included, into the folder given."""
 
 import json
 import subprocess
@@ -24,8 +25,14 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
                for r in result["grpo"])
     assert result["sft"][0]["preset"] == "tiny" and result["sft"][0]["s_per_step"] > 0
+    # TRL's GRPOTrainer beside ours on the same work, with the shared reward run without Stockfish (as on the GPU)
+    trl = json.loads((out / "grpo_vs_trl.json").read_text())
+    assert trl["machine"]["engine"] == "none" and trl["machine"]["device"] == "cpu"
+    (pair,) = result["trl"]["results"]
+    assert pair["prompts"] == pair["generations"] == 2 and pair["ours_s_per_step"] > 0 and pair["trl_s_per_step"] > 0
     table = (out / "gpu_check.md").read_text()
     assert "| GRPO step (124M preset) |" in table and "(smoke: tiny sizes)" in table
+    assert f"| float32 | small | 0 | 2 x 2 x 8 | {pair['ours_s_per_step']:.3f} | {pair['trl_s_per_step']:.3f} |" in table
     bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--fast"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
