@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.yaml
 ARGS ?=
+# test processes (pytest-xdist): one per core, at most 4 (each holds torch and tiny models in memory)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
-.PHONY: setup stockfish browser train test test-fast clean
+.PHONY: setup stockfish browser train test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +29,7 @@ train: setup
 	$(VENV)/bin/rookworld train --config $(CONFIG) $(ARGS)
 
 test: setup browser
-	@$(PY) -m pytest -q $(ARGS); rc=$$?; \
+	@$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal $(ARGS); rc=$$?; \
 	if [ $$rc = 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:

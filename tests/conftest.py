@@ -13,6 +13,13 @@ REFERENCE = REPO / "data" / "reference" / "rook_val_500.txt"  # upstream sample,
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# `make test` runs the suite in parallel processes (pytest-xdist, -n): each gets an equal share of the cores,
+# and so do the scripts its tests start (OMP_NUM_THREADS), so that no process's threads wait on another's.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
 # Tools beyond the Python packages: `make test` installs them (scripts/ensure_stockfish.sh,
 # scripts/ensure_chromium.sh). Where one is missing, a test that needs it is skipped with the
 # command that installs it; with ROOKWORLD_TEST_STRICT=1 (CI sets it) that is a failure, and so is

@@ -3,6 +3,7 @@
 ours included, into the folder given."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,9 +12,10 @@ from conftest import REPO
 
 def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "out"
+    threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS",) if k in os.environ}  # the suite's share of the cores
     done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--smoke"], capture_output=True,
                           text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
-                                                       "HOME": str(tmp_path)})
+                                                       "HOME": str(tmp_path), **threads})
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert "8 passed" in (out / "gpu_tests.log").read_text()
     result = json.loads((out / "gpu_check.json").read_text())
