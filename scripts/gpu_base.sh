@@ -32,11 +32,8 @@ py=${PYTHON:-python3}
 mkdir -p "$out"
 work=${WORK:-/tmp/gpu-base}
 mkdir -p "$work"
-# carried wheels (scripts/gpu_pack.sh: built for the GPU image's Python; --smoke uses this machine's own)
-if [ $smoke = 0 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl
-  export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/gpu_wheels.sh
+use_carried_wheels "$py" $smoke
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
 if [ $smoke = 1 ]; then

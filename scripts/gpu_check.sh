@@ -18,11 +18,8 @@ py=${PYTHON:-python3}
 device=cuda
 [ "$mode" = "--smoke" ] && device=cpu
 mkdir -p "$out"
-# carried wheels (scripts/gpu_pack.sh --trl: built for the GPU image's Python; --smoke uses this machine's own)
-if [ "$mode" != "--smoke" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/gpu_wheels.sh
+use_carried_wheels "$py" $([ "$mode" = "--smoke" ] && echo 1 || echo 0) || exit 1
 if [ -f .gpu/stockfish.xz ]; then  # carried Stockfish (scripts/gpu_pack.sh --stockfish)
   xz -dc .gpu/stockfish.xz > /tmp/gpu-stockfish && chmod +x /tmp/gpu-stockfish && export STOCKFISH_PATH=/tmp/gpu-stockfish
 fi

@@ -37,11 +37,8 @@ done
 py=${PYTHON:-python3}
 work=${WORK:-runs/gpu-rl}
 mkdir -p "$out" "$work"
-# carried wheels (scripts/gpu_pack.sh: built for the GPU image's Python; --smoke uses this machine's own)
-if [ $smoke = 0 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl
-  export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/gpu_wheels.sh
+use_carried_wheels "$py" $smoke
 if [ -f .gpu/stockfish.xz ] && [ -z "${STOCKFISH_PATH:-}" ]; then  # carried Stockfish (gpu_pack.sh --stockfish)
   xz -dc .gpu/stockfish.xz > "$work/stockfish.tmp" && chmod +x "$work/stockfish.tmp" && mv "$work/stockfish.tmp" "$work/stockfish"
   export STOCKFISH_PATH="$(cd "$work" && pwd)/stockfish"

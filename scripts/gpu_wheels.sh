@@ -1,0 +1,13 @@
+# Sourced by scripts/gpu_check.sh, gpu_rl.sh and gpu_base.sh: `use_carried_wheels PYTHON SMOKE` installs the wheels
+# scripts/gpu_pack.sh put in .whl/ (built for the GPU image's Python) into /tmp/gpu-site and puts that first on
+# PYTHONPATH. Nothing in --smoke runs (SMOKE=1: this machine's own packages), nothing when there are no wheels, and
+# nothing a second time (gpu_rl.sh runs gpu_base.sh, which inherits the PYTHONPATH).
+use_carried_wheels() {
+  local py=$1 smoke=$2
+  [ "$smoke" = 1 ] && return 0
+  ls .whl/*.whl >/dev/null 2>&1 || return 0
+  case ":${PYTHONPATH:-}:" in *:/tmp/gpu-site:*) return 0 ;; esac
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site .whl/*.whl \
+    || return 1
+  export PYTHONPATH="/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+}
