@@ -197,11 +197,14 @@ def markdown(result: dict) -> str:
     trl = result["trl"]
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "
-                  "| TRL s/step | TRL / ours per step | per token |", "|---|---|---|---|---|---|---|---|"]
+                  "| TRL s/step | TRL / ours per step | per token | tokens ours / TRL |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {'bf16' if r['bf16'] else 'float32'} | {r['config']} | {r['beta']:g} | {r['prompts']} x "
                   f"{r['generations']} x {r['max_tokens']} | {r['ours_s_per_step']:.3f} | {r['trl_s_per_step']:.3f} "
                   f"| {r['ratio_trl_over_ours']:.2f}x | "
-                  + (f"{r['ratio_per_token']:.2f}x |" if r.get("ratio_per_token") else "- |") for r in trl["results"]]
+                  + (f"{r['ratio_per_token']:.2f}x |" if r.get("ratio_per_token") else "- |")
+                  + (f" {r['ours_completion_len']:.0f} / {r['trl_completion_len']:.0f} |"
+                     if r.get("ours_completion_len") and r.get("trl_completion_len") else " - |")
+                  for r in trl["results"]]
     else:
         lines += ["", f"TRL GRPOTrainer: {trl}"]
     return "\n".join(lines + [""])
@@ -215,7 +218,8 @@ def add_trl(out: Path, trl_json: Path, trl_log: Path) -> None:
         trl = json.loads(trl_json.read_text())
         result["trl"] = {"trl": trl["machine"]["trl"], "command": trl["machine"]["command"], "results": [
             {k: r.get(k) for k in ("config", "beta", "bf16", "prompts", "generations", "max_tokens", "ours_s_per_step",
-                                   "trl_s_per_step", "ratio_trl_over_ours", "ratio_per_token", "paired_ratios")}
+                                   "trl_s_per_step", "ratio_trl_over_ours", "ratio_per_token", "paired_ratios",
+                                   "ours_completion_len", "trl_completion_len", "ours_reference_pass")}
             for r in trl["results"]]}
     else:
         tail = trl_log.read_text().strip().splitlines()[-3:] if trl_log.is_file() else ["no log"]

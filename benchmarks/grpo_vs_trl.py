@@ -16,14 +16,19 @@ default `backward_dtype: auto`, runs its backward's matrix products in bf16 on a
 measure >= 1.5x faster (`--backward-dtype float32` for an all-float32 run of ours; TRL has no such
 mode), and by its default `record_rollout: auto` its first update on a batch takes the projection
 outputs the sampler computed instead of recomputing them where the model is 512 or more wide (the
-124m configuration; `--record-rollout always|never` to choose). The runs are interleaved step by step inside one process:
+124m configuration; `--record-rollout always|never` to choose). At β 0 neither trainer runs a reference
+pass: TRL loads none, and ours runs without the collapse guard's KL signals, which `rookworld train`
+computes by default (`--kl-guard` keeps them). On a CPU the process keeps freed host memory for reuse, as `rookworld train` does
+(`rookworld_rlvr.hostmem`; process-wide, so for TRL's steps too; `--glibc-defaults` to leave glibc as
+it is). The runs are interleaved step by step inside one process:
 a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
 steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 
 Configurations: `small` is the shipped `models/rookworld-board` when it has weights (else a random
 model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
 (`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
-RookWorld-LM scale. Per configuration and β it prints the median s/step of each trainer and the
+RookWorld-LM scale. A random model's EOS is made undrawable (`never_stops`), so both trainers' completions
+all run to --max-tokens: the same generated tokens in both, equal work by construction. Per configuration and β it prints the median s/step of each trainer and the
 ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
 float32 and bf16 matmul rates, and as run (each product at the rate of the dtype it ran in).
 
@@ -107,7 +112,23 @@ def has_weights(path: Path) -> bool:
     return path.is_dir() and (any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").exists())
 
 
+def never_stops(model, eos_id: int) -> None:
+    """Make a freshly initialised GPT-2's EOS undrawable, so that every completion runs to the token limit
+    in both trainers: the same generated tokens, hence equal work. A random model draws its EOS about once
+    in a vocabulary's length of tokens, and the two samplers' lengths then differ by chance (67 against 98
+    tokens in one 124M run). The final layer norm's output sums to 0 over its width at initialisation
+    (weight 1); with its bias at b and the tied EOS embedding at -c everywhere, EOS's logit is -c·b·width
+    (-38 at 124M) and every other token's moves by b times the sum of its embedding (about ±0.05)."""
+    ln = model.transformer.ln_f
+    if not (torch.all(ln.weight == 1) and torch.all(ln.bias == 0)):
+        raise ValueError("never_stops needs a freshly initialised final layer norm (weight 1, bias 0)")
+    with torch.no_grad():
+        ln.bias.fill_(0.1)
+        model.get_input_embeddings().weight[eos_id].fill_(-0.5)
+
+
 def random_model(preset: str, out_dir: Path, seed: int) -> Path:
+    """A random GPT-2 of `preset` with the chess tokenizer, its EOS undrawable (`never_stops`), saved to `out_dir`."""
     from transformers import GPT2LMHeadModel
 
     from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
@@ -116,6 +137,7 @@ def random_model(preset: str, out_dir: Path, seed: int) -> Path:
     tok = build_chess_tokenizer()
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(tiny_config(len(tok), preset))
+    never_stops(model, tok.eos_token_id)
     save_pretrained_atomic(model, tok, out_dir)
     return out_dir
 
@@ -226,7 +248,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "backward_dtype": args.backward_dtype, "record_rollout": args.record_rollout,
         "output_dir": str(run_dir / "ours"), "tensorboard": False, "report": False, "progress": False,
         "seed": args.seed,
-    })
+    } | ({} if args.kl_guard or beta > 0 else {"guard_kl_mean": None, "guard_kl_max": None}))
     pool = (StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=None))
             if args.engine == "stockfish" else None)
     reward = TRLRewardFunction(RewardScorer(cfg.reward_config(), engine=pool))
@@ -327,6 +349,8 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
         "phase_share": {p: (v / step_tot if step_tot else 0.0) for p, v in phase_tot.items()},
         "ours_record_rollout": ours.record, "ours_forward": ours.record_note,
+        # beta 0: TRL loads no reference; ours runs one only for the KL guard (--kl-guard)
+        "ours_reference_pass": ours.use_ref,
         "flops": {k: statistics.median(r["flops"][k] for r in meas)
                   for k in ("generate", "reference", "old", "policy", "policy_backward")}
         | {"total": flops},
@@ -350,6 +374,7 @@ def table(machine: dict, results: list[dict]) -> str:
              f"machine: {machine['cpu']} ({machine['processor']}), {machine['cores']} cores, "
              f"{machine['threads']} torch threads, torch {machine['torch']}, transformers {machine['transformers']}, "
              f"load average at start {machine['loadavg']}, device {machine['device']}, reward engine {machine['engine']}",
+             f"{machine['allocator']} (both trainers)",
              f"command: {machine['command']}",
              "matmul 1024x1024 at the start / end of the run (the bound uses the faster): float32 "
              + " / ".join(f"{machine[k]['float32']:.0f}" for k in ("gflops_start", "gflops_end")) + " GFLOP/s, bf16 "
@@ -381,6 +406,9 @@ def table(machine: dict, results: list[dict]) -> str:
                      f"{100 * r['fraction_of_bound']['as_run']:.0f}% of them")
         lines.append(f"  our policy pass: forward {'bf16 autocast' if r['bf16'] else 'float32'}, backward products "
                      f"{r['ours_backward']}; forward projections {r['ours_forward']}")
+        lines.append("  reference pass: " + ("off (beta 0; TRL has none either)" if not r["ours_reference_pass"]
+                                             else "on" + (" (beta 0: the collapse guard's KL signals only, --kl-guard)"
+                                                          if r["beta"] == 0 else "")))
     return "\n".join(lines)
 
 
@@ -407,6 +435,12 @@ def main() -> int:
                          "record_rollout; default auto: for models 512 or more wide)")
     ap.add_argument("--backward-dtype", choices=("auto", "float32", "bf16"), default="auto",
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
+    ap.add_argument("--kl-guard", action="store_true",
+                    help="keep the collapse guard's KL signals at beta 0, as `rookworld train` does by default: ours "
+                         "then runs a reference pass that TRL does not (default: off at beta 0, for equal work)")
+    ap.add_argument("--glibc-defaults", action="store_true",
+                    help="leave glibc's allocator as it is; by default the process keeps freed host memory for reuse "
+                         "on a CPU, as `rookworld train` does (rookworld_rlvr.hostmem), for both trainers")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there (default cpu)")
     ap.add_argument("--engine", choices=("stockfish", "none"), default="stockfish",
@@ -430,11 +464,16 @@ def main() -> int:
         return 2
     import transformers
 
+    from rookworld_rlvr.hostmem import for_device
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
+    # host memory as `rookworld train` keeps it on a CPU (process-wide: TRL's steps get it too)
+    allocator = ("host memory: glibc's defaults (--glibc-defaults)" if args.glibc_defaults
+                 else for_device(torch.device(args.device)) or "host memory: allocator unchanged (a GPU run)")
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -446,7 +485,7 @@ def main() -> int:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "trl": trl.__version__, "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "command": " ".join(["python", *map(shlex.quote, sys.argv)]), "bf16_hardware": bf16_hardware(),
-        "engine": args.engine,
+        "engine": args.engine, "allocator": allocator,
     }
     def rates() -> dict[str, float]:
         log("measuring matmul rates ...")

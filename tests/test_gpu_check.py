@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -32,9 +34,51 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert trl["machine"]["engine"] == "none" and trl["machine"]["device"] == "cpu"
     (pair,) = result["trl"]["results"]
     assert pair["prompts"] == pair["generations"] == 2 and pair["ours_s_per_step"] > 0 and pair["trl_s_per_step"] > 0
+    # equal work at beta 0: no reference pass in ours either (TRL has none); host memory kept as `rookworld train` does
+    assert pair["beta"] == 0 and pair["ours_reference_pass"] is False
+    assert pair["ours_completion_len"] > 0 and pair["trl_completion_len"] > 0  # equal work is checkable
+    assert trl["machine"]["allocator"].startswith("host memory: freed blocks are kept for reuse")
     table = (out / "gpu_check.md").read_text()
     assert "| GRPO step (124M preset) |" in table and "(smoke: tiny sizes)" in table
     assert f"| float32 | small | 0 | 2 x 2 x 8 | {pair['ours_s_per_step']:.3f} | {pair['trl_s_per_step']:.3f} |" in table
     bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--fast"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
+
+
+def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_both_samplers(tmp_path):
+    """Equal work in benchmarks/grpo_vs_trl.py: its random model's EOS is undrawable, so our sampler and
+    transformers' generate (TRL's) both write --max-tokens tokens in every row. Without `never_stops` the
+    same model and seed stop some rows early."""
+    import importlib.util
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from rookworld_rlvr.model import load_policy
+    from rookworld_rlvr.model.generate import generate
+
+    spec = importlib.util.spec_from_file_location("grpo_vs_trl", REPO / "benchmarks" / "grpo_vs_trl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, tok = load_policy(str(bench.random_model("tiny", tmp_path / "m", seed=0)), device="cpu", verbose=False)
+    prompts = ["P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 ", "A: 8/8/8/8/8/8/8/K6k w - - 0 1+"]
+    limit = 48
+
+    def lengths(m) -> tuple[list[int], list[int]]:
+        ours = generate(m, tok, prompts, max_new_tokens=limit, temperature=1.0, num_return_sequences=8,
+                        generator=torch.Generator().manual_seed(0))
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        torch.manual_seed(0)
+        out = m.generate(**enc, do_sample=True, top_k=0, max_new_tokens=limit, num_return_sequences=8,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, enc.input_ids.shape[1]:]
+        hf = [limit if not (row == tok.eos_token_id).any() else int((row == tok.eos_token_id).nonzero()[0]) for row in out]
+        return ours.completion_mask.sum(1).tolist(), hf
+
+    ours, hf = lengths(model)
+    assert ours == hf == [limit] * 16
+    plain = GPT2LMHeadModel(model.config)  # the same architecture, freshly initialised: its EOS is drawable
+    ours, hf = lengths(plain.eval())
+    assert min(ours) < limit and min(hf) < limit
+    with pytest.raises(ValueError, match="freshly initialised"):
+        bench.never_stops(model, tok.eos_token_id)  # its layer norm is no longer at its initial values
