@@ -18,18 +18,18 @@ mode), and by its default `record_rollout: auto` its first update on a batch tak
 outputs the sampler computed instead of recomputing them where the model is 512 or more wide (the
 124m configuration; `--record-rollout always|never` to choose). At β 0 neither trainer runs a reference
 pass: TRL loads none, and ours runs without the collapse guard's KL signals, which `rookworld train`
-computes by default (`--kl-guard` keeps them). On a CPU the process keeps freed host memory for reuse, as `rookworld train` does
-(`rookworld_rlvr.hostmem`; process-wide, so for TRL's steps too; `--glibc-defaults` to leave glibc as
-it is). The runs are interleaved step by step inside one process:
+computes by default (`--kl-guard` keeps them). On a CPU the process keeps freed host memory for
+reuse, as `rookworld train` does (`rookworld_rlvr.hostmem`; process-wide, so for TRL's steps too;
+`--glibc-defaults` to leave glibc as it is). The runs are interleaved step by step inside one process:
 a TRL `TrainerCallback` runs one step of ours before TRL's step on even steps and after it on odd
 steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 
 Configurations: `small` is the shipped `models/rookworld-board` when it has weights (else a random
 model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
 (`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
-RookWorld-LM scale. A random model's EOS is made undrawable (`never_stops`), so both trainers' completions
-all run to --max-tokens: the same generated tokens in both, equal work by construction. Per configuration and β it prints the median s/step of each trainer and the
-ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
+RookWorld-LM scale. A random model's EOS is made undrawable (`never_stops`), so both trainers'
+completions all run to --max-tokens: the same generated tokens in both, equal work by construction.
+Per configuration and β it prints the median s/step of each trainer and the ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
 float32 and bf16 matmul rates, and as run (each product at the rate of the dtype it ran in).
 
 TRL is a benchmark-only dependency (the `bench` extra):
@@ -117,14 +117,16 @@ def never_stops(model, eos_id: int) -> None:
     in both trainers: the same generated tokens, hence equal work. A random model draws its EOS about once
     in a vocabulary's length of tokens, and the two samplers' lengths then differ by chance (67 against 98
     tokens in one 124M run). The final layer norm's output sums to 0 over its width at initialisation
-    (weight 1); with its bias at b and the tied EOS embedding at -c everywhere, EOS's logit is -c·b·width
-    (-38 at 124M) and every other token's moves by b times the sum of its embedding (about ±0.05)."""
+    (weight 1); with its bias at b = 0.1 and the tied EOS embedding at -c everywhere, EOS's logit is
+    -c·b·width, set to -40 at every width (c 0.52 at 124M), and every other token's moves by b times the
+    sum of its embedding (about ±0.05)."""
     ln = model.transformer.ln_f
     if not (torch.all(ln.weight == 1) and torch.all(ln.bias == 0)):
         raise ValueError("never_stops needs a freshly initialised final layer norm (weight 1, bias 0)")
+    b = 0.1
     with torch.no_grad():
-        ln.bias.fill_(0.1)
-        model.get_input_embeddings().weight[eos_id].fill_(-0.5)
+        ln.bias.fill_(b)
+        model.get_input_embeddings().weight[eos_id].fill_(-40.0 / (b * ln.bias.numel()))
 
 
 def random_model(preset: str, out_dir: Path, seed: int) -> Path:

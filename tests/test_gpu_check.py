@@ -48,8 +48,8 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
 
 def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_both_samplers(tmp_path):
     """Equal work in benchmarks/grpo_vs_trl.py: its random model's EOS is undrawable, so our sampler and
-    transformers' generate (TRL's) both write --max-tokens tokens in every row. Without `never_stops` the
-    same model and seed stop some rows early."""
+    transformers' generate (TRL's) both write --max-tokens tokens in every row. The same architecture
+    freshly initialised, without `never_stops`, stops some rows early in both."""
     import importlib.util
 
     import torch
