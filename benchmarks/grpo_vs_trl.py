@@ -191,8 +191,9 @@ def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: in
     the scoring passes, as our `token_logprobs` does); causal attention 4·n_layer·d·context per token
     forward. Each prompt runs once per group, in generation and in the scoring passes (as ours do), so
     this is the work our step needs, not the work a naive step does. Forward+backward = 3x forward;
-    with `recorded` (record_rollout) the first update's forward takes the sampler's projection outputs,
-    so its body products (2·body per token) are not counted again. "policy_backward": the backward's
+    with `recorded` (record_rollout) the first update's forward takes the sampler's projection outputs
+    and logits, so its body products (2·body per token) and the LM head at fed tokens are not counted
+    again. "policy_backward": the backward's
     share (2x forward per update), the part `backward_dtype` may run in bf16.
     """
     cfg = model.config
@@ -214,7 +215,7 @@ def step_flops(model, batch, group_size: int, beta: float, updates_per_batch: in
             fwd_body += 2 * body * p
         gen += (2 * body + head) * max(g - 1, 0) + attn(p, p + max(g - 1, 0))
         fwd += 2 * body * max(g - 1, 0) + attn(p, p + max(g - 1, 0)) + head * g  # the last token is scored, not fed
-        fwd_body += 2 * body * max(g - 1, 0)
+        fwd_body += (2 * body + head) * max(g - 1, 0)  # and the fed tokens' logits (column 0 comes from the prompt)
     backward = 2 * fwd * updates_per_batch
     out = {"generate": gen, "reference": fwd if beta > 0 else 0.0,
            "old": fwd if updates_per_batch > 1 else 0.0,

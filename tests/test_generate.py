@@ -357,13 +357,28 @@ def test_recorded_projections_give_the_sampler_log_probs_and_the_recomputed_grad
     assert_rounding_close(lp_rec, gen.logprobs, logprob_terms(model), f"{kind} recorded vs sampler")
     assert_rounding_close(lp_rec, lp, logprob_terms(model), f"{kind} recorded vs recomputed")
     assert_rounding_close(grads_rec, grads, gradient_terms(model, batch[1]), f"{kind} gradient")
-    # the recordings really are what the pass computes with: change one row's and its log-probs move
-    prompt, fed = recorded[4]
-    recorded[4] = (prompt, fed + torch.randn(fed.shape, generator=torch.Generator().manual_seed(0)))
-    with torch.no_grad():
-        moved = token_logprobs(model, *batch, n_completion=n, temperature=0.8, group_size=3, recorded=recorded)
-    changed = (moved["logprobs"] - lp_rec).abs().amax(1) > 1e-3
-    assert changed.tolist() == [i == 4 for i in range(len(gen.texts))]
+    # the recordings really are what the pass computes with: the prompt's projections give its group's
+    # first column (rows 3-5), a row's logits its later columns (row 7), the fed tokens' projections
+    # the gradient (the backward's saved inputs; row 1)
+    noise = torch.Generator().manual_seed(0)
+    prompt, fed, logits = recorded[3]
+    recorded[3] = (prompt + torch.randn(prompt.shape, generator=noise), fed, logits)
+    prompt, fed, logits = recorded[7]
+    fed_7 = logits.shape[0]
+    assert fed_7 == gen.completion_mask[7].sum() - 1 and logits.shape[1] == model.config.vocab_size
+    recorded[7] = (prompt, fed, logits + torch.randn(logits.shape, generator=noise))
+    prompt, fed, logits = recorded[1]
+    recorded[1] = (prompt, fed + torch.randn(fed.shape, generator=noise), logits)
+    model.zero_grad()
+    moved = token_logprobs(model, *batch, n_completion=n, temperature=0.8, return_entropy=True, group_size=3,
+                           recorded=recorded)
+    ((moved["logprobs"] + moved["entropy"]) * weights).sum().backward()
+    changed = (moved["logprobs"].detach() - lp_rec).abs() > 1e-3
+    assert changed[:, 0].tolist() == [i in (3, 4, 5) for i in range(len(gen.texts))]
+    assert changed[:, 1:].any(1).tolist() == [i == 7 for i in range(len(gen.texts))]
+    assert changed[7, 1:fed_7 + 1].all()
+    moved_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert (moved_grads - grads_rec).abs().amax() > 1e-3
 
 
 def test_recorded_projections_are_checked(rig):
@@ -381,8 +396,11 @@ def test_recorded_projections_are_checked(rig):
     swapped = [recorded[2], recorded[3], recorded[0], recorded[1]]  # the other prompt's tokens
     with pytest.raises(ValueError, match="row 0: .* recorded prompt tokens"):
         token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=swapped)
-    short = [(p, c[:, :1]) for p, c in recorded]
+    short = [(p, c[:, :1], logits) for p, c, logits in recorded]
     with pytest.raises(ValueError, match="recorded completion tokens"):
+        token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=short)
+    short = [(p, c, logits[:1]) for p, c, logits in recorded]
+    with pytest.raises(ValueError, match="recorded logits at 1 completion tokens"):
         token_logprobs(model, *batch, n_completion=n, group_size=2, recorded=short)
     with pytest.raises(ValueError, match="record=True"):
         generate(model, tok, PROMPTS[:1], max_new_tokens=4).recorded_row(0)

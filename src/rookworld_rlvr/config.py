@@ -57,10 +57,12 @@ class TrainConfig:
     backward_dtype: str = _f("auto", "auto | float32 | bf16: dtype of the policy pass's backward matrix products; its forward "
                                      "(log-probs, ratios) stays float32 (auto = bf16 where a bf16 product measures >= 1.5x "
                                      "faster; plain GPT-2 policies only)")
-    record_rollout: str = _f("auto", "auto | always | never: keep each layer's projection outputs from sampling and skip "
-                                     "those matrix products in the first update on the batch (the same log-probs and "
-                                     "gradients). Memory: about 36 x n_embd x n_layer bytes per row and new token, for the "
-                                     "whole batch (2.1 GB for 124M, 64 rows x 100). auto = on a CPU, for models from n_embd "
+    record_rollout: str = _f("auto", "auto | always | never: keep each layer's projection outputs and the logits from "
+                                     "sampling and skip those matrix products (the LM head's included) in the first update "
+                                     "on the batch (the same log-probs and gradients). Memory per row and new token, for the "
+                                     "whole batch: about 36 x n_embd x n_layer bytes, plus 4 x vocabulary for the logits "
+                                     "(64 rows x 100 of GPT-2 124M: 2.1 GB, plus 1.3 GB with its 50k vocabulary). auto = "
+                                     "on a CPU, for models from n_embd "
                                      "512 (124M, 768 wide: a 40% shorter policy pass; the tiny model, 256 wide: no gain; "
                                      "unmeasured on GPUs: always tries it there). Plain GPT-2 policies without autocast or "
                                      "LoRA; the log says if it is on")

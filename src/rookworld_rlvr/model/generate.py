@@ -42,18 +42,21 @@ class Generation:
     texts: list[str]  # decoded completions without EOS / pad
     finish_reasons: list[str]  # "eos" or "length"
     # generate(record=True): each layer's projection outputs (gpt2_decode.recording), prefill
-    # [L, U, P, W] (U distinct prompts, as left-padded for it) and decode [L, N, C, W]
-    recorded: tuple[torch.Tensor, torch.Tensor] | None = None
+    # [L, U, P, W] (U distinct prompts, as left-padded for it) and decode [L, N, C, W], and the
+    # LM head's float32 logits at every fed token [N, C, V]
+    recorded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def recorded_row(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row i's recorded projections (views): its prompt's real tokens [L, p, W] and the
-        completion tokens it fed back [L, c - 1, W] (the last one never runs through the model)."""
+    def recorded_row(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Row i's recording (views): the projections at its prompt's real tokens [L, p, W] and at the
+        completion tokens it fed back [L, c - 1, W] (the last one never runs through the model), and
+        the logits at those fed tokens [c - 1, V] (each predicting the next completion token)."""
         if self.recorded is None:
             raise ValueError("this Generation has no recording: call generate(..., record=True)")
-        prefill, decode = self.recorded
+        prefill, decode, logits = self.recorded
         group = decode.shape[1] // prefill.shape[1]
         p, c = int(self.prompt_mask[i].sum()), int(self.completion_mask[i].sum())
-        return prefill[:, i // group, prefill.shape[2] - p:], decode[:, i, :max(c - 1, 0)]
+        fed = max(c - 1, 0)
+        return prefill[:, i // group, prefill.shape[2] - p:], decode[:, i, :fed], logits[i, :fed]
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -161,9 +164,11 @@ def generate(
     different tasks then share one decode loop (on CPU a decode step of 64 rows costs
     much less than two of 32) and each row stops at its own limit.
 
-    `record`: keep every layer's projection outputs for each prompt and fed token
-    (`Generation.recorded`), so that the trainer's first pass on these rows skips those
-    products (`gpt2_segments`). A plain GPT-2 without autocast only (the cascade path).
+    `record`: keep every layer's projection outputs for each prompt and fed token, and the logits
+    at each fed token (`Generation.recorded`), so that the trainer's first pass on these rows skips
+    those products and the LM head's (`gpt2_segments`, `token_logprobs`). The logits take
+    rows x max_new_tokens x vocabulary x 4 bytes (1.3 GB at 64 x 100 of GPT-2's 50k). A plain
+    GPT-2 without autocast only (the cascade path).
 
     `logits_processor(prompt_index, completion_so_far, logits) -> logits` rewrites each step's
     logits of the decoding rows before a token is picked (e.g. `legal_decoding`); `logprobs` are
@@ -243,7 +248,8 @@ def generate(
         layers = model.config.n_layer
         with torch.inference_mode(False):  # ordinary tensors: the trainer's autograd may take them as they are
             recorded = (torch.empty((layers, *u_ids.shape, width), device=device),
-                        torch.empty((layers, n_rows, max_new_tokens, width), device=device))
+                        torch.empty((layers, n_rows, max_new_tokens, width), device=device),
+                        torch.empty((n_rows, max_new_tokens, model.lm_head.out_features), device=device))
 
     def forward(**inputs) -> torch.Tensor:
         """One model call; returns float32 last-position logits."""
@@ -324,8 +330,12 @@ def generate(
                     fed = recorded[1]
                     out = fed[:, :, step] if every_row else fed.new_empty((fed.shape[0], rows.numel(), fed.shape[-1]))
                 logits = decoder.step(tokens, next_position[rows] + step, out)
-                if out is not None and not every_row:
-                    fed[:, rows, step] = out
+                if recorded is not None:  # the logits at this fed token, before any processor
+                    if every_row:
+                        recorded[2][:, step] = logits
+                    else:
+                        fed[:, rows, step] = out
+                        recorded[2][rows, step] = logits
                 continue
             attention_mask = torch.cat([attention_mask, alive.long().unsqueeze(-1)], dim=-1)
             logits = forward(

@@ -33,7 +33,7 @@ def token_logprobs(
     group_size: int = 1,
     entropy_grad: bool = True,
     grad_dtype: torch.dtype | None = None,
-    recorded: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    recorded: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the last `n_completion` tokens under log_softmax(logits / temperature).
 
@@ -53,9 +53,10 @@ def token_logprobs(
     `grad_dtype` (bf16): the backward's matrix products in that dtype, the forward unchanged
     (`bf16_grad`). It takes effect only where the one-forward GPT-2 path runs (`gpt2_segments`).
 
-    `recorded`: per row, the projections the sampler computed for it on the current weights
-    (`Generation.recorded_row`): the forward then skips its matrix products and returns the
-    sampler's log-probs, with the same gradients (`gpt2_segments`). Needs that one-forward path.
+    `recorded`: per row, the projections and logits the sampler computed for it on the current
+    weights (`Generation.recorded_row`): the forward then skips its matrix products and the LM
+    head's, and returns the sampler's log-probs, with the same gradients (`gpt2_segments`). Needs
+    that one-forward path.
     """
     length = input_ids.shape[1]
     if not 0 < n_completion < length:
@@ -225,11 +226,17 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         segments = [Segment(input_ids[head, :p], position_ids[head, :p], attention_mask[head, :p])]
         segments += [Segment(input_ids[idx, p:p + w], position_ids[idx, p:p + w], attention_mask[idx, :p],
                              prompt_rows=idx // group_size) for idx, w in buckets]
-        if recorded is not None:
-            recorded = _recorded_stream(recorded, attention_mask, group_size, p, buckets)
-        hidden = gpt2_segments.hidden_states(model, segments, grad_dtype, recorded)
+        stream = None if recorded is None else _recorded_stream(recorded, attention_mask, group_size, p, buckets)
+        hidden = gpt2_segments.hidden_states(model, segments, grad_dtype, stream)
         last_prompt = linear(model.lm_head, hidden[0][:, -1:], grad_dtype).repeat_interleave(group_size, dim=0)
-        scored = [(idx, h.shape[1], lambda rows, h=h: linear(model.lm_head, h[rows], grad_dtype))
+
+        def logits_of(rows: slice, idx: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            """The LM head on rows `rows` of a bucket: the sampler's logits where recorded."""
+            rec = None if recorded is None else _recorded_logits([recorded[r][2] for r in idx[rows].tolist()],
+                                                                  h.shape[1])
+            return linear(model.lm_head, h[rows], grad_dtype, rec)
+
+        scored = [(idx, h.shape[1], lambda rows, idx=idx, h=h: logits_of(rows, idx, h))
                   for (idx, _), h in zip(buckets, hidden[1:])]
         return last_prompt, scored, _order(buckets, every_row)
     keep = accepts_logits_to_keep(model)
@@ -261,11 +268,12 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
     return last_prompt, scored, _order(buckets, every_row)
 
 
-def _recorded_stream(recorded: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor,
+def _recorded_stream(recorded: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor,
                      group_size: int, p: int, buckets: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     """The rows' recorded projections [L, tokens, W] in the order `_grouped_logits` lays out its
     segments: each group's prompt left-padded to p columns, then each bucket's rows, w columns
-    each. Padding gets zeros (finite: its outputs are never read, its gradients are 0)."""
+    each. Padding gets zeros (finite: its outputs are never read, its gradients are 0). Checks
+    that every row's recorded logits cover the columns its bucket scores."""
     real_prompt = attention_mask[:, :p].sum(1).tolist()
     real_completion = attention_mask[:, p:].sum(1).tolist()
     heads = range(0, len(recorded), group_size)
@@ -282,13 +290,26 @@ def _recorded_stream(recorded: list[tuple[torch.Tensor, torch.Tensor]], attentio
         at += p
     for idx, w in buckets:
         for r in idx.tolist():
-            fed = recorded[r][1]
+            fed, logits = recorded[r][1], recorded[r][2]
             need = min(w, max(real_completion[r] - 1, 0))
             if fed.shape[1] < need:
                 raise ValueError(f"row {r}: {fed.shape[1]} recorded completion tokens, the pass needs {need}")
+            if logits.shape[0] < need:
+                raise ValueError(f"row {r}: recorded logits at {logits.shape[0]} completion tokens, the pass needs {need}")
             out[:, at: at + need] = fed[:, :need]
             out[:, at + need: at + w].zero_()
             at += w
+    return out
+
+
+def _recorded_logits(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Recorded logits [c_r, V] of some rows as one [rows, width, V] block: each row's first
+    min(c_r, width) columns, zeros after (masked columns: finite, their gradients are 0)."""
+    out = rows[0].new_empty((len(rows), width, rows[0].shape[-1]))
+    for j, logits in enumerate(rows):
+        need = min(width, logits.shape[0])
+        out[j, :need] = logits[:need]
+        out[j, need:].zero_()
     return out
 
 
