@@ -787,6 +787,39 @@ def test_filter_logits():
     assert torch.equal(filter_logits(logits), logits)
 
 
+def test_draw_samples_each_row_from_its_distribution_and_never_a_filtered_token():
+    """The sampler's inverse-CDF draw: token frequencies within 5 standard errors of each row's
+    probabilities (filtered tokens first, in the middle and last; a one-hot row; a row spread over
+    every token); a token of probability 0 is never drawn, at GPT-2's 50k vocabulary too; a seed
+    repeats the draw."""
+    from rookworld_rlvr.model.sampling import draw
+
+    v = 12
+    rows = torch.zeros(4, v)
+    rows[0, [1, 2, 5]] = torch.tensor([0.5, 0.3, 0.2])  # token 0 and tokens 3, 4, 6... filtered
+    rows[1, [0, 7, v - 2]] = torch.tensor([0.1, 0.6, 0.3])  # the last token filtered
+    rows[2, v - 1] = 1.0  # one-hot on the last token
+    rows[3] = torch.randn(v, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    n = 50_000
+    probs = rows.repeat_interleave(n, 0)
+    tokens = draw(probs, torch.Generator().manual_seed(1)).view(4, n)
+    assert torch.equal(tokens, draw(probs, torch.Generator().manual_seed(1)).view(4, n))
+    assert not torch.equal(tokens, draw(probs, torch.Generator().manual_seed(2)).view(4, n))
+    for r in range(4):
+        counts = torch.bincount(tokens[r], minlength=v).double()
+        assert counts[rows[r] == 0].sum() == 0, f"row {r}: a token of probability 0 was drawn"
+        p = rows[r].double()
+        assert ((counts / n - p).abs() <= 5 * (p * (1 - p) / n).sqrt()).all(), f"row {r}: {counts / n} vs {p}"
+    big = torch.zeros(3, 50257)
+    big[0, [0, 50256]] = 0.5  # the first and the last token only
+    big[1, 50256] = 1.0
+    big[2] = torch.randn(50257, generator=torch.Generator().manual_seed(0)).mul(4).softmax(-1)
+    big[2, ::2] = 0.0  # every even token filtered out of a spread row (not renormalised: the draw scales u)
+    tokens = draw(big.repeat_interleave(2_000, 0), torch.Generator().manual_seed(3)).view(3, -1)
+    assert set(tokens[0].tolist()) == {0, 50256} and (tokens[1] == 50256).all()
+    assert (tokens[2] % 2 == 1).all() and len(set(tokens[2].tolist())) > 100
+
+
 def test_packed_projections_score_like_the_modules_and_hand_them_back(rig):
     """No-grad scoring passes (reference, old policy) may run on packed weights: the same
     log-probs as the modules, the modules' own forward back on exit, and no packing while

@@ -351,7 +351,10 @@ ROWS = [
     Row("lora_targets", {"lora_targets": "c_attn"}, P(lambda env, over: env.trainer(over)),
         lambda b, o: o.n_trainable < b.n_trainable, base={"lora_r": 4}),
     # -- loss ----------------------------------------------------------------------------------------------
-    *[Row("loss_type", {"loss_type": t}, STEP, lambda b, o: last(o, "loss") != last(b, "loss")) for t in ("bnpo", "dr_grpo", "dapo")],
+    # (where every completion runs to its limit, dr_grpo's budget is each row's length: the check needs one that stops)
+    *[Row("loss_type", {"loss_type": t}, STEP,
+          lambda b, o: last(o, "loss") != last(b, "loss") and last(b, "truncation_rate") < 1,
+          base={"max_new_tokens": 48}) for t in ("bnpo", "dr_grpo", "dapo")],
     Row("importance_sampling_level", {"importance_sampling_level": "sequence"}, STEP,
         lambda b, o: differ(b["weights"], o["weights"]), base={**MU2, "lr": 1e-2}),
     Row("clip_range", {"clip_range": 0.01}, STEP, lambda b, o: last(o, "last_clip_frac") > last(b, "last_clip_frac"), base=MU2),

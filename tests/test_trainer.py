@@ -697,7 +697,7 @@ def test_truncated_completions_masked_out_of_the_loss_or_scored_malformed(tmp_pa
     batches = {}
     for mode in ("score", "mask", "malformed"):
         tr = make(tmp_path / mode, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, max_new_tokens=12,
-                  truncated_completions=mode)
+                  batch_positions=4, truncated_completions=mode)  # 16 rows: some stop within 12 tokens, some not
         batches[mode] = tr.assemble(tr.collect(0, {}))
     score, mask, bad = batches["score"], batches["mask"], batches["malformed"]
     cut = [i for i, r in enumerate(score.rows) if r.finish == "length"]

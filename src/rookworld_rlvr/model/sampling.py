@@ -40,10 +40,19 @@ def next_tokens(
     else:
         scaled = logits / temperature
         logp = scaled.log_softmax(-1)
-        probs = filter_logits(scaled, top_k, top_p).softmax(-1)
-        if generator is not None and generator.device != probs.device:
-            tokens = torch.multinomial(probs.to(generator.device), 1, generator=generator).to(probs.device)
-        else:
-            tokens = torch.multinomial(probs, 1, generator=generator)
-        tokens = tokens.squeeze(-1)
+        tokens = draw(filter_logits(scaled, top_k, top_p).softmax(-1), generator)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of `probs` [N, V] by inverse CDF: a uniform u per row, scaled to the row's
+    total, and the first token whose cumulative probability exceeds it. torch.multinomial draws an
+    exponential per vocabulary entry instead: at GPT-2's 50k vocabulary, 64 rows, 62 ms a step on 2
+    CPU cores (6 s of a 100-token rollout at 124M), where this takes a few. The sum is float64 and u
+    a float32 below 1 times the total, so u stays below it and a token of probability 0 (filtered
+    out) is never drawn. `generator` may live on another device: only the N uniforms come from it."""
+    cdf = probs.double().cumsum(-1)
+    device = probs.device if generator is None else generator.device
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=device).to(probs.device, torch.float64)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return tokens.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (NaN probabilities: a valid id, a NaN log-prob)
