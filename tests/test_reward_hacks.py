@@ -228,10 +228,16 @@ def test_every_corruption_of_a_true_policy_answer_scores_below_it(positions, poo
     parsed = P.parse_completion(bad)
     if parsed.valid and _same_policy_answer(parsed, t):
         return  # an edit that only changed spacing, or an eval's spelling ("1.0" -> "1.00"): the same answer
-    if shaping == "binary" and parsed.valid and parsed.best in t.best and sorted(parsed.moves or []) == sorted(t.moves):
-        return  # binary scores the decision (the best move, complete candidates, valid form), not the evals
+    if shaping == "binary" and parsed.valid and parsed.best in t.best and _complete(parsed.moves or [], t.fen):
+        return  # binary scores the decision (a best move, as many distinct legal candidates as allowed), not the rest
     s = RewardScorer(RewardConfig(shaping=shaping), engine=pool)
     assert s.score(P.prompt(t.fen), bad, t).total < s.score(P.prompt(t.fen), truth, t).total, bad
+
+
+def _complete(moves: list[str], fen: str) -> bool:
+    """As many distinct legal candidate moves as the position allows, up to 5 (a well-formed answer)."""
+    legal = {m.uci() for m in chess.Board(fen).legal_moves}
+    return len(set(moves) & legal) >= min(5, len(legal))
 
 
 def _same_policy_answer(parsed: P.PolicyParse, t: P.PolicyTruth) -> bool:
