@@ -27,7 +27,9 @@ steps, and times TRL's optimizer step from `on_step_begin` to `on_step_end`.
 Configurations: `small` is the shipped `models/rookworld-board` when it has weights (else a random
 model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
 (`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
-RookWorld-LM scale. A random model's EOS is made undrawable (`never_stops`), so both trainers'
+RookWorld-LM scale: by default with GPT-2's 50,257-token vocabulary, as RookWorld-LM-124M has (the
+chess tokenizer plus unused added tokens: an LM head of 38.6M parameters, which every generated and
+scored token passes through), or with the chess tokenizer's own 98 tokens (`--vocab-124m chess`). A random model's EOS is made undrawable (`never_stops`), so both trainers'
 completions all run to --max-tokens: the same generated tokens in both, equal work by construction.
 Per configuration and β it prints the median s/step of each trainer and the ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
 float32 and bf16 matmul rates, and as run (each product at the rate of the dtype it ran in).
@@ -129,14 +131,22 @@ def never_stops(model, eos_id: int) -> None:
         model.get_input_embeddings().weight[eos_id].fill_(-40.0 / (b * ln.bias.numel()))
 
 
-def random_model(preset: str, out_dir: Path, seed: int) -> Path:
-    """A random GPT-2 of `preset` with the chess tokenizer, its EOS undrawable (`never_stops`), saved to `out_dir`."""
+GPT2_VOCAB = 50257  # GPT-2's vocabulary, and so RookWorld-LM-124M's: its LM head is 38.6M of the 124M parameters
+
+
+def random_model(preset: str, out_dir: Path, seed: int, vocab: int | None = None) -> Path:
+    """A random GPT-2 of `preset` with the chess tokenizer, its EOS undrawable (`never_stops`), saved to `out_dir`.
+    `vocab`: that many tokens (the chess tokenizer's plus unused added ones), for an LM head of that size."""
     from transformers import GPT2LMHeadModel
 
     from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
     from rookworld_rlvr.model import save_pretrained_atomic, tiny_config
 
     tok = build_chess_tokenizer()
+    if vocab is not None:
+        if vocab < len(tok):
+            raise ValueError(f"vocab {vocab} is smaller than the chess tokenizer's {len(tok)} tokens")
+        tok.add_tokens([f"<unused{i}>" for i in range(vocab - len(tok))])
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(tiny_config(len(tok), preset))
     never_stops(model, tok.eos_token_id)
@@ -424,6 +434,9 @@ def main() -> int:
     ap.add_argument("--steps-124m", type=int, default=3, help="measured steps of each trainer (124m config)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps of each trainer (small config)")
     ap.add_argument("--warmup-124m", type=int, default=0, help="unmeasured first steps (124m config)")
+    ap.add_argument("--vocab-124m", choices=("gpt2", "chess"), default="gpt2",
+                    help="the 124m model's vocabulary: gpt2, GPT-2's 50,257 tokens as RookWorld-LM-124M has (124M "
+                         "parameters); chess, the chess tokenizer's 98 (86M parameters: an LM head of 75k)")
     ap.add_argument("--beta", type=float, nargs="+", default=[0.0, 0.04], help="KL coefficients, one run pair each")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both trainers, matmul timing)")
     ap.add_argument("--json", help="write all numbers here")
@@ -512,9 +525,10 @@ def main() -> int:
                 small = random_model("tiny", tmp / "random-tiny", args.seed)
             plans.append(("small", small, args.steps, args.warmup))
         if args.config in ("124m", "both"):
-            log("building a random GPT-2 124M (chess tokenizer) ...")
-            plans.append(("124m", random_model("gpt2-124m", tmp / "random-gpt2-124m", args.seed), args.steps_124m,
-                          args.warmup_124m))
+            vocab = GPT2_VOCAB if args.vocab_124m == "gpt2" else None
+            log(f"building a random GPT-2 124M ({'chess tokenizer' if vocab is None else f'{vocab}-token vocabulary'}) ...")
+            plans.append(("124m", random_model("gpt2-124m", tmp / "random-gpt2-124m", args.seed, vocab),
+                          args.steps_124m, args.warmup_124m))
         for name, model_dir, steps, warmup in plans:
             for beta in args.beta:
                 log(f"{name}: {model_dir}, beta {beta:g}, {warmup} warm-up + {steps} measured steps each")
