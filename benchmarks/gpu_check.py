@@ -64,14 +64,21 @@ def machine(device: torch.device) -> dict:
     return out
 
 
+def padded_chess_tokenizer(vocab: int):
+    """The chess tokenizer with unused tokens added up to `vocab` (GPT2_VOCAB: an LM head of RookWorld-LM-124M's size)."""
+    tok = build_chess_tokenizer()
+    if vocab < len(tok):
+        raise ValueError(f"vocab {vocab} is smaller than the chess tokenizer's {len(tok)} tokens")
+    tok.add_tokens([f"<unused{i}>" for i in range(vocab - len(tok))])
+    return tok
+
+
 def random_model(preset: str, vocab: int, out: Path, seed: int = 0) -> Path:
     """A random GPT-2 of `preset` with the chess tokenizer padded to `vocab` tokens, saved to `out`."""
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    tok = build_chess_tokenizer()
-    if vocab > len(tok):
-        tok.add_tokens([f"<unused{i}>" for i in range(vocab - len(tok))])
+    tok = padded_chess_tokenizer(vocab)
     model = GPT2LMHeadModel(tiny_config(len(tok), preset, n_positions=512))
     save_pretrained_atomic(model, tok, out)
     return out

@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_check's model helpers, also where this file is loaded as a module
 PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
 
 
@@ -131,22 +132,16 @@ def never_stops(model, eos_id: int) -> None:
         model.get_input_embeddings().weight[eos_id].fill_(-40.0 / (b * ln.bias.numel()))
 
 
-GPT2_VOCAB = 50257  # GPT-2's vocabulary, and so RookWorld-LM-124M's: its LM head is 38.6M of the 124M parameters
-
-
 def random_model(preset: str, out_dir: Path, seed: int, vocab: int | None = None) -> Path:
     """A random GPT-2 of `preset` with the chess tokenizer, its EOS undrawable (`never_stops`), saved to `out_dir`.
     `vocab`: that many tokens (the chess tokenizer's plus unused added ones), for an LM head of that size."""
     from transformers import GPT2LMHeadModel
 
+    from gpu_check import padded_chess_tokenizer
     from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
     from rookworld_rlvr.model import save_pretrained_atomic, tiny_config
 
-    tok = build_chess_tokenizer()
-    if vocab is not None:
-        if vocab < len(tok):
-            raise ValueError(f"vocab {vocab} is smaller than the chess tokenizer's {len(tok)} tokens")
-        tok.add_tokens([f"<unused{i}>" for i in range(vocab - len(tok))])
+    tok = build_chess_tokenizer() if vocab is None else padded_chess_tokenizer(vocab)
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(tiny_config(len(tok), preset))
     never_stops(model, tok.eos_token_id)
@@ -525,6 +520,8 @@ def main() -> int:
                 small = random_model("tiny", tmp / "random-tiny", args.seed)
             plans.append(("small", small, args.steps, args.warmup))
         if args.config in ("124m", "both"):
+            from gpu_check import GPT2_VOCAB
+
             vocab = GPT2_VOCAB if args.vocab_124m == "gpt2" else None
             log(f"building a random GPT-2 124M ({'chess tokenizer' if vocab is None else f'{vocab}-token vocabulary'}) ...")
             plans.append(("124m", random_model("gpt2-124m", tmp / "random-gpt2-124m", args.seed, vocab),
