@@ -29,10 +29,12 @@ model of the same `tiny` preset); `124m` is a random GPT-2 124M architecture
 (`tiny_config(vocab, "gpt2-124m")`, saved to a temp dir with the chess tokenizer), for the ratio at
 RookWorld-LM scale: by default with GPT-2's 50,257-token vocabulary, as RookWorld-LM-124M has (the
 chess tokenizer plus unused added tokens: an LM head of 38.6M parameters, which every generated and
-scored token passes through), or with the chess tokenizer's own 98 tokens (`--vocab-124m chess`). A random model's EOS is made undrawable (`never_stops`), so both trainers'
-completions all run to --max-tokens: the same generated tokens in both, equal work by construction.
-Per configuration and β it prints the median s/step of each trainer and the ratio TRL / ours, the phase profile of our step, and the FLOP bound of our step at the measured
-float32 and bf16 matmul rates, and as run (each product at the rate of the dtype it ran in).
+scored token passes through), or with the chess tokenizer's own 98 tokens (`--vocab-124m chess`). A
+random model's EOS is made undrawable (`never_stops`), so both trainers' completions all run to
+--max-tokens: the same generated tokens in both, equal work by construction. Per configuration and β
+it prints the median s/step of each trainer and the ratio TRL / ours, the phase profile of our step,
+and the FLOP bound of our step at the measured float32 and bf16 matmul rates, and as run (each
+product at the rate of the dtype it ran in).
 
 TRL is a benchmark-only dependency (the `bench` extra):
     pip install -c constraints.txt trl
@@ -56,7 +58,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_check's model helpers, also where this file is loaded as a module
+sys.path.insert(0, str(ROOT / "benchmarks"))  # also where this file is loaded as a module (the tests)
+from gpu_check import GPT2_VOCAB, padded_chess_tokenizer  # noqa: E402  (the random 124M's vocabulary)
+
 PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
 
 
@@ -137,7 +141,6 @@ def random_model(preset: str, out_dir: Path, seed: int, vocab: int | None = None
     `vocab`: that many tokens (the chess tokenizer's plus unused added ones), for an LM head of that size."""
     from transformers import GPT2LMHeadModel
 
-    from gpu_check import padded_chess_tokenizer
     from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
     from rookworld_rlvr.model import save_pretrained_atomic, tiny_config
 
@@ -520,8 +523,6 @@ def main() -> int:
                 small = random_model("tiny", tmp / "random-tiny", args.seed)
             plans.append(("small", small, args.steps, args.warmup))
         if args.config in ("124m", "both"):
-            from gpu_check import GPT2_VOCAB
-
             vocab = GPT2_VOCAB if args.vocab_124m == "gpt2" else None
             log(f"building a random GPT-2 124M ({'chess tokenizer' if vocab is None else f'{vocab}-token vocabulary'}) ...")
             plans.append(("124m", random_model("gpt2-124m", tmp / "random-gpt2-124m", args.seed, vocab),
