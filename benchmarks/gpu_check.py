@@ -261,7 +261,7 @@ def main() -> int:
         tmp = Path(tmpdir)
         preset, vocab = ("tiny", 512) if args.smoke else ("gpt2-124m", GPT2_VOCAB)
         model_dir = random_model(preset, vocab, tmp / "model")
-        data = ROOT / "data" / "train.jsonl.gz"
+        data = ROOT / "data" / "train.jsonl.xz"
         if args.smoke:  # the first 400 training samples: reading all 240k takes longer than the rest
             from rookworld_rlvr.data.io import iter_samples, write_samples
 

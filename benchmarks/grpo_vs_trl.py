@@ -7,7 +7,7 @@ With --device cuda both trainers run on the GPU (TRL without `use_cpu`), each st
 device synchronised at both ends, and the matmul rates of the FLOP bound are the GPU's.
 
 Both trainers get the same model (two copies of one checkpoint), the same prompts in the same
-order (B prompts per step, half P: and half A:, from data/train.jsonl.gz), the same reward (one
+order (B prompts per step, half P: and half A:, from data/train.jsonl.xz), the same reward (one
 `TRLRewardFunction`; our trainer calls its scorer directly because it also logs the reward
 components), G completions per prompt, at most --max-tokens new tokens, the same temperature,
 learning rate (constant in both), β, clip range and loss aggregation, dropout off, float32
@@ -440,7 +440,7 @@ def main() -> int:
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--model", help="small config model (default: models/rookworld-board if it has weights, "
                                     "else a random tiny model)")
-    ap.add_argument("--data", type=Path, default=ROOT / "data/train.jsonl.gz")
+    ap.add_argument("--data", type=Path, default=ROOT / "data/train.jsonl.xz")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default float32)")

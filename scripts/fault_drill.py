@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import lzma
 import os
 import random
 import shutil
@@ -40,7 +41,8 @@ TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed
 def subset(src: Path, dst: Path, per_task: int) -> Path:
     """The first `per_task` P: and A: rows of a shipped data file: a run that starts in seconds."""
     keep, counts = [], {"P": 0, "A": 0}
-    with gzip.open(src, "rt") if src.suffix == ".gz" else open(src) as fh:
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix, open)
+    with opener(src, "rt") as fh:
         for line in fh:
             task = json.loads(line)["task"]
             if counts[task] < per_task:
@@ -209,7 +211,7 @@ def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path
 
 
 def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str) -> dict:
-    data = subset(REPO / "data" / "train.jsonl.gz", work / "train.jsonl", 100 if smoke else 200)
+    data = subset(REPO / "data" / "train.jsonl.xz", work / "train.jsonl", 100 if smoke else 200)
     eval_data = subset(REPO / "data" / "eval.jsonl.gz", work / "eval.jsonl", 8)
 
     def command(out: Path) -> list[str]:

@@ -36,7 +36,7 @@ def answer_loss(model, tokenizer, samples, batch: int = 128) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/rookworld-board")
-    ap.add_argument("--train", default="data/train.jsonl.gz")
+    ap.add_argument("--train", default="data/train.jsonl.xz")
     ap.add_argument("--eval", default="data/eval.jsonl.gz")
     ap.add_argument("--rows", type=int, default=512, help="rows per task and set")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
 #   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny]
-# 1. the training data: the shipped data/train.jsonl.gz plus, from python-chess alone, its A: rows copied with
+# 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
@@ -39,9 +39,9 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=f
 if [ $smoke = 1 ]; then
   source_data="$work/slice.jsonl"
   "$py" - "$source_data" <<'EOF'
-import gzip, sys
+import lzma, sys
 rows = []
-with gzip.open("data/train.jsonl.gz", "rt") as fh:
+with lzma.open("data/train.jsonl.xz", "rt") as fh:
     for line in fh:
         rows.append(line)
         if len(rows) == 300:
@@ -51,7 +51,7 @@ EOF
   openings=20
   sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0)
 else
-  source_data=data/train.jsonl.gz
+  source_data=data/train.jsonl.xz
   openings=4000
   sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --max-minutes "$minutes"
        --save-every 500 --eval-every 500 --eval-samples 0)

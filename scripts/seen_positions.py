@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import lzma
 import random
 from pathlib import Path
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="data/train.jsonl.gz")
+    ap.add_argument("--data", default="data/train.jsonl.xz")
     ap.add_argument("--out", required=True)
     ap.add_argument("--positions", type=int, default=64)
     ap.add_argument("--pool", type=int, default=5000, help="P: rows (from the start) the positions are drawn from")
@@ -31,7 +32,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     policy, env = [], []
-    with gzip.open(args.data, "rt") if args.data.endswith(".gz") else open(args.data) as f:
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(Path(args.data).suffix, open)
+    with opener(args.data, "rt") as f:
         for line in f:
             task = json.loads(line)["task"]
             if task == "P" and len(policy) < args.pool:

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import lzma
 
 import pytest
 
@@ -152,7 +153,8 @@ def test_shipped_training_data_holds_no_held_out_position():
     def board_key(fen: str) -> str:  # the position itself, whatever the clocks say (the split hashes the whole FEN)
         return " ".join(fen.split()[:4])
 
-    train = {board_key(json.loads(line)["truth"]["fen"]) for line in gzip.open(data / "train.jsonl.gz", "rt")}
+    train_rows = read_samples(data / "train.jsonl.xz")
+    train = {board_key(s.fen) for s in train_rows}
     held_out = [json.loads(line)["truth"]["fen"] for line in gzip.open(data / "eval.jsonl.gz", "rt")]
     held_out += [p.fen for p in read_judged(data / "strength.jsonl.gz")]
     puzzles = read_puzzles(data / "puzzles_eval.jsonl.gz")
@@ -167,7 +169,7 @@ def test_shipped_training_data_holds_no_held_out_position():
     # positions in check are held out by exclusion: one checking move from a held-out position, and no
     # position of the training data (nor an A: result of it)
     checks = [p.fen for p in puzzles if p.kind == "check"]
-    seen = train | {board_key(json.loads(line)["truth"].get("new_fen", "")) for line in gzip.open(data / "train.jsonl.gz", "rt")}
+    seen = train | {board_key(s.truth.new_fen) for s in train_rows if s.task == "A"}
     assert len(checks) == 600 and not {board_key(f) for f in checks} & seen
 
 
@@ -185,7 +187,7 @@ def test_merge_keeps_each_prompt_once_first_file_first_and_shuffles_by_seed(gene
     write_samples(second, a[10:p] + [relabelled] + a[p + 1:30])  # 10 prompts also in the first file
     out = tmp_path / "merged.jsonl.gz"
     assert main(["data", "merge", str(first), str(second), "--out", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"written": 30, "duplicates": 10, "out": str(out)}
+    assert json.loads(capsys.readouterr().out) == {"written": 30, "duplicates": 10, "left_out": 0, "out": str(out)}
     merged = read_samples(out)
     assert sorted(s.render("compact") for s in merged) == sorted(s.render("compact") for s in a)  # a[p] won
     assert [s.render("compact") for s in merged] != [s.render("compact") for s in a]  # shuffled ...
@@ -196,6 +198,57 @@ def test_merge_keeps_each_prompt_once_first_file_first_and_shuffles_by_seed(gene
     assert main(["data", "merge", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "x.jsonl")]) == 1
     assert f"{tmp_path / 'bad.jsonl'}:21: field 'task'" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_merge_keeps_tasks_leaves_out_held_out_positions_and_writes_truth_alone(generated, tmp_path, capsys):
+    """How more training positions join without touching a held-out set: `--exclude` compares positions
+    without their move clocks, before and after an A: move; `--truth-only` .xz rows read back as the same
+    samples in a fraction of the bytes."""
+    import dataclasses
+
+    cfg, _ = generated
+    rows = read_samples(f"{cfg.out_dir}/train.jsonl.gz")
+    ps = [s for s in rows if s.task == "P"][:40]
+    a_s = [s for s in rows if s.task == "A"][:40]
+    src = tmp_path / "src.jsonl"
+    write_samples(src, ps + a_s)
+    moved = " ".join(ps[0].fen.split()[:4] + ["7", "42"])  # ps[0]'s position at other move clocks
+    held = tmp_path / "held.jsonl"
+    write_samples(held, [dataclasses.replace(ps[0], truth=dataclasses.replace(ps[0].truth, fen=moved)), ps[1]])
+    out = tmp_path / "more.jsonl.xz"
+    assert main(["data", "merge", str(src), "--out", str(out), "--tasks", "P", "--exclude", str(held),
+                 "--truth-only"]) == 0
+    assert len(ps) >= 20 and len(a_s) == 40
+    assert json.loads(capsys.readouterr().out) == {"written": len(ps) - 2, "duplicates": 0, "left_out": 42,
+                                                   "out": str(out)}
+    merged = read_samples(out)
+    assert sorted(s.render("compact") for s in merged) == sorted(s.render("compact") for s in ps[2:])
+    lines = lzma.open(out, "rt").read().splitlines()
+    assert len(lines) == len(ps) - 2 and all(set(json.loads(ln)) == {"task", "truth", "source"} for ln in lines)
+    full = tmp_path / "full.jsonl.xz"
+    assert main(["data", "merge", str(src), "--out", str(full), "--tasks", "P", "--exclude", str(held)]) == 0
+    capsys.readouterr()
+    assert read_samples(full) == merged and out.stat().st_size < 0.8 * full.stat().st_size
+    # an A: row goes when the position after its move is held out (here in a FEN-a-line file, as the openings)
+    after = tmp_path / "after.txt"
+    after.write_text(f"# held out\n{a_s[0].truth.new_fen}\n")
+    assert main(["data", "merge", str(src), "--out", str(tmp_path / "a.jsonl"), "--tasks", "A", "--exclude",
+                 str(after)]) == 0
+    key = " ".join(a_s[0].truth.new_fen.split()[:4])
+    rest = [s for s in a_s if key not in {" ".join(f.split()[:4]) for f in (s.fen, s.truth.new_fen)}]
+    assert a_s[0] not in rest and len(rest) >= 30
+    assert json.loads(capsys.readouterr().out)["left_out"] == len(ps) + 40 - len(rest)
+    assert sorted(s.render("compact") for s in read_samples(tmp_path / "a.jsonl")) == sorted(
+        s.render("compact") for s in rest)
+
+
+def test_positions_of_reads_the_match_openings():
+    from conftest import REPO
+    from rookworld_rlvr.data.judged import positions_of
+    from rookworld_rlvr.play import read_openings
+
+    fens = read_openings(REPO / "data" / "openings.txt")
+    assert positions_of(REPO / "data" / "openings.txt") == set(fens) and len(fens) == 100
 
 
 def test_near_misses_are_the_illegal_moves_a_model_writes_sorted_by_kind():

@@ -457,6 +457,14 @@ def test_a_file_that_is_not_what_it_says_is_named(tmp_path):
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match=rf"{cut}: cannot be read after line \d+ \(EOFError.*truncated or corrupt"):
         read_samples(cut)
+    fake_xz, cut_xz = tmp_path / "fake.jsonl.xz", tmp_path / "cut.jsonl.xz"
+    fake_xz.write_text('{"task": "P"}\n')
+    with pytest.raises(DataError, match=rf"{fake_xz}: cannot be read after line 0 \(LZMAError"):
+        read_samples(fake_xz)
+    data = (REPO / "data" / "train.jsonl.xz").read_bytes()
+    cut_xz.write_bytes(data[: len(data) // 50])
+    with pytest.raises(DataError, match=rf"{cut_xz}: cannot be read after line \d+ \(EOFError.*truncated or corrupt"):
+        read_samples(cut_xz)
     with pytest.raises(DataError, match=rf"{tmp_path}: is a directory, not a data file"):
         read_samples(tmp_path)
 

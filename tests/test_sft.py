@@ -251,7 +251,7 @@ def test_own_targets_teach_the_best_true_move_not_yet_listed(reference_lines):
     model.eval()
     assert target_logp() > before + 10.0 and losses[-1] < losses[0]  # measured -32 -> -9 nats, data loss down
     with pytest.raises(ValueError, match="own_targets"):
-        SFTConfig(data=str(REPO / "data" / "train.jsonl.gz"), own_targets=-1.0).validate()
+        SFTConfig(data=str(REPO / "data" / "train.jsonl.xz"), own_targets=-1.0).validate()
 
 
 def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_data, tiny_model_dir):

@@ -76,9 +76,17 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if args.data_cmd == "merge":
         from rookworld_rlvr.data.io import merge_samples, write_samples
+        from rookworld_rlvr.data.judged import board_key, positions_of
 
-        samples, dropped = merge_samples(args.sources, args.seed)
-        print(json.dumps({"written": write_samples(args.out, samples), "duplicates": dropped, "out": args.out}))
+        held = {board_key(f) for path in args.exclude or () for f in positions_of(path)}
+
+        def keep(s) -> bool:  # the tasks asked for, and no position of an --exclude file, before or after the move
+            after = {board_key(s.truth.new_fen)} if s.task == "A" else set()
+            return s.task in args.tasks and not ({board_key(s.fen)} | after) & held
+
+        samples, dropped, left_out = merge_samples(args.sources, args.seed, keep)
+        written = write_samples(args.out, samples, truth_only=args.truth_only)
+        print(json.dumps({"written": written, "duplicates": dropped, "left_out": left_out, "out": args.out}))
         return 0
     if args.data_cmd == "near-misses":
         from rookworld_rlvr.data.nearmiss import write_near_misses
@@ -173,9 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
     m = dsub.add_parser("merge", help="sample files -> one shuffled training set, each prompt once (the first "
                                       "file's sample wins)")
-    m.add_argument("sources", nargs="+", help="our JSONL(.gz) files, in order of precedence")
-    m.add_argument("--out", required=True)
+    m.add_argument("sources", nargs="+", help="our JSONL(.gz/.xz) files, in order of precedence")
+    m.add_argument("--out", required=True, help="JSONL; .gz or .xz compresses it")
     m.add_argument("--seed", default="merge", help="the shuffle's seed (a string)")
+    m.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="keep samples of these tasks")
+    m.add_argument("--exclude", nargs="*", help="files whose positions are left out, compared without the move clocks "
+                                                "(held-out samples, puzzles, judged positions, openings)")
+    m.add_argument("--truth-only", action="store_true", help="write each row's truth alone (prompt and completion "
+                                                               "are re-rendered on reading): a third of the bytes")
     nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "
                                              "in the way, onto an own piece) from a training set's A: positions")
     nm.add_argument("source", help="our JSONL(.gz) training set; its A: positions and histories are used")

@@ -72,7 +72,7 @@ class TrainConfig:
                                    "GPT-2 policies (LoRA included); its step records nothing (record_rollout off)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     # -- data ----------------------------------------------------------------------------------
-    data: str = _f("data/train.jsonl.gz", "training prompts: our JSONL(.gz) or upstream RookWorld text lines")
+    data: str = _f("data/train.jsonl.xz", "training prompts: our JSONL (.gz, .xz) or upstream RookWorld text lines")
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
     eval_limit: int = _f(200, "held-out samples per task in each evaluation (0 = all)")
     skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")

@@ -32,7 +32,7 @@ SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no
 
 @dataclass
 class SFTConfig:
-    data: str = "data/train.jsonl.gz"
+    data: str = "data/train.jsonl.xz"
     eval_data: str = "data/eval.jsonl.gz"  # held-out samples for eval_every; "" = none
     out: str = "runs/sft/model"
     init: str | None = None  # continue from this model directory instead of a fresh one

@@ -151,6 +151,8 @@ def positions_of(path: str | Path) -> set[str]:
     mate-in-one file's FENs. The kind is read from the first row."""
     path = Path(path)
     if str(path).endswith((".tsv", ".txt")):
+        if _fen_lines(path):  # `rookworld data openings`: a FEN a line
+            return set(_fen_lines(path))
         return {p.fen for p in read_puzzles(path)}
     first = _first_row(path)
     if "solutions" in first:
@@ -163,6 +165,13 @@ def positions_of(path: str | Path) -> set[str]:
         if s.task == "A":
             out.add(s.truth.new_fen)
     return out
+
+
+def _fen_lines(path: Path) -> list[str]:
+    """The FENs of a FEN-a-line file (comments start with #); [] when its lines hold tabs (puzzles)."""
+    with _open_text(path) as fh:
+        lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+    return [] if any("\t" in ln for ln in lines) else lines
 
 
 def _first_row(path: Path) -> dict:
