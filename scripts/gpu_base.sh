@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny]
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--more-data FILE]...
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
-#    (the game starts the shipped data lacks), on the training side of the held-out split, seeded;
+#    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; and each
+#    --more-data file (more P: positions, made here beforehand; see data/README.md) as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
 #    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
@@ -14,17 +15,19 @@
 # --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P]}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--more-data FILE]...}
 shift
 smoke=0
 minutes=8
 preset=wide
+more=()
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P)" >&2; exit 2 ;;
+    --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --more-data FILE)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -57,13 +60,25 @@ else
        --save-every 500 --eval-every 500 --eval-samples 0)
 fi
 
-if [ ! -f "$work/train.jsonl.gz" ]; then  # seeded: the same rows on every machine
+for f in "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: --more-data $f: no such file" >&2; exit 2; }; done
+rows() {  # a sample file's lines, whatever its compression (python's gzip and lzma: no xz binary needed)
+  "$py" -c 'import gzip, lzma, shutil, sys
+opener = {".gz": gzip.open, ".xz": lzma.open}.get(sys.argv[1][-3:], open)
+with opener(sys.argv[1], "rb") as fh:
+    shutil.copyfileobj(fh, sys.stdout.buffer)' "$1"
+}
+inputs="$source_data ${more[*]} $(for f in "${more[@]}"; do stat -c %s "$f"; done)"
+if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)" != "$inputs" ]; then
+  # seeded: the same rows on every machine; rebuilt when the inputs change
   "$py" -m rookworld_rlvr data histories "$source_data" --out "$work/histories.jsonl.gz" --cut-share 0.2 \
     --openings $openings --side train --seed 0
-  { if [[ $source_data == *.gz ]]; then gzip -dc "$source_data"; else cat "$source_data"; fi
-    gzip -dc "$work/histories.jsonl.gz"; } | gzip -1 > "$work/train.jsonl.gz.tmp"
+  { rows "$source_data"; rows "$work/histories.jsonl.gz"; for f in "${more[@]}"; do rows "$f"; done; } \
+    | gzip -1 > "$work/train.jsonl.gz.tmp"
   mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
+  echo "$inputs" > "$work/train.inputs"
 fi
+echo "gpu_base: training data $(gzip -dc "$work/train.jsonl.gz" | wc -l) rows: $source_data, its histories${more:+, ${more[*]}}" \
+  | tee "$work/train.summary"
 
 "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \
   "${sft[@]}" ${RESUME:+--resume} --quiet

@@ -2,8 +2,9 @@
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
+#                     [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
-#    8 x 384, 14M parameters, for M minutes, default 4);
+#    8 x 384, 14M parameters, for M minutes, default 4; --more-data adds training samples, as in gpu_base.sh);
 # 2. GRPO from it: configs/gpu-grpo.yaml (64 prompts x 8 a step, Stockfish on the machine's cores) for N minutes
 #    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
 #    its start and end;
@@ -18,19 +19,22 @@
 # --smoke: the same on the CPU at tiny sizes, in about a minute (tests/test_gpu_rl.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P]}
+out=${1:?usage: scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--more-data FILE]...}
 shift
 smoke=0
 sft_minutes=4
 grpo_minutes=2.5
 preset=small
+more=()
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --sft-minutes) sft_minutes=${2:?--sft-minutes needs a number}; shift ;;
     --grpo-minutes) grpo_minutes=${2:?--grpo-minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
-    *) echo "gpu_rl.sh: unknown option $1 (--smoke, --sft-minutes M, --grpo-minutes N, --preset P)" >&2; exit 2 ;;
+    --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
+    *) echo "gpu_rl.sh: unknown option $1 (--smoke, --sft-minutes M, --grpo-minutes N, --preset P, --more-data FILE)" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -69,7 +73,8 @@ else
 fi
 
 base_stage() {
-  PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}"
+  PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}" \
+    "${more[@]}"
 }
 [ -f "$work/sft/base.checkpoint/config.json" ] && [ ! -f "$work/base.done" ] && export RESUME_SFT=1
 stage base base_stage

@@ -3,6 +3,7 @@
 import gzip
 import json
 import lzma
+from pathlib import Path
 
 import pytest
 
@@ -240,6 +241,22 @@ def test_merge_keeps_tasks_leaves_out_held_out_positions_and_writes_truth_alone(
     assert json.loads(capsys.readouterr().out)["left_out"] == len(ps) + 40 - len(rest)
     assert sorted(s.render("compact") for s in read_samples(tmp_path / "a.jsonl")) == sorted(
         s.render("compact") for s in rest)
+
+
+def test_merge_keeps_one_side_of_the_split(generated, tmp_path, capsys):
+    """`data generate`'s shards hold both sides of the FEN-hash split; `--side train` keeps what may be trained on."""
+    from rookworld_rlvr.data.generate import is_eval_fen
+
+    cfg, _ = generated
+    shards = sorted(Path(cfg.out_dir, ".shards").glob("shard_*.jsonl"))
+    rows = [s for f in shards for s in read_samples(f)]
+    assert any(is_eval_fen(s.fen, 40) for s in rows) and not all(is_eval_fen(s.fen, 40) for s in rows)
+    for side in ("train", "eval"):
+        out = tmp_path / f"{side}.jsonl"
+        assert main(["data", "merge", *map(str, shards), "--out", str(out), "--side", side]) == 0
+        capsys.readouterr()
+        kept = read_samples(out)
+        assert kept and all(is_eval_fen(s.fen, 40) == (side == "eval") for s in kept)
 
 
 def test_positions_of_reads_the_match_openings():

@@ -29,19 +29,25 @@ def unpack(folder: Path, into: Path) -> Path:
 
 
 def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
-    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
     from rookworld_rlvr.model import load_policy
 
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(work)}
-    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke"]
+    more = tmp_path / "more.jsonl.xz"  # more P: positions, as `rookworld data merge --truth-only` writes them
+    rows = iter_samples(REPO / "data" / "train.jsonl.xz")
+    extra = [s for _, s in zip(range(2000), rows) if s.task == "P"][-5:]  # beyond the smoke's 300-row slice
+    write_samples(more, extra, truth_only=True)
+    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-data", str(more)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
     assert {p.relative_to(out).as_posix() for p in files} >= {"base/meta.tar", "trained/meta.tar", "results.md"}
     # the base's training data has game starts: A: rows with a one-move history from the start position
-    rows = [s for s in read_samples(work / "sft" / "train.jsonl.gz") if s.task == "A"]
+    trained_on = read_samples(work / "sft" / "train.jsonl.gz")
+    assert all(s in trained_on for s in extra)  # --more-data joined the base's data
+    rows = [s for s in trained_on if s.task == "A"]
     assert any(s.truth.fen.startswith("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w") for s in rows)
     base = unpack(out / "base", tmp_path / "base")
     log = [json.loads(x) for x in (base / "sft_log.jsonl").read_text().splitlines()]
@@ -60,9 +66,10 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
         assert json.loads((rl / f"{name}.json").read_text())["games"] == 2
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
+    assert f"its histories, {more}." in text
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
-    again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), "--smoke"], capture_output=True, text=True, env=env,
+    again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:]], capture_output=True, text=True, env=env,
                            timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert all(f"{stage} done before" in again.stdout for stage in ("base", "grpo", "match_trained", "match_base"))

@@ -75,14 +75,15 @@ def _data(args: argparse.Namespace) -> int:
         print(json.dumps({"openings": len(fens), "out": args.out}))
         return 0
     if args.data_cmd == "merge":
+        from rookworld_rlvr.data.histories import on_side
         from rookworld_rlvr.data.io import merge_samples, write_samples
         from rookworld_rlvr.data.judged import board_key, positions_of
 
         held = {board_key(f) for path in args.exclude or () for f in positions_of(path)}
 
-        def keep(s) -> bool:  # the tasks asked for, and no position of an --exclude file, before or after the move
+        def keep(s) -> bool:  # the tasks and split side asked for; no position of an --exclude file, before or after
             after = {board_key(s.truth.new_fen)} if s.task == "A" else set()
-            return s.task in args.tasks and not ({board_key(s.fen)} | after) & held
+            return s.task in args.tasks and on_side(s.fen, args.side) and not ({board_key(s.fen)} | after) & held
 
         samples, dropped, left_out = merge_samples(args.sources, args.seed, keep)
         written = write_samples(args.out, samples, truth_only=args.truth_only)
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True, help="JSONL; .gz or .xz compresses it")
     m.add_argument("--seed", default="merge", help="the shuffle's seed (a string)")
     m.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="keep samples of these tasks")
+    m.add_argument("--side", choices=("train", "eval", "any"), default="any",
+                   help="keep positions on this side of the FEN-hash split of `data generate` (its shards hold both)")
     m.add_argument("--exclude", nargs="*", help="files whose positions are left out, compared without the move clocks "
                                                 "(held-out samples, puzzles, judged positions, openings)")
     m.add_argument("--truth-only", action="store_true", help="write each row's truth alone (prompt and completion "
