@@ -11,7 +11,7 @@ from conftest import REFERENCE, random_transitions
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.importer import import_data
-from rookworld_rlvr.data.io import DataError, Sample, read_samples, write_samples
+from rookworld_rlvr.data.io import DataError, ReadReport, Sample, read_samples, write_samples
 from rookworld_rlvr.tasks import environment as E
 
 
@@ -257,6 +257,33 @@ def test_merge_keeps_one_side_of_the_split(generated, tmp_path, capsys):
         capsys.readouterr()
         kept = read_samples(out)
         assert kept and all(is_eval_fen(s.fen, 40) == (side == "eval") for s in kept)
+
+
+def test_read_samples_in_parallel_gives_what_one_process_gives(tmp_path, monkeypatch):
+    """Large files are parsed by forked workers: the same samples in the same order, the first bad line's
+    error (whichever worker finds an error first), and the same report when bad lines are skipped."""
+    from conftest import REPO
+    from rookworld_rlvr.data import io as data_io
+
+    with lzma.open(REPO / "data" / "train.jsonl.xz", "rt") as fh:
+        lines = [next(fh) for _ in range(3000)]
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text("".join(lines))
+    bad.write_text("".join(lines[:1500] + ['{"task": "Q"}\n'] + lines[1500:2500] + ["not json\n"] + lines[2500:]))
+    forks = []
+    real = data_io.mp.get_context
+    monkeypatch.setattr(data_io.mp, "get_context", lambda method: forks.append(method) or real(method))
+    monkeypatch.setattr(data_io, "PARALLEL_ROWS", 1000)
+    one, many = ReadReport(), ReadReport()
+    serial = read_samples(good, report=one, workers=1)
+    assert forks == [] and len(serial) == 3000
+    assert read_samples(good, report=many, workers=3) == serial and many == one and forks == ["fork"]
+    with pytest.raises(DataError, match=rf"{bad}:1501: field 'task'"):
+        read_samples(bad, workers=3)
+    one, many = ReadReport(), ReadReport()
+    assert read_samples(bad, skip_invalid=True, report=many, workers=3) == read_samples(
+        bad, skip_invalid=True, report=one, workers=1) == serial
+    assert many == one and one.invalid == 2 and [e.split(": ")[0] for e in one.errors] == [f"{bad}:1501", f"{bad}:2502"]
 
 
 def test_positions_of_reads_the_match_openings():

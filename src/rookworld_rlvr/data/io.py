@@ -16,6 +16,7 @@ import io
 import json
 import lzma
 import math
+import multiprocessing as mp
 import os
 import random
 import re
@@ -147,28 +148,33 @@ class ReadReport:
     errors: list[str] = field(default_factory=list)  # first few `file:line: reason`
 
 
-def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> Iterator[Sample]:
-    """Yield samples from JSONL or upstream text lines. Bad rows raise DataError(file:line) or are counted."""
-    path = Path(path)
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a data file's non-blank lines; an unreadable file is a DataError."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a data file")
-    report = report if report is not None else ReadReport()
-    jsonl = is_jsonl(path)
     lineno = 0
     try:
         with _open_text(path) as fh:
             for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                report.read += 1
-                sample = _parse(path, lineno, line, jsonl, skip_invalid, report)
-                if sample is not None:
-                    yield sample
+                if line.strip():
+                    yield lineno, line
     except (OSError, EOFError, lzma.LZMAError) as e:  # not gzip/xz, cut short, unreadable
         raise DataError(f"{path}: cannot be read after line {lineno} ({type(e).__name__}: {e}); a truncated or "
                         "corrupt file?") from None
+
+
+def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> Iterator[Sample]:
+    """Yield samples from JSONL or upstream text lines. Bad rows raise DataError(file:line) or are counted."""
+    path = Path(path)
+    report = report if report is not None else ReadReport()
+    jsonl = is_jsonl(path)
+    for lineno, line in _lines(path):
+        report.read += 1
+        sample = _parse(path, lineno, line, jsonl, skip_invalid, report)
+        if sample is not None:
+            yield sample
 
 
 def _parse(path: Path, lineno: int, line: str, jsonl: bool, skip_invalid: bool, report: ReadReport) -> Sample | None:
@@ -188,8 +194,51 @@ def _parse(path: Path, lineno: int, line: str, jsonl: bool, skip_invalid: bool, 
         return None
 
 
-def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> list[Sample]:
-    return list(iter_samples(path, skip_invalid, report))
+PARALLEL_ROWS = 50_000  # from this many rows on, read_samples parses in several processes
+
+
+def _parse_chunk(args: tuple[Path, bool, bool, list[tuple[int, str]]]) -> tuple[list[Sample], ReadReport, str]:
+    """A worker's share of read_samples: its samples, its counts, and its first error ("" when none)."""
+    path, jsonl, skip_invalid, chunk = args
+    report, out = ReadReport(), []
+    for lineno, line in chunk:
+        report.read += 1
+        try:
+            sample = _parse(path, lineno, line, jsonl, skip_invalid, report)
+        except DataError as e:
+            return out, report, str(e)
+        if sample is not None:
+            out.append(sample)
+    return out, report, ""
+
+
+def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
+                 workers: int | None = None) -> list[Sample]:
+    """Every sample of a file, as iter_samples gives them. Validating a row costs ~0.1 ms (python-chess
+    checks its moves), so from PARALLEL_ROWS rows on `workers` forked processes (default: the cores, at
+    most 8) parse chunks of the file: the same samples in the same order, the same first error, the
+    same report; a GPU run's 700k rows in seconds instead of minutes."""
+    path = Path(path)
+    report = report if report is not None else ReadReport()
+    workers = workers or min(8, os.cpu_count() or 1)
+    lines = list(_lines(path))
+    parallel = workers > 1 and len(lines) >= PARALLEL_ROWS and "fork" in mp.get_all_start_methods()
+    size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
+    chunks = [(path, is_jsonl(path), skip_invalid, lines[i:i + size]) for i in range(0, len(lines), size)]
+    if parallel:  # fork: the workers run python-chess alone, never torch (as torch's own DataLoader workers)
+        with mp.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_parse_chunk, chunks)
+    else:
+        parts = [_parse_chunk(c) for c in chunks]
+    samples: list[Sample] = []
+    for part, counts, error in parts:
+        report.read += counts.read
+        report.invalid += counts.invalid
+        report.errors += counts.errors[:10 - len(report.errors)]
+        if error:
+            raise DataError(error)
+        samples += part
+    return samples
 
 
 def json_object(path: Path, lineno: int, line: str) -> dict:
