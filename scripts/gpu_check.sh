@@ -20,9 +20,7 @@ device=cuda
 mkdir -p "$out"
 . scripts/gpu_wheels.sh
 use_carried_wheels "$py" $([ "$mode" = "--smoke" ] && echo 1 || echo 0) || exit 1
-if [ -f .gpu/stockfish.xz ]; then  # carried Stockfish (scripts/gpu_pack.sh --stockfish)
-  xz -dc .gpu/stockfish.xz > /tmp/gpu-stockfish && chmod +x /tmp/gpu-stockfish && export STOCKFISH_PATH=/tmp/gpu-stockfish
-fi
+use_carried_stockfish "$py" /tmp/gpu-stockfish || exit 1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 ROOKWORLD_TEST_DEVICE=$device "$py" -m pytest -q -m gpu tests/gpu -p no:cacheprovider \
   --junitxml "$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"

@@ -43,10 +43,7 @@ work=${WORK:-runs/gpu-rl}
 mkdir -p "$out" "$work"
 . scripts/gpu_wheels.sh
 use_carried_wheels "$py" $smoke
-if [ -f .gpu/stockfish.xz ] && [ -z "${STOCKFISH_PATH:-}" ]; then  # carried Stockfish (gpu_pack.sh --stockfish)
-  xz -dc .gpu/stockfish.xz > "$work/stockfish.tmp" && chmod +x "$work/stockfish.tmp" && mv "$work/stockfish.tmp" "$work/stockfish"
-  export STOCKFISH_PATH="$(cd "$work" && pwd)/stockfish"
-fi
+[ -z "${STOCKFISH_PATH:-}" ] && use_carried_stockfish "$py" "$work/stockfish"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 stage() {  # name, command...: run once, its minutes in times.tsv
   local name=$1 t0

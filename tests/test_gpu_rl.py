@@ -87,3 +87,32 @@ def test_an_export_that_would_not_come_back_is_named(tmp_path):
         (tmp_path / f"f{i}.json").write_text("{}")
     problems = module.check(sorted(tmp_path.iterdir()))
     assert problems == ["big.safetensors: 17.0 MiB > 16", "9 files > 8"]
+
+
+def test_a_carried_stockfish_is_unpacked_without_an_xz_binary(tmp_path):
+    """What travels to the GPU machine: .gpu/stockfish.xz (scripts/gpu_pack.sh --stockfish) is unpacked by Python's
+    lzma, made executable and named by STOCKFISH_PATH; with none carried, nothing changes."""
+    import lzma
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / ".gpu").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu_wheels.sh", repo / "gpu_wheels.sh")
+    engine = b"#!/bin/sh\necho 'id name carried engine'\n"
+    (repo / ".gpu" / "stockfish.xz").write_bytes(lzma.compress(engine))
+    script = ('set -e; . ./gpu_wheels.sh; unset STOCKFISH_PATH; use_carried_stockfish "$PY" work/stockfish; '
+              'echo "path=$STOCKFISH_PATH"; "$STOCKFISH_PATH"')
+    (repo / "work").mkdir()
+    tools = tmp_path / "bin"  # a PATH with the few tools the function uses, and no xz
+    tools.mkdir()
+    for tool in ("chmod", "mv", "dirname", "basename", "sh"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    env = {**os.environ, "PY": sys.executable, "PATH": str(tools)}
+    proc = subprocess.run([shutil.which("bash"), "-c", script], cwd=repo, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"path={repo / 'work' / 'stockfish'}", "id name carried engine"]
+    assert (repo / "work" / "stockfish").read_bytes() == engine and not (repo / "work" / "stockfish.tmp").exists()
+    (repo / ".gpu" / "stockfish.xz").unlink()
+    proc = subprocess.run([shutil.which("bash"), "-c", script.replace('; "$STOCKFISH_PATH"', "")], cwd=repo, capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout == "path=\n"
