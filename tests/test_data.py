@@ -3,6 +3,7 @@
 import gzip
 import json
 import lzma
+import os
 from pathlib import Path
 
 import pytest
@@ -284,6 +285,38 @@ def test_read_samples_in_parallel_gives_what_one_process_gives(tmp_path, monkeyp
     assert read_samples(bad, skip_invalid=True, report=many, workers=3) == read_samples(
         bad, skip_invalid=True, report=one, workers=1) == serial
     assert many == one and one.invalid == 2 and [e.split(": ")[0] for e in one.errors] == [f"{bad}:1501", f"{bad}:2502"]
+
+
+def test_more_positions_for_the_gpu_base_are_new_training_side_p_rows(generated, tmp_path):
+    """scripts/gpu_more_data.sh on an unfinished generation (shards only): its P: positions on the training side,
+    none that the shipped training set or a held-out file holds, truth alone in xz."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.judged import board_key, positions_of
+
+    cfg, _ = generated
+    gen = tmp_path / "gen"
+    shutil.copytree(Path(cfg.out_dir, ".shards"), gen / ".shards")
+    out = tmp_path / "more.jsonl.xz"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    shipped = {board_key(f) for f in positions_of(REPO / "data" / "train.jsonl.xz")}
+    held = {board_key(f) for name in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
+                                      "eval_histories.jsonl.gz", "mate_in_one.tsv", "openings.txt")
+            for f in positions_of(REPO / "data" / name)}
+    shards = [s for f in sorted(gen.glob(".shards/shard_*.jsonl")) for s in read_samples(f)]
+    want = {s.render("compact") for s in shards if s.task == "P" and not is_eval_fen(s.fen, 40)
+            and board_key(s.fen) not in shipped | held}
+    got = read_samples(out)
+    assert summary["written"] == len(got) == len(want) > 0 and {s.render("compact") for s in got} == want
+    assert all(set(json.loads(line)) == {"task", "truth", "source"} for line in lzma.open(out, "rt"))
+    assert any(board_key(s.fen) in shipped for s in shards if s.task == "P")  # the game starts: left out
 
 
 def test_positions_of_reads_the_match_openings():
