@@ -9,7 +9,7 @@
 #    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
 #    its start and end;
 # 3. two 200-game matches from the held-out openings: the trained model against its base, and the base against
-#    the shipped models/rookworld-board;
+#    the shipped models/rookworld-board; and one greedy self-play game from the start for each of the two models;
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
 #    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary and the matches)
 #    and results.md (the verdict: base, trained and a random mover with 95% intervals; the matches; the minutes).
@@ -62,11 +62,13 @@ if [ $smoke = 1 ]; then
   grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
   games=(--games 2 --max-plies 8)
+  selfplay_plies=8
 else
   device=cuda
   base_args=(--minutes "$sft_minutes" --preset "$preset")
   grpo=(--engine-workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
   games=(--games 200)
+  selfplay_plies=150
 fi
 
 base_stage() {
@@ -87,6 +89,12 @@ stage grpo grpo_stage
 
 stage match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$work/sft/base" "${games[@]}" --device "$device" \
   --json "$work/match_trained_vs_base.json" --pgn "$work/match_trained_vs_base.pgn" --quiet
+selfplay() {  # name, model: one greedy game from the start against itself, its legal half-moves (the base's goal: 60)
+  "$py" -m rookworld_rlvr eval --model "$2" --data data/eval.jsonl.gz --limit 0 --selfplay 1 \
+    --selfplay-max-plies "$selfplay_plies" --device "$device" --json "$work/selfplay_$1.json" --quiet
+}
+stage selfplay_base selfplay base "$work/sft/base"
+stage selfplay_trained selfplay trained "$work/grpo/final"
 stage match_base "$py" -m rookworld_rlvr match "$work/sft/base" models/rookworld-board "${games[@]}" --device "$device" \
   --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
 
@@ -101,6 +109,6 @@ cp "$work"/export/*.safetensors "$out/trained/"
 for f in summary.json metrics.jsonl eval.jsonl events.jsonl config.yaml; do
   [ -f "$work/grpo/$f" ] && cp "$work/grpo/$f" "$work/export/"
 done
-cp "$work"/match_*.json "$work"/match_*.pgn "$work/times.tsv" "$work/export/"
+cp "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json "$work/times.tsv" "$work/export/"
 tar cf "$out/trained/meta.tar" -C "$work/export" --exclude '*.safetensors' .
 "$py" scripts/gpu_rl_report.py "$work" "$out"

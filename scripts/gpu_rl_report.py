@@ -45,6 +45,16 @@ def report(work: Path) -> str:
         path = work / f"{name}.json"
         lines += (["```", format_summary(json.loads(path.read_text())), "```", ""] if path.exists()
                   else [f"{name}: not played", ""])
+    lines += ["## Self-play from the start (greedy, one game)", ""]
+    for name in ("base", "trained"):
+        path = work / f"selfplay_{name}.json"
+        if not path.exists():
+            lines.append(f"- {name}: not played")
+            continue
+        sp = json.loads(path.read_text())["selfplay"]
+        end = next(k.removeprefix("ended_").replace("_", " ") for k in ("ended_illegal", "ended_game_over",
+                                                                        "ended_max_plies") if sp[k])
+        lines.append(f"- {name}: {sp['mean_legal_half_moves']:.0f} legal half-moves (ended by: {end})")
     return "\n".join(lines)
 
 

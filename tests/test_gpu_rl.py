@@ -64,15 +64,22 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
     load_policy(str(rl), device="cpu", verbose=False)
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((rl / f"{name}.json").read_text())["games"] == 2
+    plies = {}
+    for name in ("base", "trained"):  # one greedy game from the start each, at most 8 plies in the smoke
+        sp = json.loads((rl / f"selfplay_{name}.json").read_text())["selfplay"]
+        assert sp["games"] == 1 and 0 <= sp["mean_legal_half_moves"] <= 8
+        plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
     assert f"its histories, {more}." in text
+    assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
     again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:]], capture_output=True, text=True, env=env,
                            timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert all(f"{stage} done before" in again.stdout for stage in ("base", "grpo", "match_trained", "match_base"))
+    assert all(f"{stage} done before" in again.stdout
+               for stage in ("base", "grpo", "match_trained", "selfplay_base", "selfplay_trained", "match_base"))
     assert (work / "grpo" / "summary.json").read_text() == json.dumps(summary, indent=2)
     assert sorted(p.relative_to(tmp_path / "out2") for p in (tmp_path / "out2").rglob("*")) == \
         sorted(p.relative_to(out) for p in out.rglob("*"))
