@@ -2,8 +2,8 @@
 # Run here, before a GPU machine's command: what its image lacks, ready to travel (both folders are git-ignored).
 #   scripts/gpu_pack.sh --trl         for scripts/gpu_check.sh (carry [".whl"])
 #   scripts/gpu_pack.sh --stockfish   for scripts/gpu_rl.sh (carry [".whl", ".gpu"])
-#   scripts/gpu_pack.sh --stockfish --more-data GEN   the same, and GEN's positions for the base (gpu_rl.sh
-#                                     --more-data .gpu/more.jsonl.xz)
+#   scripts/gpu_pack.sh --stockfish --more-data GEN [--more-a N]   the same, and GEN's samples for the base
+#     (gpu_rl.sh --more-data .gpu/more_p.jsonl.xz --more-data .gpu/more_a.jsonl.xz)
 # .whl/ is rebuilt on every call and holds the python-chess wheel (pure Python, built here from its source release;
 #   the image has torch, transformers, tokenizers, safetensors, pyyaml, tqdm and pytest) and, with --trl, what TRL's
 #   GRPOTrainer needs beside it there: TRL, datasets, dill and multiprocess at constraints.txt's versions (about
@@ -11,20 +11,23 @@
 #   pandas and xxhash). scripts/gpu_check.sh runs TRL beside our trainer when these import.
 # .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB; with the 42 MiB tree it comes
 #   close to the 64 MiB a call may carry). scripts/gpu_rl.sh needs it (GRPO's rewards); gpu_check.sh needs none.
-# .gpu/more.jsonl.xz, with --more-data GEN (a `rookworld data generate` output folder): GEN's training-side P:
-#   positions that neither the shipped training set nor a held-out file holds (scripts/gpu_more_data.sh).
+# .gpu/more_p.jsonl.xz and more_a.jsonl.xz, with --more-data GEN (a `rookworld data generate` output folder): GEN's
+#   training-side P: positions and at most N (default 100,000) A: transitions that neither the shipped training set
+#   nor a held-out file holds (scripts/gpu_more_data.sh).
 # The last line says how much the call's carry adds up to; more than 64 MiB fails here, not there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trl=0
 stockfish=0
 gen=
+more_a=100000
 while [ $# -gt 0 ]; do
   case $1 in
     --trl) trl=1 ;;
     --stockfish) stockfish=1 ;;
     --more-data) gen=${2:?--more-data needs a data generate folder}; shift ;;
-    *) echo "gpu_pack.sh: unknown option $1 (--trl, --stockfish, --more-data GEN)" >&2; exit 2 ;;
+    --more-a) more_a=${2:?--more-a needs a number}; shift ;;
+    *) echo "gpu_pack.sh: unknown option $1 (--trl, --stockfish, --more-data GEN, --more-a N)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -41,8 +44,8 @@ if [ $trl = 1 ]; then
 fi
 carry=(.whl)
 if [ -n "$gen" ]; then
-  mkdir -p .gpu
-  PYTHON="$py" scripts/gpu_more_data.sh "$gen" .gpu/more.jsonl.xz
+  rm -f .gpu/more_p.jsonl.xz .gpu/more_a.jsonl.xz
+  PYTHON="$py" scripts/gpu_more_data.sh "$gen" .gpu "$more_a"
   [[ " ${carry[*]} " == *" .gpu "* ]] || carry+=(.gpu)
 fi
 if [ $stockfish = 1 ]; then

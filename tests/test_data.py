@@ -244,6 +244,32 @@ def test_merge_keeps_tasks_leaves_out_held_out_positions_and_writes_truth_alone(
         s.render("compact") for s in rest)
 
 
+def test_merge_new_only_and_max(generated, tmp_path, capsys):
+    """`--new-only FILE` leaves out the samples FILE already holds (by prompt: another history of the same move
+    stays), `--max N` writes the first N of the shuffle."""
+    import dataclasses
+
+    cfg, _ = generated
+    a_s = [s for s in read_samples(f"{cfg.out_dir}/train.jsonl.gz") if s.task == "A"][:30]
+    src, known = tmp_path / "src.jsonl", tmp_path / "known.jsonl"
+    write_samples(src, a_s)
+    i = next(i for i in range(10, 30) if len(a_s[i].truth.history.split()) > 1)
+    other = dataclasses.replace(a_s[i], truth=dataclasses.replace(a_s[i].truth, history=a_s[i].truth.move))
+    write_samples(known, a_s[:10] + [other])
+    assert main(["data", "merge", str(src), "--out", str(tmp_path / "new.jsonl"), "--new-only", str(known)]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == 20
+    assert sorted(s.render("compact") for s in read_samples(tmp_path / "new.jsonl")) == sorted(
+        s.render("compact") for s in a_s[10:])
+    assert main(["data", "merge", str(src), "--out", str(tmp_path / "few.jsonl"), "--max", "7"]) == 0
+    capsys.readouterr()
+    full = tmp_path / "all.jsonl"
+    main(["data", "merge", str(src), "--out", str(full)])
+    assert read_samples(tmp_path / "few.jsonl") == read_samples(full)[:7]
+    with pytest.raises(SystemExit):
+        main(["data", "merge", str(src), "--out", str(full), "--max", "0"])
+    assert "--max: must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_merge_keeps_one_side_of_the_split(generated, tmp_path, capsys):
     """`data generate`'s shards hold both sides of the FEN-hash split; `--side train` keeps what may be trained on."""
     from rookworld_rlvr.data.generate import is_eval_fen
@@ -287,9 +313,10 @@ def test_read_samples_in_parallel_gives_what_one_process_gives(tmp_path, monkeyp
     assert many == one and one.invalid == 2 and [e.split(": ")[0] for e in one.errors] == [f"{bad}:1501", f"{bad}:2502"]
 
 
-def test_more_positions_for_the_gpu_base_are_new_training_side_p_rows(generated, tmp_path):
+def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generated, tmp_path):
     """scripts/gpu_more_data.sh on an unfinished generation (shards only): its P: positions on the training side,
-    none that the shipped training set or a held-out file holds, truth alone in xz."""
+    none that the shipped training set or a held-out file holds; as many A: rows as asked, none the shipped set
+    holds, none touching a held-out position; truth alone in xz."""
     import shutil
     import subprocess
     import sys
@@ -301,22 +328,29 @@ def test_more_positions_for_the_gpu_base_are_new_training_side_p_rows(generated,
     cfg, _ = generated
     gen = tmp_path / "gen"
     shutil.copytree(Path(cfg.out_dir, ".shards"), gen / ".shards")
-    out = tmp_path / "more.jsonl.xz"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out)], capture_output=True,
-                          text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    out = tmp_path / "more"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out), "40"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads(proc.stdout.splitlines()[-1])
-    shipped = {board_key(f) for f in positions_of(REPO / "data" / "train.jsonl.xz")}
+    summary, summary_a = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
+    shipped_rows = read_samples(REPO / "data" / "train.jsonl.xz")
+    shipped = {board_key(f) for s in shipped_rows for f in (s.fen, *([s.truth.new_fen] if s.task == "A" else []))}
     held = {board_key(f) for name in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
                                       "eval_histories.jsonl.gz", "mate_in_one.tsv", "openings.txt")
             for f in positions_of(REPO / "data" / name)}
     shards = [s for f in sorted(gen.glob(".shards/shard_*.jsonl")) for s in read_samples(f)]
     want = {s.render("compact") for s in shards if s.task == "P" and not is_eval_fen(s.fen, 40)
             and board_key(s.fen) not in shipped | held}
-    got = read_samples(out)
+    got = read_samples(out / "more_p.jsonl.xz")
     assert summary["written"] == len(got) == len(want) > 0 and {s.render("compact") for s in got} == want
-    assert all(set(json.loads(line)) == {"task", "truth", "source"} for line in lzma.open(out, "rt"))
     assert any(board_key(s.fen) in shipped for s in shards if s.task == "P")  # the game starts: left out
+    known = {s.render("compact")[0] for s in shipped_rows}
+    pool = {s.render("compact") for s in shards if s.task == "A" and not is_eval_fen(s.fen, 40)
+            and s.render("compact")[0] not in known and not {board_key(s.fen), board_key(s.truth.new_fen)} & held}
+    got_a = read_samples(out / "more_a.jsonl.xz")
+    assert summary_a["written"] == len(got_a) == 40 < len(pool) and {s.render("compact") for s in got_a} <= pool
+    for name in ("more_p.jsonl.xz", "more_a.jsonl.xz"):
+        assert all(set(json.loads(line)) == {"task", "truth", "source"} for line in lzma.open(out / name, "rt"))
 
 
 def test_positions_of_reads_the_match_openings():

@@ -76,17 +76,19 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if args.data_cmd == "merge":
         from rookworld_rlvr.data.histories import on_side
-        from rookworld_rlvr.data.io import merge_samples, write_samples
+        from rookworld_rlvr.data.io import merge_samples, read_samples, write_samples
         from rookworld_rlvr.data.judged import board_key, positions_of
 
         held = {board_key(f) for path in args.exclude or () for f in positions_of(path)}
+        known = {s.render("compact")[0] for path in args.new_only or () for s in read_samples(path)}
 
         def keep(s) -> bool:  # the tasks and split side asked for; no position of an --exclude file, before or after
             after = {board_key(s.truth.new_fen)} if s.task == "A" else set()
-            return s.task in args.tasks and on_side(s.fen, args.side) and not ({board_key(s.fen)} | after) & held
+            return (s.task in args.tasks and on_side(s.fen, args.side) and not ({board_key(s.fen)} | after) & held
+                    and (not known or s.render("compact")[0] not in known))
 
         samples, dropped, left_out = merge_samples(args.sources, args.seed, keep)
-        written = write_samples(args.out, samples, truth_only=args.truth_only)
+        written = write_samples(args.out, samples[:args.max], truth_only=args.truth_only)
         print(json.dumps({"written": written, "duplicates": dropped, "left_out": left_out, "out": args.out}))
         return 0
     if args.data_cmd == "near-misses":
@@ -100,6 +102,13 @@ def _data(args: argparse.Namespace) -> int:
         print(json.dumps(stats(args.file), indent=2))
         return 0
     return 2
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep positions on this side of the FEN-hash split of `data generate` (its shards hold both)")
     m.add_argument("--exclude", nargs="*", help="files whose positions are left out, compared without the move clocks "
                                                 "(held-out samples, puzzles, judged positions, openings)")
+    m.add_argument("--new-only", nargs="*", metavar="FILE", help="leave out samples whose prompt these sample files "
+                                                                 "hold (an A: transition of the same position, move "
+                                                                 "and history; a P: position)")
+    m.add_argument("--max", type=_at_least_one, default=None, help="write at most this many (the first of the shuffle)")
     m.add_argument("--truth-only", action="store_true", help="write each row's truth alone (prompt and completion "
                                                                "are re-rendered on reading): a third of the bytes")
     nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "
