@@ -451,3 +451,23 @@ def test_check_positions_are_in_check_held_out_and_every_legal_move_solves_them(
     assert not {" ".join(p.fen.split()[:4]) for p in puzzles} & excluded
     with pytest.raises(ValueError, match="must be in check"):
         Puzzle.from_dict({"fen": "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", "solutions": ["a1a8"], "kind": "check"})
+
+
+def test_a_king_onto_its_own_rook_is_illegal_on_reading_as_in_the_environment(tmp_path):
+    """python-chess reads e8h8 as castling; the environment (UCI: e8g8) calls it illegal and truncates. A
+    generated row with that move read back (a 3,600-game generation stopped on one), and a P: answer listing it
+    is refused."""
+    from rookworld_rlvr.tasks.policy import PolicyTruth
+
+    fen = "rnbqk2r/p1pp2pp/4Pn2/1P6/1b6/5N2/P2P1PPP/RNBQKB1R b KQkq - 1 7"
+    truth = E.transition(fen, "e8h8", "f8b4 g1f3 e8h8")
+    assert truth.truncated and truth.new_fen == fen
+    castle = E.transition(fen, "e8g8", "g1f3 e8g8")
+    assert not castle.truncated
+    path = tmp_path / "rows.jsonl"
+    write_samples(path, [Sample("A", truth), Sample("A", castle)])
+    assert [s.truth for s in read_samples(path)] == [truth, castle]
+    bad = PolicyTruth(fen, ("e8h8", "e8g8"), (0.1, 0.2), ("e8g8",))
+    write_samples(path, [Sample("P", bad)])
+    with pytest.raises(DataError, match=r"rows.jsonl:1: field 'truth.moves' holds moves that are not legal.*e8h8"):
+        read_samples(path)

@@ -65,9 +65,12 @@ class Sample:
 
 
 def _legal(board: chess.Board, move: str) -> bool:
-    """A legal UCI move of `board` (checked without listing every legal move: rows are read by the 100,000)."""
+    """A legal UCI move of `board` as the environment writes it (checked without listing every legal move:
+    rows are read by the 100,000). python-chess also takes a king onto its own rook (e8h8) as castling; the
+    environment, like UCI, knows castling as e8g8 only, so that spelling is not legal here."""
     try:
-        return board.is_legal(chess.Move.from_uci(move))
+        parsed = chess.Move.from_uci(move)
+        return board.is_legal(parsed) and board.uci(parsed) == move
     except (ValueError, TypeError):
         return False
 
