@@ -7,7 +7,7 @@
 # alone, in xz:
 #   OUT_DIR/more_p.jsonl.xz  GEN's P: positions that the shipped training set does not hold (about 33 bytes each);
 #   OUT_DIR/more_a.jsonl.xz  at most A_ROWS (default 0: no file) of GEN's A: transitions that the shipped set does not
-#                            hold (about 22 bytes each): game starts and other histories of real games.
+#                            hold (about 38 bytes each): game starts and other histories of real games.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gen=${1:?usage: scripts/gpu_more_data.sh GEN OUT_DIR [A_ROWS]}

@@ -12,7 +12,7 @@
 # .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB; with the 42 MiB tree it comes
 #   close to the 64 MiB a call may carry). scripts/gpu_rl.sh needs it (GRPO's rewards); gpu_check.sh needs none.
 # .gpu/more_p.jsonl.xz and more_a.jsonl.xz, with --more-data GEN (a `rookworld data generate` output folder): GEN's
-#   training-side P: positions and at most N (default 100,000) A: transitions that neither the shipped training set
+#   training-side P: positions and at most N (default 80,000) A: transitions that neither the shipped training set
 #   nor a held-out file holds (scripts/gpu_more_data.sh).
 # The last line says how much the call's carry adds up to; more than 64 MiB fails here, not there.
 set -euo pipefail
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 trl=0
 stockfish=0
 gen=
-more_a=100000
+more_a=80000
 while [ $# -gt 0 ]; do
   case $1 in
     --trl) trl=1 ;;
