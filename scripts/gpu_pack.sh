@@ -9,8 +9,8 @@
 #   GRPOTrainer needs beside it there: TRL, datasets, dill and multiprocess at constraints.txt's versions (about
 #   2 MB of pure-Python wheels for the image's Python, GPU_PYTHON, default 3.12; the image has accelerate, pyarrow,
 #   pandas and xxhash). scripts/gpu_check.sh runs TRL beside our trainer when these import.
-# .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB; with the 42 MiB tree it comes
-#   close to the 64 MiB a call may carry). scripts/gpu_rl.sh needs it (GRPO's rewards); gpu_check.sh needs none.
+# .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB; with the 27 MiB tree it leaves
+#   about 15.5 MiB of the 64 a call may carry). scripts/gpu_rl.sh needs it (GRPO's rewards); gpu_check.sh needs none.
 # .gpu/more_p.jsonl.xz and more_a.jsonl.xz, with --more-data GEN (a `rookworld data generate` output folder): GEN's
 #   training-side P: positions and at most N (default 80,000) A: transitions that neither the shipped training set
 #   nor a held-out file holds (scripts/gpu_more_data.sh).
