@@ -22,9 +22,7 @@ differs or any checkpoint does not load.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import lzma
 import os
 import random
 import shutil
@@ -41,8 +39,9 @@ TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed
 def subset(src: Path, dst: Path, per_task: int) -> Path:
     """The first `per_task` P: and A: rows of a shipped data file: a run that starts in seconds."""
     keep, counts = [], {"P": 0, "A": 0}
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix, open)
-    with opener(src, "rt") as fh:
+    from rookworld_rlvr.data.io import open_text
+
+    with open_text(src) as fh:
         for line in fh:
             task = json.loads(line)["task"]
             if counts[task] < per_task:

@@ -15,9 +15,7 @@ OUT with `.positions.jsonl` (its P: positions alone, to judge and evaluate).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import lzma
 import random
 from pathlib import Path
 
@@ -32,8 +30,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     policy, env = [], []
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(Path(args.data).suffix, open)
-    with opener(args.data, "rt") as f:
+    from rookworld_rlvr.data.io import open_text
+
+    with open_text(Path(args.data)) as f:
         for line in f:
             task = json.loads(line)["task"]
             if task == "P" and len(policy) < args.pool:

@@ -132,7 +132,7 @@ _COMPRESSED = {".gz": gzip.open, ".xz": lzma.open}  # by the file name's last su
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of undecodable bytes
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def open_text(path: Path) -> io.TextIOBase:
     """Undecodable bytes are kept as lone surrogates, so the line that holds them gets the error."""
     if path.suffix in _COMPRESSED:
         return io.TextIOWrapper(_COMPRESSED[path.suffix](path, "rb"), encoding="utf-8", errors="surrogateescape")
@@ -159,7 +159,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         raise DataError(f"{path}: is a directory, not a data file")
     lineno = 0
     try:
-        with _open_text(path) as fh:
+        with open_text(path) as fh:
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
                     yield lineno, line

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, TypeVar
 
 import chess
 
-from rookworld_rlvr.data.io import DataError, _open_text, atomic_write_text, iter_samples, json_object
+from rookworld_rlvr.data.io import DataError, open_text, atomic_write_text, iter_samples, json_object
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, is_legal, mates, mating_moves,
                                            tactic_of)
 
@@ -32,7 +32,7 @@ def _read_rows(path: str | Path, parse: Callable[[dict], T]) -> list[T]:
     if not path.exists():
         raise DataError(f"{path}: no such file")
     out = []
-    with _open_text(path) as fh:
+    with open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
@@ -169,7 +169,7 @@ def positions_of(path: str | Path) -> set[str]:
 
 def _fen_lines(path: Path) -> list[str]:
     """The FENs of a FEN-a-line file (comments start with #); [] when its lines hold tabs (puzzles)."""
-    with _open_text(path) as fh:
+    with open_text(path) as fh:
         lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
     return [] if any("\t" in ln for ln in lines) else lines
 
@@ -177,7 +177,7 @@ def _fen_lines(path: Path) -> list[str]:
 def _first_row(path: Path) -> dict:
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    with _open_text(path) as fh:
+    with open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip() and not line.lstrip().startswith("#"):
                 return json_object(path, lineno, line)
