@@ -24,6 +24,13 @@ def _data(args: argparse.Namespace) -> int:
         summary = generate(cfg, progress=not args.quiet)
         print(json.dumps(summary))
         return 0
+    if args.data_cmd in ("record", "replay"):
+        from rookworld_rlvr.data import records
+
+        run = records.record if args.data_cmd == "record" else records.replay
+        summary = run(args.source, args.out, workers=args.workers, progress=not args.quiet)
+        print(json.dumps(summary))
+        return 0
     if args.data_cmd == "import":
         from rookworld_rlvr.data.importer import import_data
 
@@ -141,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-per-task", type=int, default=1000)
     g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files")
     g.add_argument("--quiet", action="store_true")
+    for name, about, source, out in (
+            ("record", "a finished generation's Stockfish answers as a small game record (xz): `data replay` makes "
+                       "the same data from it with no engine",
+             "a `data generate` output folder (its shards and engine cache)", "the record (JSONL; .xz compresses it)"),
+            ("replay", "a game record's generation made again (shards, train and eval files) without Stockfish",
+             "a game record (`data record`)", "the output folder, as `data generate --out`")):
+        r = dsub.add_parser(name, help=about)
+        r.add_argument("source", help=source)
+        r.add_argument("--out", required=True, help=out)
+        r.add_argument("--workers", type=_at_least_one, default=2)
+        r.add_argument("--quiet", action="store_true")
     i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
     i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
     i.add_argument("--out", required=True)

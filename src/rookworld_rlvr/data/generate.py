@@ -186,21 +186,49 @@ def _shard_path(cfg: GenerateConfig, shard: int) -> Path:
 _POOL: StockfishPool | None = None
 
 
-def _run_shard(args: tuple[GenerateConfig, int]) -> int:
-    cfg, shard = args
+def _run_shard(args: tuple[GenerateConfig, int, list | None, str]) -> int:
+    """One shard's games, on Stockfish or (replay) on a record's answers for them."""
+    cfg, shard, records, where = args
     global _POOL
-    if _POOL is None:
-        _POOL = StockfishPool(cfg.engine_config(workers=1))
     first = shard * cfg.games_per_shard
     samples: list[Sample] = []
     for g in range(first, min(first + cfg.games_per_shard, cfg.games)):
-        samples.extend(play_game(g, cfg, _POOL))
+        if records is None:
+            if _POOL is None:
+                _POOL = StockfishPool(cfg.engine_config(workers=1))
+            samples.extend(play_game(g, cfg, _POOL))
+        else:
+            from rookworld_rlvr.data.records import ReplayPool
+
+            pool = ReplayPool(records[g - first], where)
+            samples.extend(play_game(g, cfg, pool))
+            pool.check_done()
     write_samples(_shard_path(cfg, shard), samples)
     return len(samples)
 
 
-def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
-    """Run (or resume) generation and write train/eval files; returns a summary."""
+def _read_shard(path: Path) -> list[Sample]:
+    return list(iter_samples(path))
+
+
+def _fingerprint(cfg: GenerateConfig) -> str:
+    """What a shard's content depends on: everything but where it goes and how many processes make it."""
+    return json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}, sort_keys=True)
+
+
+def config_of(gen_dir: str | Path) -> GenerateConfig:
+    """The configuration a generation in `gen_dir` was made with (its shards' fingerprint)."""
+    meta = Path(gen_dir, ".shards", "config.json")
+    if not meta.exists():
+        raise ValueError(f"{gen_dir}: not a `data generate` output (no {meta})")
+    fields = json.loads(meta.read_text())
+    fields.update(temperatures=tuple(fields["temperatures"]), extra_positions=tuple(fields["extra_positions"]))
+    return GenerateConfig(out_dir=str(gen_dir), **fields)
+
+
+def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = None) -> dict:
+    """Run (or resume) generation and write train/eval files; returns a summary. With `replay` (a game
+    record of the same configuration, `data.records`), the engine's answers come from it: no Stockfish."""
     cfg.validate()
     from tqdm import tqdm
 
@@ -210,17 +238,30 @@ def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
     Path(cfg.out_dir, ".shards").mkdir(parents=True, exist_ok=True)
     # a shard's content depends only on (seed, game ids): record them so a resume cannot mix configs
     meta = Path(cfg.out_dir, ".shards", "config.json")
-    fingerprint = json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}, sort_keys=True)
+    fingerprint = _fingerprint(cfg)
     if meta.exists() and meta.read_text() != fingerprint:
         raise ValueError(f"{meta}: existing shards were made with another configuration; remove {meta.parent} to start over")
     atomic_write_text(meta, [fingerprint])
+    games: list | None = None
+    if replay is not None:
+        from rookworld_rlvr.data.records import read_records
+
+        header, games = read_records(replay)
+        made_with = {k: v for k, v in json.loads(fingerprint).items() if k != "cache_path"}
+        if header["config"] != made_with:
+            raise ValueError(f"{replay}: recorded with another configuration than this generation's")
+    per = cfg.games_per_shard
+    jobs = [(cfg, s, None if games is None else games[s * per:(s + 1) * per], str(replay)) for s in todo]
     bar = tqdm(total=n_shards, initial=n_shards - len(todo), desc="games (shards)", disable=not progress)
     ctx = mp.get_context("spawn")
     with ctx.Pool(cfg.workers) as workers:
-        for _ in workers.imap_unordered(_run_shard, [(cfg, s) for s in todo]):
+        for _ in workers.imap_unordered(_run_shard, jobs):
             bar.update()
-    bar.close()
-    samples = [s for sh in range(n_shards) for s in iter_samples(_shard_path(cfg, sh))]
+        bar.close()
+        # read back in the same processes: checking a row costs python-chess about 0.1 ms, a million of them
+        # 100 s in one process
+        shards = workers.map(_read_shard, [_shard_path(cfg, sh) for sh in range(n_shards)], chunksize=4)
+    samples = [s for shard in shards for s in shard]
     if cfg.extra_positions:
         with StockfishPool(cfg.engine_config(workers=cfg.workers)) as pool:
             rng = random.Random(f"{cfg.seed}:extra")
@@ -230,7 +271,8 @@ def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
     summary = write_splits(samples, cfg)
     summary["seconds"] = round(time.time() - t0, 1)
     summary["positions_per_second"] = round(summary["annotated_positions"] / max(summary["seconds"], 1e-9), 2)
-    atomic_write_text(Path(cfg.out_dir) / "manifest.json", [json.dumps({"config": asdict(cfg), **summary}, indent=2)])
+    manifest = {"config": asdict(cfg), **({"replayed_from": str(replay)} if replay else {}), **summary}
+    atomic_write_text(Path(cfg.out_dir) / "manifest.json", [json.dumps(manifest, indent=2)])
     return summary
 
 
