@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--more-data FILE]...
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--more-games RECORD]...
+#                       [--more-data FILE]...
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
-#    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; and each
-#    --more-data file (more P: positions, made here beforehand; see data/README.md) as it is;
+#    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
+#    --more-games record (data/more_games.jsonl.xz: 3,600 games' Stockfish answers, see data/README.md), replayed
+#    here on every core with no Stockfish, its training-side P: positions and 200,000 of its A: transitions that
+#    neither the shipped set nor a held-out file holds (scripts/gpu_more_data.sh); and each --more-data sample
+#    file as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
 #    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
@@ -15,19 +19,22 @@
 # --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--more-data FILE]...}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
 minutes=8
 preset=wide
 more=()
+games=()
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
+    --more-games) games+=("${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --more-data FILE)" >&2; exit 2 ;;
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --more-games RECORD," \
+            "--more-data FILE)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -60,7 +67,22 @@ else
        --save-every 500 --eval-every 500 --eval-samples 0)
 fi
 
-for f in "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: --more-data $f: no such file" >&2; exit 2; }; done
+for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
+told=()
+a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)
+for rec in "${games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
+  dir="$work/more-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
+  made="$rec $(stat -c %s "$rec") $a_rows"
+  if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
+    rm -rf "$dir"
+    PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain
+    rm -rf "$dir/replay"
+    echo "$made" > "$dir/made"
+  fi
+  more+=("$dir/more_p.jsonl" "$dir/more_a.jsonl")
+  told+=("$rec's games ($(wc -l < "$dir/more_p.jsonl") P: and $(wc -l < "$dir/more_a.jsonl") A: rows)")
+done
+for f in "${more[@]}"; do [[ $f == "$work"/more-* ]] || told+=("$f"); done
 rows() {  # a sample file's lines, whatever its compression (python's gzip and lzma: no xz binary needed)
   "$py" -c 'import gzip, lzma, shutil, sys
 opener = {".gz": gzip.open, ".xz": lzma.open}.get(sys.argv[1][-3:], open)
@@ -77,7 +99,7 @@ if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)
   mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
   echo "$inputs" > "$work/train.inputs"
 fi
-echo "gpu_base: training data $(gzip -dc "$work/train.jsonl.gz" | wc -l) rows: $source_data, its histories${more:+, ${more[*]}}" \
+echo "gpu_base: training data $(gzip -dc "$work/train.jsonl.gz" | wc -l) rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
   | tee "$work/train.summary"
 
 "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \

@@ -2,32 +2,24 @@
 # Run here, before a GPU machine's command: what its image lacks, ready to travel (both folders are git-ignored).
 #   scripts/gpu_pack.sh --trl         for scripts/gpu_check.sh (carry [".whl"])
 #   scripts/gpu_pack.sh --stockfish   for scripts/gpu_rl.sh (carry [".whl", ".gpu"])
-#   scripts/gpu_pack.sh --stockfish --more-data GEN [--more-a N]   the same, and GEN's samples for the base
-#     (gpu_rl.sh --more-data .gpu/more_p.jsonl.xz --more-data .gpu/more_a.jsonl.xz)
 # .whl/ is rebuilt on every call and holds the python-chess wheel (pure Python, built here from its source release;
 #   the image has torch, transformers, tokenizers, safetensors, pyyaml, tqdm and pytest) and, with --trl, what TRL's
 #   GRPOTrainer needs beside it there: TRL, datasets, dill and multiprocess at constraints.txt's versions (about
 #   2 MB of pure-Python wheels for the image's Python, GPU_PYTHON, default 3.12; the image has accelerate, pyarrow,
 #   pandas and xxhash). scripts/gpu_check.sh runs TRL beside our trainer when these import.
-# .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB; with the 27 MiB tree it leaves
-#   about 15.5 MiB of the 64 a call may carry). scripts/gpu_rl.sh needs it (GRPO's rewards); gpu_check.sh needs none.
-# .gpu/more_p.jsonl.xz and more_a.jsonl.xz, with --more-data GEN (a `rookworld data generate` output folder): GEN's
-#   training-side P: positions and at most N (default 80,000) A: transitions that neither the shipped training set
-#   nor a held-out file holds (scripts/gpu_more_data.sh).
+# .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB). scripts/gpu_rl.sh needs it
+#   (GRPO's rewards); gpu_check.sh needs none. The GPU base's further positions travel in the tree, as a game record
+#   (data/more_games.jsonl.xz) that gpu_rl.sh --more-games replays there.
 # The last line says how much the call's carry adds up to; more than 64 MiB fails here, not there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trl=0
 stockfish=0
-gen=
-more_a=80000
 while [ $# -gt 0 ]; do
   case $1 in
     --trl) trl=1 ;;
     --stockfish) stockfish=1 ;;
-    --more-data) gen=${2:?--more-data needs a data generate folder}; shift ;;
-    --more-a) more_a=${2:?--more-a needs a number}; shift ;;
-    *) echo "gpu_pack.sh: unknown option $1 (--trl, --stockfish, --more-data GEN, --more-a N)" >&2; exit 2 ;;
+    *) echo "gpu_pack.sh: unknown option $1 (--trl, --stockfish)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -43,18 +35,14 @@ if [ $trl = 1 ]; then
     "trl==$(pin trl)" "datasets==$(pin datasets)" "dill==$(pin dill)" "multiprocess==$(pin multiprocess)"
 fi
 carry=(.whl)
-if [ -n "$gen" ]; then
-  rm -f .gpu/more_p.jsonl.xz .gpu/more_a.jsonl.xz
-  PYTHON="$py" scripts/gpu_more_data.sh "$gen" .gpu "$more_a"
-  [[ " ${carry[*]} " == *" .gpu "* ]] || carry+=(.gpu)
-fi
 if [ $stockfish = 1 ]; then
   sf=$(command -v stockfish || true)
   sf=${STOCKFISH_PATH:-${sf:-/usr/games/stockfish}}
   [ -x "$sf" ] || { echo "gpu_pack.sh: no Stockfish at $sf (make setup installs it)" >&2; exit 1; }
+  rm -rf .gpu
   mkdir -p .gpu
   xz -9 -T2 -c "$sf" > .gpu/stockfish.tmp && mv .gpu/stockfish.tmp .gpu/stockfish.xz
-  [[ " ${carry[*]} " == *" .gpu "* ]] || carry+=(.gpu)
+  carry+=(.gpu)
 fi
 du -sh "${carry[@]}"
 # what the call carries: the working tree (tracked files, and untracked ones git does not ignore) plus the carry

@@ -2,9 +2,10 @@
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
-#                     [--more-data FILE]...
+#                     [--more-games RECORD]... [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
-#    8 x 384, 14M parameters, for M minutes, default 4; --more-data adds training samples, as in gpu_base.sh);
+#    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record such as
+#    data/more_games.jsonl.xz) and --more-data (a sample file) add training samples, as in gpu_base.sh);
 # 2. GRPO from it: configs/gpu-grpo.yaml (64 prompts x 8 a step, Stockfish on the machine's cores) for N minutes
 #    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
 #    its start and end;
@@ -19,7 +20,7 @@
 # --smoke: the same on the CPU at tiny sizes, in about a minute (tests/test_gpu_rl.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--more-data FILE]...}
+out=${1:?usage: scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
 sft_minutes=4
@@ -32,8 +33,10 @@ while [ $# -gt 0 ]; do
     --sft-minutes) sft_minutes=${2:?--sft-minutes needs a number}; shift ;;
     --grpo-minutes) grpo_minutes=${2:?--grpo-minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
+    --more-games) more+=(--more-games "${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_rl.sh: unknown option $1 (--smoke, --sft-minutes M, --grpo-minutes N, --preset P, --more-data FILE)" >&2
+    *) echo "gpu_rl.sh: unknown option $1 (--smoke, --sft-minutes M, --grpo-minutes N, --preset P," \
+            "--more-games RECORD, --more-data FILE)" >&2
        exit 2 ;;
   esac
   shift

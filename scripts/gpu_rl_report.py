@@ -32,9 +32,9 @@ def report(work: Path) -> str:
     summary = json.loads((work / "grpo" / "summary.json").read_text())
     times = [line.split("\t") for line in (work / "times.tsv").read_text().splitlines() if line.strip()]
     data = work / "sft" / "train.summary"
+    told = data.read_text().strip().removeprefix("gpu_base: ").removesuffix(".") if data.exists() else ""
     lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine()}.", "",
-             (data.read_text().strip().removeprefix("gpu_base: ").capitalize() + "." if data.exists()
-              else "Training data: not recorded."), "",
+             told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
              "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", "",
              f"GRPO: {summary['steps']} steps"
              + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")

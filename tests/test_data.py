@@ -329,8 +329,8 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     gen = tmp_path / "gen"
     shutil.copytree(Path(cfg.out_dir, ".shards"), gen / ".shards")
     out = tmp_path / "more"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out), "40"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    cmd = ["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out), "--a-rows", "40"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary, summary_a = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
     shipped_rows = read_samples(REPO / "data" / "train.jsonl.xz")

@@ -28,8 +28,10 @@ def unpack(folder: Path, into: Path) -> Path:
     return into
 
 
-def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
+def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stockfish_path):
+    from rookworld_rlvr.data.generate import GenerateConfig, generate, is_eval_fen
     from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
+    from rookworld_rlvr.data.records import record
     from rookworld_rlvr.model import load_policy
 
     out, work = tmp_path / "out", tmp_path / "work"
@@ -38,7 +40,12 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
     rows = iter_samples(REPO / "data" / "train.jsonl.xz")
     extra = [s for _, s in zip(range(2000), rows) if s.task == "P"][-5:]  # beyond the smoke's 300-row slice
     write_samples(more, extra, truth_only=True)
-    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-data", str(more)]
+    # a game record, as data/more_games.jsonl.xz but of 3 short games: replayed there with no Stockfish
+    games = GenerateConfig(out_dir=str(tmp_path / "gen"), games=3, max_plies=16, workers=1, depth=2, seed=9)
+    generate(games, progress=False)
+    record(games.out_dir, tmp_path / "games.jsonl.xz", workers=1, progress=False)
+    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games",
+           str(tmp_path / "games.jsonl.xz"), "--more-data", str(more)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
@@ -47,6 +54,14 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
     # the base's training data has game starts: A: rows with a one-move history from the start position
     trained_on = read_samples(work / "sft" / "train.jsonl.gz")
     assert all(s in trained_on for s in extra)  # --more-data joined the base's data
+    # and so did the record's training-side positions: every P: of its games (as far as no held-out file holds
+    # them) and 20 of its A: rows (in the smoke; 200,000 on the GPU)
+    replayed = read_samples(tmp_path / "gen" / "train.jsonl.gz")
+    trained_keys = {s.render("compact") for s in trained_on}
+    played = [s for s in replayed if s.task == "P" and not is_eval_fen(s.fen, 40)]
+    assert sum(s.render("compact") in trained_keys for s in played) > len(played) * 0.9
+    from_games = read_samples(work / "sft" / "more-games.jsonl.xz" / "more_a.jsonl")
+    assert len(from_games) == 20 and all(s.render("compact") in trained_keys for s in from_games)
     rows = [s for s in trained_on if s.task == "A"]
     assert any(s.truth.fen.startswith("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w") for s in rows)
     base = unpack(out / "base", tmp_path / "base")
@@ -71,7 +86,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path):
         plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
-    assert f"its histories, {more}." in text
+    assert f"its histories, {tmp_path / 'games.jsonl.xz'}'s games (" in text and f"A: rows), {more}." in text
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
