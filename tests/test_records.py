@@ -110,13 +110,12 @@ def test_the_shipped_record_replays_its_games_here():
     python-chess against its answers (each best move legal where it is used, each game's positions those
     recorded), and their P: rows carry the recorded answers."""
     from conftest import REPO
-    from rookworld_rlvr.data.generate import GenerateConfig, play_game
+    from rookworld_rlvr.data.generate import config_from, play_game
     from rookworld_rlvr.data.records import ReplayPool
 
     path = REPO / "data" / "more_games.jsonl.xz"
     header, games = read_records(path)
-    fields = {**header["config"], "temperatures": tuple(header["config"]["temperatures"]), "extra_positions": ()}
-    cfg = GenerateConfig(**fields)
+    cfg = config_from(header["config"], "unused")
     assert (cfg.games, cfg.seed, cfg.depth) == (len(games), 2, 8) == (3600, 2, 8)
     for rec in games[:cfg.games_per_shard]:
         pool = ReplayPool(rec, str(path))

@@ -211,9 +211,16 @@ def _read_shard(path: Path) -> list[Sample]:
     return list(iter_samples(path))
 
 
-def _fingerprint(cfg: GenerateConfig) -> str:
+def settings(cfg: GenerateConfig) -> dict:
     """What a shard's content depends on: everything but where it goes and how many processes make it."""
-    return json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}, sort_keys=True)
+    return {k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}
+
+
+def config_from(fields: dict, out_dir: str | Path, workers: int = 2) -> GenerateConfig:
+    """A GenerateConfig from `settings` read back from JSON (lists where the config holds tuples)."""
+    fields = {**fields, "temperatures": tuple(fields["temperatures"]),
+              "extra_positions": tuple(fields["extra_positions"])}
+    return GenerateConfig(out_dir=str(out_dir), workers=workers, **fields)
 
 
 def config_of(gen_dir: str | Path) -> GenerateConfig:
@@ -221,9 +228,7 @@ def config_of(gen_dir: str | Path) -> GenerateConfig:
     meta = Path(gen_dir, ".shards", "config.json")
     if not meta.exists():
         raise ValueError(f"{gen_dir}: not a `data generate` output (no {meta})")
-    fields = json.loads(meta.read_text())
-    fields.update(temperatures=tuple(fields["temperatures"]), extra_positions=tuple(fields["extra_positions"]))
-    return GenerateConfig(out_dir=str(gen_dir), **fields)
+    return config_from(json.loads(meta.read_text()), gen_dir)
 
 
 def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = None) -> dict:
@@ -238,7 +243,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
     Path(cfg.out_dir, ".shards").mkdir(parents=True, exist_ok=True)
     # a shard's content depends only on (seed, game ids): record them so a resume cannot mix configs
     meta = Path(cfg.out_dir, ".shards", "config.json")
-    fingerprint = _fingerprint(cfg)
+    fingerprint = json.dumps(settings(cfg), sort_keys=True)
     if meta.exists() and meta.read_text() != fingerprint:
         raise ValueError(f"{meta}: existing shards were made with another configuration; remove {meta.parent} to start over")
     atomic_write_text(meta, [fingerprint])
@@ -247,8 +252,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
         from rookworld_rlvr.data.records import read_records
 
         header, games = read_records(replay)
-        made_with = {k: v for k, v in json.loads(fingerprint).items() if k != "cache_path"}
-        if header["config"] != made_with:
+        if header["config"] != {k: v for k, v in json.loads(fingerprint).items() if k != "cache_path"}:
             raise ValueError(f"{replay}: recorded with another configuration than this generation's")
     per = cfg.games_per_shard
     jobs = [(cfg, s, None if games is None else games[s * per:(s + 1) * per], str(replay)) for s in todo]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -206,8 +206,8 @@ def record(gen_dir: str | Path, out: str | Path, workers: int = 2, progress: boo
             games.extend(recs)
             totals = {k: totals.get(k, 0) + v for k, v in stats.items()}
     engine = engine_identity(find_stockfish(cfg.engine_config().path))
-    fingerprint = {k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir", "cache_path")}
-    write_records(out, {"config": fingerprint, "engine": engine, "python_chess": chess.__version__}, games)
+    made_with = {k: v for k, v in gen.settings(cfg).items() if k != "cache_path"}  # a replay has its own cache
+    write_records(out, {"config": made_with, "engine": engine, "python_chess": chess.__version__}, games)
     positions = sum(len(g.answers) for g in games)
     return {"games": len(games), "positions": positions, "engine": engine, "out": str(out),
             "bytes": Path(out).stat().st_size, "engine_searches": totals.get("engine_calls", 0)}
@@ -217,11 +217,8 @@ def replay(path: str | Path, out_dir: str | Path, workers: int = 2, progress: bo
     """The recorded generation made again in `out_dir` (shards, train and eval files), without Stockfish."""
     from rookworld_rlvr.data import generate as gen
 
-    header = read_header(path)
-    fields = dict(header["config"])
-    fields.update(temperatures=tuple(fields["temperatures"]), extra_positions=tuple(fields["extra_positions"]))
     try:
-        cfg = gen.GenerateConfig(out_dir=str(out_dir), workers=workers, **fields)
-    except TypeError as e:
+        cfg = gen.config_from(read_header(path)["config"], out_dir, workers)
+    except (TypeError, KeyError) as e:
         raise DataError(f"{path}:1: a config this version cannot replay ({e})") from None
     return gen.generate(cfg, progress=progress, replay=str(path))
