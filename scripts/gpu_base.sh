@@ -7,8 +7,8 @@
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
 #    --more-games record (data/more_games.jsonl.xz: 3,600 games' Stockfish answers, see data/README.md), replayed
 #    here on every core with no Stockfish, its training-side P: positions and 200,000 of its A: transitions that
-#    neither the shipped set nor a held-out file holds (scripts/gpu_more_data.sh); and each --more-data sample
-#    file as it is;
+#    neither the shipped set (in --smoke, its slice) nor a held-out file holds (scripts/gpu_more_data.sh); and
+#    each --more-data sample file as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
 #    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
@@ -70,15 +70,19 @@ fi
 for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
 told=()
 a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)
-for rec in "${games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
-  dir="$work/more-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
-  made="$rec $(stat -c %s "$rec") $a_rows"
+known=(--known "$source_data")
+made=""
+for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
+  rec=${games[$i]}
+  dir="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
+  made="$rec $(stat -c %s "$rec") $a_rows $source_data${made:+ after $made}"  # and after which records
   if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
     rm -rf "$dir"
-    PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain
+    PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
     rm -rf "$dir/replay"
     echo "$made" > "$dir/made"
   fi
+  known+=(--known "$dir/more_p.jsonl" --known "$dir/more_a.jsonl")  # no sample twice from two records
   more+=("$dir/more_p.jsonl" "$dir/more_a.jsonl")
   told+=("$rec's games ($(wc -l < "$dir/more_p.jsonl") P: and $(wc -l < "$dir/more_a.jsonl") A: rows)")
 done

@@ -12,7 +12,7 @@ from conftest import REFERENCE, random_transitions
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.importer import import_data
-from rookworld_rlvr.data.io import DataError, ReadReport, Sample, read_samples, write_samples
+from rookworld_rlvr.data.io import DataError, ReadReport, Sample, iter_samples, read_samples, write_samples
 from rookworld_rlvr.tasks import environment as E
 
 
@@ -315,8 +315,10 @@ def test_read_samples_in_parallel_gives_what_one_process_gives(tmp_path, monkeyp
 
 def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generated, tmp_path):
     """scripts/gpu_more_data.sh on an unfinished generation (shards only): its P: positions on the training side,
-    none that the shipped training set or a held-out file holds; as many A: rows as asked, none the shipped set
-    holds, none touching a held-out position; truth alone in xz."""
+    none that the known training set (--known: rows of the shipped set and some of the games' own) or a
+    held-out file holds; as many A: rows as asked, none the known set holds, none touching a held-out position;
+    truth alone in xz. A --known file that is not there is named before anything runs."""
+    import itertools
     import shutil
     import subprocess
     import sys
@@ -328,29 +330,35 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     cfg, _ = generated
     gen = tmp_path / "gen"
     shutil.copytree(Path(cfg.out_dir, ".shards"), gen / ".shards")
+    shards = [s for f in sorted(gen.glob(".shards/shard_*.jsonl")) for s in read_samples(f)]
+    own = [s for s in shards if s.task == "P"][::3] + [s for s in shards if s.task == "A"][::9]
+    known_rows = [*itertools.islice(iter_samples(REPO / "data" / "train.jsonl.xz"), 500), *own]
+    write_samples(tmp_path / "known.jsonl.gz", known_rows)
     out = tmp_path / "more"
-    cmd = ["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out), "--a-rows", "40"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    cmd = ["bash", str(REPO / "scripts" / "gpu_more_data.sh"), str(gen), str(out), "--a-rows", "40",
+           "--known", str(tmp_path / "known.jsonl.gz")]
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary, summary_a = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
-    shipped_rows = read_samples(REPO / "data" / "train.jsonl.xz")
-    shipped = {board_key(f) for s in shipped_rows for f in (s.fen, *([s.truth.new_fen] if s.task == "A" else []))}
+    known = {board_key(f) for s in known_rows for f in (s.fen, *([s.truth.new_fen] if s.task == "A" else []))}
     held = {board_key(f) for name in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
                                       "eval_histories.jsonl.gz", "mate_in_one.tsv", "openings.txt")
             for f in positions_of(REPO / "data" / name)}
-    shards = [s for f in sorted(gen.glob(".shards/shard_*.jsonl")) for s in read_samples(f)]
     want = {s.render("compact") for s in shards if s.task == "P" and not is_eval_fen(s.fen, 40)
-            and board_key(s.fen) not in shipped | held}
+            and board_key(s.fen) not in known | held}
     got = read_samples(out / "more_p.jsonl.xz")
     assert summary["written"] == len(got) == len(want) > 0 and {s.render("compact") for s in got} == want
-    assert any(board_key(s.fen) in shipped for s in shards if s.task == "P")  # the game starts: left out
-    known = {s.render("compact")[0] for s in shipped_rows}
+    assert any(board_key(s.fen) in known for s in shards if s.task == "P" and not is_eval_fen(s.fen, 40))
+    prompts = {s.render("compact")[0] for s in known_rows}
     pool = {s.render("compact") for s in shards if s.task == "A" and not is_eval_fen(s.fen, 40)
-            and s.render("compact")[0] not in known and not {board_key(s.fen), board_key(s.truth.new_fen)} & held}
+            and s.render("compact")[0] not in prompts and not {board_key(s.fen), board_key(s.truth.new_fen)} & held}
     got_a = read_samples(out / "more_a.jsonl.xz")
     assert summary_a["written"] == len(got_a) == 40 < len(pool) and {s.render("compact") for s in got_a} <= pool
     for name in ("more_p.jsonl.xz", "more_a.jsonl.xz"):
         assert all(set(json.loads(line)) == {"task", "truth", "source"} for line in lzma.open(out / name, "rt"))
+    proc = subprocess.run([*cmd[:-1], str(tmp_path / "gone.jsonl")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and f"--known {tmp_path / 'gone.jsonl'}: no such file" in proc.stderr
 
 
 def test_positions_of_reads_the_match_openings():

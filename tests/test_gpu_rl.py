@@ -40,12 +40,17 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     rows = iter_samples(REPO / "data" / "train.jsonl.xz")
     extra = [s for _, s in zip(range(2000), rows) if s.task == "P"][-5:]  # beyond the smoke's 300-row slice
     write_samples(more, extra, truth_only=True)
-    # a game record, as data/more_games.jsonl.xz but of 3 short games: replayed there with no Stockfish
-    games = GenerateConfig(out_dir=str(tmp_path / "gen"), games=3, max_plies=16, workers=1, depth=2, seed=9)
-    generate(games, progress=False)
-    record(games.out_dir, tmp_path / "games.jsonl.xz", workers=1, progress=False)
-    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games",
-           str(tmp_path / "games.jsonl.xz"), "--more-data", str(more)]
+    # two game records, as data/more_games.jsonl.xz but of 3 and 5 short games, the first 3 the same (a game
+    # follows from the seed and its number): replayed there with no Stockfish
+    records = []
+    for n in (3, 5):
+        games = GenerateConfig(out_dir=str(tmp_path / f"gen{n}"), games=n, max_plies=16, workers=1, depth=2, seed=9)
+        generate(games, progress=False)
+        records.append(tmp_path / str(n) / "games.jsonl.xz")  # one name twice: each its own folder
+        records[-1].parent.mkdir()
+        record(games.out_dir, records[-1], workers=1, progress=False)
+    cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games", str(records[0]),
+           "--more-games", str(records[1]), "--more-data", str(more)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
@@ -54,14 +59,21 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     # the base's training data has game starts: A: rows with a one-move history from the start position
     trained_on = read_samples(work / "sft" / "train.jsonl.gz")
     assert all(s in trained_on for s in extra)  # --more-data joined the base's data
-    # and so did the record's training-side positions: every P: of its games (as far as no held-out file holds
-    # them) and 20 of its A: rows (in the smoke; 200,000 on the GPU)
-    replayed = read_samples(tmp_path / "gen" / "train.jsonl.gz")
+    # and so did the records' training-side positions: every P: of their games (as far as no held-out file holds
+    # them) and 20 A: rows of each (in the smoke; 200,000 on the GPU), none taken twice
     trained_keys = {s.render("compact") for s in trained_on}
-    played = [s for s in replayed if s.task == "P" and not is_eval_fen(s.fen, 40)]
+    replayed = {n: read_samples(tmp_path / f"gen{n}" / "train.jsonl.gz") for n in (3, 5)}
+    played = [s for s in replayed[5] if s.task == "P" and not is_eval_fen(s.fen, 40)]
     assert sum(s.render("compact") in trained_keys for s in played) > len(played) * 0.9
-    from_games = read_samples(work / "sft" / "more-games.jsonl.xz" / "more_a.jsonl")
-    assert len(from_games) == 20 and all(s.render("compact") in trained_keys for s in from_games)
+    taken = {}
+    for i in (1, 2):
+        taken[i] = [read_samples(work / "sft" / f"more-{i}-games.jsonl.xz" / f"more_{t}.jsonl") for t in "pa"]
+        assert len(taken[i][1]) == 20 and all(s.render("compact") in trained_keys for s in sum(taken[i], []))
+    # the second record's samples: none that the first gave; its P: positions from its last two games alone
+    prompts = {i: [s.render("compact")[0] for s in sum(taken[i], [])] for i in (1, 2)}
+    assert len(set(prompts[1] + prompts[2])) == len(prompts[1]) + len(prompts[2])
+    assert taken[2][0] and not {s.render("compact")[0] for s in replayed[3]} & {s.render("compact")[0]
+                                                                             for s in taken[2][0]}
     rows = [s for s in trained_on if s.task == "A"]
     assert any(s.truth.fen.startswith("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w") for s in rows)
     base = unpack(out / "base", tmp_path / "base")
@@ -86,7 +98,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
-    assert f"its histories, {tmp_path / 'games.jsonl.xz'}'s games (" in text and f"A: rows), {more}." in text
+    assert f"its histories, {records[0]}'s games (" in text and f"A: rows), {records[1]}'s games (" in text
+    assert f"A: rows), {more}." in text
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
