@@ -6,9 +6,9 @@
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
 #    --more-games record (data/more_games.jsonl.xz: 3,600 games' Stockfish answers, see data/README.md), replayed
-#    here on every core with no Stockfish, its training-side P: positions and 200,000 of its A: transitions that
-#    neither the shipped set (in --smoke, its slice) nor a held-out file holds (scripts/gpu_more_data.sh); and
-#    each --more-data sample file as it is;
+#    here on every core with no Stockfish, its training-side P: positions and its share of 200,000 A: transitions
+#    (shared evenly between the records) that neither the shipped set (in --smoke, its slice), nor a held-out file,
+#    nor an earlier record holds (scripts/gpu_more_data.sh); and each --more-data sample file as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
 #    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
@@ -69,7 +69,8 @@ fi
 
 for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
 told=()
-a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)
+a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)  # A: transitions from the records, in all
+[ ${#games[@]} -gt 0 ] && a_rows=$(( a_rows / ${#games[@]} ))  # shared evenly between them
 known=(--known "$source_data")
 made=""
 for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds

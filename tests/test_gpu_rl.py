@@ -60,7 +60,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     trained_on = read_samples(work / "sft" / "train.jsonl.gz")
     assert all(s in trained_on for s in extra)  # --more-data joined the base's data
     # and so did the records' training-side positions: every P: of their games (as far as no held-out file holds
-    # them) and 20 A: rows of each (in the smoke; 200,000 on the GPU), none taken twice
+    # them) and 10 A: rows of each (20 in all in the smoke; 200,000 on the GPU), none taken twice
     trained_keys = {s.render("compact") for s in trained_on}
     replayed = {n: read_samples(tmp_path / f"gen{n}" / "train.jsonl.gz") for n in (3, 5)}
     played = [s for s in replayed[5] if s.task == "P" and not is_eval_fen(s.fen, 40)]
@@ -68,7 +68,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     taken = {}
     for i in (1, 2):
         taken[i] = [read_samples(work / "sft" / f"more-{i}-games.jsonl.xz" / f"more_{t}.jsonl") for t in "pa"]
-        assert len(taken[i][1]) == 20 and all(s.render("compact") in trained_keys for s in sum(taken[i], []))
+        assert len(taken[i][1]) == 10 and all(s.render("compact") in trained_keys for s in sum(taken[i], []))
     # the second record's samples: none that the first gave; its P: positions from its last two games alone
     prompts = {i: [s.render("compact")[0] for s in sum(taken[i], [])] for i in (1, 2)}
     assert len(set(prompts[1] + prompts[2])) == len(prompts[1]) + len(prompts[2])
