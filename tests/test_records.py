@@ -105,19 +105,20 @@ def test_recording_needs_a_finished_generation_of_games(recorded, tmp_path, caps
     assert not (tmp_path / "r.jsonl.xz").exists()
 
 
-def test_the_shipped_record_replays_its_games_here():
-    """data/more_games.jsonl.xz, the GPU base's further positions: its first shard's games replay on this
-    python-chess against its answers (each best move legal where it is used, each game's positions those
+@pytest.mark.parametrize("name,games,seed", [("more_games.jsonl.xz", 3600, 2), ("more_games_2.jsonl.xz", 3000, 3)])
+def test_the_shipped_records_replay_their_games_here(name, games, seed):
+    """data/more_games*.jsonl.xz, the GPU base's further positions: each record's first shard's games replay on
+    this python-chess against its answers (each best move legal where it is used, each game's positions those
     recorded), and their P: rows carry the recorded answers."""
     from conftest import REPO
     from rookworld_rlvr.data.generate import config_from, play_game
     from rookworld_rlvr.data.records import ReplayPool
 
-    path = REPO / "data" / "more_games.jsonl.xz"
-    header, games = read_records(path)
+    path = REPO / "data" / name
+    header, recorded = read_records(path)
     cfg = config_from(header["config"], "unused")
-    assert (cfg.games, cfg.seed, cfg.depth) == (len(games), 2, 8) == (3600, 2, 8)
-    for rec in games[:cfg.games_per_shard]:
+    assert (cfg.games, cfg.seed, cfg.depth) == (len(recorded), seed, 8) == (games, seed, 8)
+    for rec in recorded[:cfg.games_per_shard]:
         pool = ReplayPool(rec, str(path))
         rows = [s for s in play_game(rec.game, cfg, pool) if s.task == "P"]
         pool.check_done()
