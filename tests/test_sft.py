@@ -612,3 +612,22 @@ def test_env_share_sets_the_task_mix_of_each_batch(tmp_path, small_data):
         assert [r["A_rows"] for r in log] == [a_rows, a_rows]
     with pytest.raises(ValueError, match="sft.env_share must be in"):
         SFTConfig(**base, env_share=1.5).validate()
+
+
+@pytest.mark.parametrize("legal", [False, True])
+def test_a_large_training_set_encodes_in_several_processes_to_the_same_rows(legal):
+    """`rookworld sft` encodes a large set (a GPU base's 1.5M rows) in forked processes: every row, its targets,
+    bans and legal sets equal the one-process encoding, in the same order (here 2 processes from 1 row on)."""
+    import itertools
+    from pathlib import Path
+
+    from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
+    from rookworld_rlvr.data.io import iter_samples
+    from rookworld_rlvr.sft_rows import encode, encode_many
+
+    tok = build_board_tokenizer()
+    samples = list(itertools.islice(iter_samples(Path(__file__).parents[1] / "data" / "train.jsonl.xz"), 1500))
+    assert {s.task for s in samples} == {"P", "A"}
+    one = encode(tok, samples, "compact", "best-first", legal=legal)
+    many = encode_many(tok, samples, "compact", "best-first", legal=legal, workers=2, min_rows=1)
+    assert many == one and len(one) == 1500 and (not legal or any(r.legal for r in one))

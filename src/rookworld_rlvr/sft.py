@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rookworld_rlvr.sft_rows import (draw_batch, encode, legality_loss, make_batch, own_repeat_rows, repeat_bans,
-                                    token_weights, unlikelihood)
+from rookworld_rlvr.sft_rows import (draw_batch, encode, encode_many, legality_loss, make_batch, own_repeat_rows,
+                                    repeat_bans, token_weights, unlikelihood)
 
 if TYPE_CHECKING:
     import torch
@@ -275,8 +275,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
     samples = read_samples(cfg.data)
-    by_task = {t: encode(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order, legal=cfg.legal_coef > 0)
-               for t in ("P", "A")}
+    by_task = {t: encode_many(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order,
+                              legal=cfg.legal_coef > 0) for t in ("P", "A")}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, *_ in rows)

@@ -329,12 +329,13 @@ def merge_samples(paths: Iterable[str | Path], seed: str = "merge",
     """Several sample files as one training set: the first sample of each prompt is kept (so a
     position's P: answer or an A: transition is trained on once, whichever generation wrote it),
     then a shuffle seeded by `seed` mixes the sources. `keep` filters before deduplication (a task,
-    positions held out). Returns (samples, duplicates dropped, samples `keep` left out)."""
+    positions held out). Returns (samples, duplicates dropped, samples `keep` left out). Each file is
+    read by read_samples, in several processes when it is large (a game record's replay: ~800k rows)."""
     seen: set[str] = set()
     kept: list[Sample] = []
     dropped = left_out = 0
     for path in paths:
-        for s in iter_samples(path):
+        for s in read_samples(path):
             if keep is not None and not keep(s):
                 left_out += 1
                 continue
