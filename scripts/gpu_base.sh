@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--more-games RECORD]...
-#                       [--more-data FILE]...
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--data-only]
+#                       [--more-games RECORD]... [--more-data FILE]...
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
@@ -16,12 +16,14 @@
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
 #    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
+# --data-only: step 1 alone (WORK/train.jsonl.gz; scripts/gpu_rl.sh --base trains GRPO on it).
 # --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--more-games RECORD]... [--more-data FILE]...}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
+data_only=0
 minutes=8
 preset=wide
 more=()
@@ -29,11 +31,12 @@ games=()
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
+    --data-only) data_only=1 ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
     --more-games) games+=("${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --more-games RECORD," \
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --data-only, --more-games RECORD," \
             "--more-data FILE)" >&2; exit 2 ;;
   esac
   shift
@@ -106,6 +109,7 @@ if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)
 fi
 echo "gpu_base: training data $(gzip -dc "$work/train.jsonl.gz" | wc -l) rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
   | tee "$work/train.summary"
+[ $data_only = 1 ] && exit 0
 
 "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \
   "${sft[@]}" ${RESUME:+--resume} --quiet

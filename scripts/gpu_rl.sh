@@ -2,7 +2,7 @@
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
-#                     [--more-games RECORD]... [--more-data FILE]...
+#                     [--deadline-minutes D] [--base MODEL_DIR] [--more-games RECORD]... [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record: data/more_games.jsonl.xz,
 #    data/more_games_2.jsonl.xz) and --more-data (a sample file) add training samples, as in gpu_base.sh);
@@ -12,51 +12,104 @@
 # 3. two 200-game matches from the held-out openings: the trained model against its base, and the base against
 #    the shipped models/rookworld-board; and one greedy self-play game from the start for each of the two models;
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
-#    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary and the matches)
-#    and results.md (the verdict: base, trained and a random mover with 95% intervals; the matches; the minutes).
+#    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary), record.tar (the
+#    matches, the self-play games, the minutes per stage) and results.md (the verdict: base, trained and a random
+#    mover with 95% intervals; the matches; the minutes), filled after every stage, so a call stopped by its
+#    timeout still sends back the stages it finished.
+# --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
+# makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
+# A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
+# --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted): GRPO gets
+# at most what is left then, less RESERVE seconds for its final evaluation, the matches and the export (150 on the
+# GPU), and is skipped with fewer than 0.5 minutes; a stage that would start after the deadline is skipped. Skipped
+# stages are named in results.md and run on a rerun.
 # Each stage is kept in WORK (default runs/gpu-rl, git-ignored, so it stays on a warm GPU machine between calls):
 # rerun the same command to continue where a timeout stopped it; every call fills OUT afresh. Needs Stockfish: carried by
 # `scripts/gpu_pack.sh --stockfish` (.gpu/stockfish.xz), or STOCKFISH_PATH, or one on PATH.
 # --smoke: the same on the CPU at tiny sizes, in about a minute (tests/test_gpu_rl.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--more-games RECORD]... [--more-data FILE]...}
+t_start=$(date +%s)
+usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR] [--more-games RECORD]... [--more-data FILE]..."
+out=${1:?usage: $usage}
 shift
 smoke=0
 sft_minutes=4
 grpo_minutes=2.5
 preset=small
 more=()
+deadline=""
+given=""
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --sft-minutes) sft_minutes=${2:?--sft-minutes needs a number}; shift ;;
     --grpo-minutes) grpo_minutes=${2:?--grpo-minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
+    --deadline-minutes)
+      [[ ${2:-} =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gpu_rl.sh: --deadline-minutes needs a number of minutes, got '${2:-}'" >&2; exit 2; }
+      deadline=$(awk -v s="$t_start" -v m="$2" 'BEGIN { printf "%d", s + m * 60 }'); shift ;;
+    --base) given=${2:?--base needs a model folder}; shift
+            [ -f "$given/config.json" ] || { echo "gpu_rl.sh: --base $given: no model there (no config.json)" >&2; exit 2; } ;;
     --more-games) more+=(--more-games "${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_rl.sh: unknown option $1 (--smoke, --sft-minutes M, --grpo-minutes N, --preset P," \
-            "--more-games RECORD, --more-data FILE)" >&2
-       exit 2 ;;
+    *) echo "gpu_rl.sh: unknown option $1 (usage: $usage)" >&2; exit 2 ;;
   esac
   shift
 done
 py=${PYTHON:-python3}
 work=${WORK:-runs/gpu-rl}
 mkdir -p "$out" "$work"
+rm -rf "$out/base" "$out/trained" "$out/record.tar" "$out/results.md" "$work/skipped.txt"
 . scripts/gpu_wheels.sh
 use_carried_wheels "$py" $smoke
 [ -z "${STOCKFISH_PATH:-}" ] && use_carried_stockfish "$py" "$work/stockfish"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-stage() {  # name, command...: run once, its minutes in times.tsv
+left() {  # seconds before the deadline (a day without one)
+  if [ -n "$deadline" ]; then echo $(( deadline - $(date +%s) )); else echo 86400; fi
+}
+skip() {  # name, why: not run in this call; results.md names it
+  echo "gpu_rl: $1 skipped: $2"
+  echo "$1: $2" >> "$work/skipped.txt"
+}
+stage() {  # name, command...: run once, its minutes in times.tsv, then OUT filled with what is done
   local name=$1 t0
   shift
   if [ -f "$work/$name.done" ]; then echo "gpu_rl: $name done before"; return; fi
+  if [ "$(left)" -le 0 ]; then skip "$name" "past the deadline"; return; fi
   t0=$(date +%s)
   echo "gpu_rl: $name"
   "$@"
   echo -e "$name\t$(( $(date +%s) - t0 ))" >> "$work/times.tsv"
   touch "$work/$name.done"
+  publish
+}
+publish() {  # OUT from the stages done so far (each call's OUT starts empty on a GPU machine)
+  [ -f "$work/base.done" ] || return 0
+  if [ -z "$given" ]; then
+    mkdir -p "$out/base"
+    cp "$work"/base-out/* "$out/base/"
+  fi
+  if [ -f "$work/grpo.done" ]; then
+    if [ ! -f "$work/export/.done" ]; then  # the trained model's bf16 shards, once
+      rm -rf "$work/export"
+      "$py" scripts/export_bf16.py "$work/grpo/final" "$work/export"
+      for f in summary.json metrics.jsonl eval.jsonl events.jsonl config.yaml; do
+        [ -f "$work/grpo/$f" ] && cp "$work/grpo/$f" "$work/export/"
+      done
+      touch "$work/export/.done"
+    fi
+    mkdir -p "$out/trained"
+    cp "$work"/export/*.safetensors "$out/trained/"
+    tar cf "$out/trained/meta.tar" -C "$work/export" --exclude '*.safetensors' --exclude .done .
+  fi
+  local f record=()
+  for f in "$work"/times.tsv "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json; do
+    [ -f "$f" ] && record+=("$(basename "$f")")
+  done
+  tar cf "$work/record.tar.tmp" -C "$work" "${record[@]}"
+  mv "$work/record.tar.tmp" "$out/record.tar"
+  "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
 }
 
 if [ $smoke = 1 ]; then
@@ -66,14 +119,23 @@ if [ $smoke = 1 ]; then
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
   games=(--games 2 --max-plies 8)
   selfplay_plies=8
+  reserve=${RESERVE:-0}
 else
   device=cuda
   base_args=(--minutes "$sft_minutes" --preset "$preset")
   grpo=(--engine-workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
   games=(--games 200)
   selfplay_plies=150
+  reserve=${RESERVE:-150}
 fi
 
+# WORK belongs to one base: the one step 1 trains, or --base's
+base=${given:-$work/sft/base}
+[ -f "$work/base_model" ] && [ "$(cat "$work/base_model")" != "$base" ] && {
+  echo "gpu_rl.sh: $work holds a run from the base $(cat "$work/base_model"), not $base: set WORK to another folder" >&2
+  exit 2; }
+echo "$base" > "$work/base_model"
+[ -n "$given" ] && base_args+=(--data-only)
 base_stage() {
   PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}" \
     "${more[@]}"
@@ -84,34 +146,35 @@ stage base base_stage
 grpo_stage() {
   local resume=()
   [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
-  "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$work/sft/base" --output-dir "$work/grpo" \
-    --data "$work/sft/train.jsonl.gz" --max-minutes "$grpo_minutes" --engine-cache "$work/engine.sqlite" \
+  "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$base" --output-dir "$work/grpo" \
+    --data "$work/sft/train.jsonl.gz" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" \
     "${grpo[@]}" "${resume[@]}"
 }
-stage grpo grpo_stage
+# GRPO's minutes: --grpo-minutes, or what the deadline leaves after RESERVE seconds for what follows it
+grpo_budget=$(awk -v want="$grpo_minutes" -v left="$(left)" -v r="$reserve" \
+  'BEGIN { m = (left - r) / 60; if (m > want) m = want; printf "%.2f", m }')
+if [ -f "$work/grpo.done" ]; then
+  stage grpo grpo_stage  # done before
+elif awk -v m="$grpo_budget" 'BEGIN { exit !(m >= 0.5) }'; then
+  [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ] || echo "gpu_rl: grpo gets $grpo_budget minutes (the deadline)"
+  stage grpo grpo_stage
+else
+  skip grpo "$grpo_budget minutes left for it before the deadline, fewer than 0.5"
+fi
+trained() {  # stage name, command...: a stage of the trained model, run once GRPO is done
+  if [ -f "$work/grpo.done" ]; then stage "$@"; else skip "$1" "no trained model (GRPO not done)"; fi
+}
 
-stage match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$work/sft/base" "${games[@]}" --device "$device" \
+trained match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$base" "${games[@]}" --device "$device" \
   --json "$work/match_trained_vs_base.json" --pgn "$work/match_trained_vs_base.pgn" --quiet
 selfplay() {  # name, model: one greedy game from the start against itself, its legal half-moves (the base's goal: 60)
   "$py" -m rookworld_rlvr eval --model "$2" --data data/eval.jsonl.gz --limit 0 --selfplay 1 \
     --selfplay-max-plies "$selfplay_plies" --device "$device" --json "$work/selfplay_$1.json" --quiet
 }
-stage selfplay_base selfplay base "$work/sft/base"
-stage selfplay_trained selfplay trained "$work/grpo/final"
-stage match_base "$py" -m rookworld_rlvr match "$work/sft/base" models/rookworld-board "${games[@]}" --device "$device" \
+stage selfplay_base selfplay base "$base"
+trained selfplay_trained selfplay trained "$work/grpo/final"
+stage match_base "$py" -m rookworld_rlvr match "$base" models/rookworld-board "${games[@]}" --device "$device" \
   --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
 
-# into OUT on every call (a GPU machine gives each call an empty one): the base, the trained model with the
-# run's record, and the verdict
-rm -rf "$work/export" "$out/base" "$out/trained"
-mkdir -p "$out/base"
-cp "$work"/base-out/* "$out/base/"
-"$py" scripts/export_bf16.py "$work/grpo/final" "$work/export"
-mkdir -p "$out/trained"
-cp "$work"/export/*.safetensors "$out/trained/"
-for f in summary.json metrics.jsonl eval.jsonl events.jsonl config.yaml; do
-  [ -f "$work/grpo/$f" ] && cp "$work/grpo/$f" "$work/export/"
-done
-cp "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json "$work/times.tsv" "$work/export/"
-tar cf "$out/trained/meta.tar" -C "$work/export" --exclude '*.safetensors' .
+publish  # also when every stage was done before (a rerun into a new, empty OUT)
 "$py" scripts/gpu_rl_report.py "$work" "$out"

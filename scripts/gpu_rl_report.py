@@ -2,8 +2,9 @@
 """results.md for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
 
 The GRPO run's verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
-intervals), the two matches, the machine and the minutes each stage took; then a check that everything in OUT
-would come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1 when not).
+intervals), the two matches, the machine, the minutes each stage took and the stages not run yet (a deadline, or a
+GRPO run not done); then a check that everything in OUT would come back from the GPU machine (at most 8 files of
+16 MiB, 64 MiB in all; exit 1 when not). Written after every stage: it reports what is done so far.
 """
 
 from __future__ import annotations
@@ -29,18 +30,29 @@ def report(work: Path) -> str:
     from rookworld_rlvr.play import format_summary
     from rookworld_rlvr.verdict import verdict_table
 
-    summary = json.loads((work / "grpo" / "summary.json").read_text())
+    summary_path = work / "grpo" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if (work / "grpo.done").exists() else None
     times = [line.split("\t") for line in (work / "times.tsv").read_text().splitlines() if line.strip()]
+    skipped = (work / "skipped.txt").read_text().splitlines() if (work / "skipped.txt").exists() else []
     data = work / "sft" / "train.summary"
     told = data.read_text().strip().removeprefix("gpu_base: ").removesuffix(".") if data.exists() else ""
+    base = (work / "base_model").read_text().strip() if (work / "base_model").exists() else ""
+    given = base and Path(base).resolve() != (work / "sft" / "base").resolve()
     lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine()}.", "",
+             *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
-             "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", "",
-             f"GRPO: {summary['steps']} steps"
-             + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")
-             + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + ".", "",
-             "## Verdict: the base -> the trained model (held-out, greedy)", "", "```",
-             verdict_table(summary["base"], summary["final"]), "```", "", "## Matches", ""]
+             "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", ""]
+    if skipped:
+        lines += ["Not run in this call (the same command runs them): " + "; ".join(skipped) + ".", ""]
+    if summary is None:
+        lines += ["GRPO: not run.", ""]
+    else:
+        lines += [f"GRPO: {summary['steps']} steps"
+                  + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")
+                  + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + ".", "",
+                  "## Verdict: the base -> the trained model (held-out, greedy)", "", "```",
+                  verdict_table(summary["base"], summary["final"]), "```", ""]
+    lines += ["## Matches", ""]
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         path = work / f"{name}.json"
         lines += (["```", format_summary(json.loads(path.read_text())), "```", ""] if path.exists()
@@ -61,7 +73,8 @@ def report(work: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     work, out = (Path(a) for a in (argv if argv is not None else sys.argv[1:]))
     text = report(work)
-    (out / "results.md").write_text(text + "\n")
+    (out / ".results.md.tmp").write_text(text + "\n")
+    (out / ".results.md.tmp").replace(out / "results.md")  # a call stopped meanwhile leaves the last one whole
     print(text)
     return report_files(sorted(p for p in out.rglob("*") if p.is_file()), "gpu_rl", out)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -49,13 +50,16 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         records.append(tmp_path / str(n) / "games.jsonl.xz")  # one name twice: each its own folder
         records[-1].parent.mkdir()
         record(games.out_dir, records[-1], workers=1, progress=False)
+    # a deadline 30 minutes away leaves GRPO less than the 40 minutes asked: what is left after the reserve
     cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games", str(records[0]),
-           "--more-games", str(records[1]), "--more-data", str(more)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+           "--more-games", str(records[1]), "--more-data", str(more), "--deadline-minutes", "30",
+           "--grpo-minutes", "40"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RESERVE": "60"}, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
-    assert {p.relative_to(out).as_posix() for p in files} >= {"base/meta.tar", "trained/meta.tar", "results.md"}
+    assert {p.relative_to(out).as_posix() for p in files} >= {"base/meta.tar", "trained/meta.tar", "record.tar",
+                                                              "results.md"}
     # the base's training data has game starts: A: rows with a one-move history from the start position
     trained_on = read_samples(work / "sft" / "train.jsonl.gz")
     assert all(s in trained_on for s in extra)  # --more-data joined the base's data
@@ -87,13 +91,23 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     rl = unpack(out / "trained", tmp_path / "trained")
     summary = json.loads((rl / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["base"] and summary["final"]
-    assert yaml.safe_load((rl / "config.yaml").read_text())["model"] == str(work / "sft" / "base")
+    config = yaml.safe_load((rl / "config.yaml").read_text())
+    assert config["model"] == str(work / "sft" / "base")
+    granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
+    base_minutes = int((work / "times.tsv").read_text().split()[1]) / 60
+    assert len(granted) == 1 and 29 - base_minutes - 1 < granted[0] <= 29 and config["max_minutes"] == granted[0]
     load_policy(str(rl), device="cpu", verbose=False)
+    record = tmp_path / "record"
+    record.mkdir()
+    with tarfile.open(out / "record.tar") as tar:
+        tar.extractall(record, filter="data")
+    assert [line.split("\t")[0] for line in (record / "times.tsv").read_text().splitlines()] == \
+        ["base", "grpo", "match_trained", "selfplay_base", "selfplay_trained", "match_base"]
     for name in ("match_trained_vs_base", "match_base_vs_board"):
-        assert json.loads((rl / f"{name}.json").read_text())["games"] == 2
+        assert json.loads((record / f"{name}.json").read_text())["games"] == 2
     plies = {}
     for name in ("base", "trained"):  # one greedy game from the start each, at most 8 plies in the smoke
-        sp = json.loads((rl / f"selfplay_{name}.json").read_text())["selfplay"]
+        sp = json.loads((record / f"selfplay_{name}.json").read_text())["selfplay"]
         assert sp["games"] == 1 and 0 <= sp["mean_legal_half_moves"] <= 8
         plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
@@ -111,6 +125,48 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert (work / "grpo" / "summary.json").read_text() == json.dumps(summary, indent=2)
     assert sorted(p.relative_to(tmp_path / "out2") for p in (tmp_path / "out2").rglob("*")) == \
         sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert "Not run" not in text and "Not run" not in (tmp_path / "out2" / "results.md").read_text()
+
+    # a call whose deadline has passed when the base is done (here: a base done before, and a deadline of 0) runs
+    # nothing more, and OUT holds the base and results.md naming what did not run (the same command runs it later)
+    late = tmp_path / "late"
+    late.mkdir()
+    for name in ("sft", "base-out"):
+        shutil.copytree(work / name, late / name)
+    for name in ("base.done", "times.tsv"):
+        shutil.copy(work / name, late / name)
+    out3 = tmp_path / "out3"
+    proc = subprocess.run(cmd[:2] + [str(out3), *cmd[3:-4], "--deadline-minutes", "0"], capture_output=True,
+                          text=True, env={**env, "WORK": str(late)}, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gpu_rl: base done before" in proc.stdout and not (late / "grpo").exists()
+    assert sorted(p.relative_to(out3).as_posix() for p in out3.rglob("*") if p.is_file()) == \
+        sorted(["record.tar", "results.md"] + [p.relative_to(out).as_posix() for p in (out / "base").iterdir()])
+    assert all((out3 / "base" / p.name).read_bytes() == p.read_bytes() for p in (out / "base").iterdir())
+    text = (out3 / "results.md").read_text()
+    assert "GRPO: not run." in text and "fewer than 0.5" in text and "match_trained_vs_base: not played" in text
+    for name in ("match_trained: no trained model", "selfplay_base: past the deadline",
+                 "selfplay_trained: no trained model", "match_base: past the deadline"):
+        assert name in text
+
+
+    # GRPO from a given base (one an earlier call trained and sent back): the first stage makes only the training
+    # data (no records asked for here), and OUT holds the trained model, the record and the verdict, no base/
+    given, work4, out4 = tmp_path / "given", tmp_path / "work4", tmp_path / "out4"
+    shutil.copytree(work / "sft" / "base", given)
+    env4 = {**env, "WORK": str(work4)}
+    proc = subprocess.run(cmd[:2] + [str(out4), "--smoke", "--base", str(given)], capture_output=True, text=True,
+                          env=env4, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not (work4 / "sft" / "base").exists() and (work4 / "sft" / "train.jsonl.gz").exists()
+    assert not (out4 / "base").exists() and {"record.tar", "results.md", "trained"} <= {p.name for p in out4.iterdir()}
+    rl4 = unpack(out4 / "trained", tmp_path / "trained4")
+    assert yaml.safe_load((rl4 / "config.yaml").read_text())["model"] == str(given)
+    assert f"Base: {given} (--base)." in (out4 / "results.md").read_text()
+    # that WORK belongs to that base: another base is refused before anything runs
+    proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
+                          capture_output=True, text=True, env=env4, timeout=900)
+    assert proc.returncode == 2 and f"holds a run from the base {given}, not {work / 'sft' / 'base'}" in proc.stderr
 
 
 def test_an_export_that_would_not_come_back_is_named(tmp_path):
