@@ -9,7 +9,7 @@
 #   pandas and xxhash). scripts/gpu_check.sh runs TRL beside our trainer when these import.
 # .gpu/stockfish.xz, with --stockfish: a Stockfish binary, xz-compressed (about 21 MiB). scripts/gpu_rl.sh needs it
 #   (GRPO's rewards); gpu_check.sh needs none. The GPU base's further positions travel in the tree, as game records
-#   (data/more_games.jsonl.xz, data/more_games_2.jsonl.xz) that gpu_rl.sh --more-games replays there.
+#   (data/more_games.jsonl.xz, _2 and _3) that gpu_rl.sh --more-games replays there.
 # The last line says how much the call's carry adds up to; more than 64 MiB fails here, not there.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,7 @@
 #                     [--deadline-minutes D] [--base MODEL_DIR] [--more-games RECORD]... [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record: data/more_games.jsonl.xz,
-#    data/more_games_2.jsonl.xz) and --more-data (a sample file) add training samples, as in gpu_base.sh);
+#    _2 and _3) and --more-data (a sample file) add training samples, as in gpu_base.sh);
 # 2. GRPO from it: configs/gpu-grpo.yaml (64 prompts x 8 a step, Stockfish on the machine's cores) for N minutes
 #    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
 #    its start and end;

@@ -105,7 +105,8 @@ def test_recording_needs_a_finished_generation_of_games(recorded, tmp_path, caps
     assert not (tmp_path / "r.jsonl.xz").exists()
 
 
-@pytest.mark.parametrize("name,games,seed", [("more_games.jsonl.xz", 3600, 2), ("more_games_2.jsonl.xz", 3000, 3)])
+@pytest.mark.parametrize("name,games,seed", [("more_games.jsonl.xz", 3600, 2), ("more_games_2.jsonl.xz", 3000, 3),
+                                            ("more_games_3.jsonl.xz", 1400, 4)])
 def test_the_shipped_records_replay_their_games_here(name, games, seed):
     """data/more_games*.jsonl.xz, the GPU base's further positions: each record's first shard's games replay on
     this python-chess against its answers (each best move legal where it is used, each game's positions those
