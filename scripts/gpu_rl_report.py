@@ -18,12 +18,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_bf16 import report as report_files  # noqa: E402
 
 
-def machine() -> str:
+def machine(work: Path) -> str:
+    """The GPU (or CPU) and torch, asked once per WORK (a WORK lives on one machine): torch takes seconds to
+    import, and the report is written after every stage."""
+    known = work / "machine.txt"
+    if known.exists():
+        return known.read_text().strip()
     import torch
 
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'cpu'})"
     cuda = f", CUDA {torch.version.cuda}" if torch.cuda.is_available() else ""
-    return f"{where}; torch {torch.__version__}{cuda}"
+    text = f"{where}; torch {torch.__version__}{cuda}"
+    known.write_text(text + "\n")
+    return text
 
 
 def report(work: Path) -> str:
@@ -38,7 +45,7 @@ def report(work: Path) -> str:
     told = data.read_text().strip().removeprefix("gpu_base: ").removesuffix(".") if data.exists() else ""
     base = (work / "base_model").read_text().strip() if (work / "base_model").exists() else ""
     given = base and Path(base).resolve() != (work / "sft" / "base").resolve()
-    lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine()}.", "",
+    lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine(work)}.", "",
              *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
              "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", ""]
