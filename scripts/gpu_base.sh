@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--data-only]
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--data-only] [--end-by T]
 #                       [--more-games RECORD]... [--more-data FILE]...
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
@@ -16,14 +16,18 @@
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
 #    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
+# --end-by T (seconds since 1970; scripts/gpu_rl.sh passes its deadline): SFT gets at most the minutes left at its
+# start, less its reading and encoding (75 s and 40 us a row, on a GPU machine's cores) and the export, so the base
+# is in OUT by T (0.5 minutes at least; it says so when it cuts M).
 # --data-only: step 1 alone (WORK/train.jsonl.gz; scripts/gpu_rl.sh --base trains GRPO on it).
 # --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--more-games RECORD]... [--more-data FILE]...}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
 data_only=0
+end_by=""
 minutes=8
 preset=wide
 more=()
@@ -32,11 +36,13 @@ while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --data-only) data_only=1 ;;
+    --end-by) end_by=${2:?--end-by needs a time}; shift
+              [[ $end_by =~ ^[0-9]+$ ]] || { echo "gpu_base.sh: --end-by needs seconds since 1970, got '$end_by'" >&2; exit 2; } ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
     --preset) preset=${2:?--preset needs a name}; shift ;;
     --more-games) games+=("${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --data-only, --more-games RECORD," \
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --data-only, --end-by T, --more-games RECORD," \
             "--more-data FILE)" >&2; exit 2 ;;
   esac
   shift
@@ -66,7 +72,7 @@ EOF
 else
   source_data=data/train.jsonl.xz
   openings=4000
-  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --max-minutes "$minutes"
+  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000
        --save-every 500 --eval-every 500 --eval-samples 0)
 fi
 
@@ -107,12 +113,19 @@ if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)
   mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
   echo "$inputs" > "$work/train.inputs"
 fi
-echo "gpu_base: training data $(gzip -dc "$work/train.jsonl.gz" | wc -l) rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
+rows=$(gzip -dc "$work/train.jsonl.gz" | wc -l)
+echo "gpu_base: training data $rows rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
   | tee "$work/train.summary"
 [ $data_only = 1 ] && exit 0
 
+if [ -n "$end_by" ]; then  # what the deadline leaves SFT's training, once its start and the export are paid
+  fit=$(awk -v t="$end_by" -v now="$(date +%s)" -v rows="$rows" -v m="$minutes" \
+    'BEGIN { f = (t - now - 75 - rows * 40e-6 - 30) / 60; if (f > m) f = m; if (f < 0.5) f = 0.5; printf "%.2f", f }')
+  [ "$fit" = "$(printf %.2f "$minutes")" ] || echo "gpu_base: SFT gets $fit minutes, not $minutes (--end-by; 0.5 at least)"
+  minutes=$fit
+fi
 "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \
-  "${sft[@]}" ${RESUME:+--resume} --quiet
+  "${sft[@]}" --max-minutes "$minutes" ${RESUME:+--resume} --quiet
 
 rm -rf "$work/export"
 "$py" scripts/export_bf16.py "$work/base" "$work/export"

@@ -19,8 +19,8 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
-# --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted): GRPO gets
-# at most what is left then, less RESERVE seconds for its final evaluation, the matches and the export (150 on the
+# --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted): the base's
+# SFT is cut to end RESERVE seconds before it (gpu_base.sh --end-by), GRPO gets at most what is left then, less RESERVE seconds for its final evaluation, the matches and the export (150 on the
 # GPU), and is skipped with fewer than 0.5 minutes; a stage that would start after the deadline is skipped. Skipped
 # stages are named in results.md and run on a rerun.
 # Each stage is kept in WORK (default runs/gpu-rl, git-ignored, so it stays on a warm GPU machine between calls):
@@ -114,7 +114,7 @@ publish() {  # OUT from the stages done so far (each call's OUT starts empty on 
 
 if [ $smoke = 1 ]; then
   device=cpu
-  base_args=(--smoke)
+  base_args=(--smoke --minutes "$sft_minutes")
   grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
   games=(--games 2 --max-plies 8)
@@ -136,6 +136,8 @@ base=${given:-$work/sft/base}
   exit 2; }
 echo "$base" > "$work/base_model"
 [ -n "$given" ] && base_args+=(--data-only)
+# with a deadline, the base is done RESERVE seconds before it (SFT cut to fit): the base comes back first
+[ -n "$deadline" ] && base_args+=(--end-by $(( deadline - reserve )))
 base_stage() {
   PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}" \
     "${more[@]}"

@@ -50,10 +50,11 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         records.append(tmp_path / str(n) / "games.jsonl.xz")  # one name twice: each its own folder
         records[-1].parent.mkdir()
         record(games.out_dir, records[-1], workers=1, progress=False)
-    # a deadline 30 minutes away leaves GRPO less than the 40 minutes asked: what is left after the reserve
+    # a deadline 30 minutes away leaves SFT and GRPO less than the 40 minutes asked of each: SFT ends a reserve
+    # (RESERVE, 60 s here) before it, less its start and the export; GRPO gets what is left after the reserve
     cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games", str(records[0]),
-           "--more-games", str(records[1]), "--more-data", str(more), "--deadline-minutes", "30",
-           "--grpo-minutes", "40"]
+           "--more-games", str(records[1]), "--more-data", str(more), "--sft-minutes", "40", "--deadline-minutes",
+           "30", "--grpo-minutes", "40"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RESERVE": "60"}, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
@@ -94,6 +95,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     config = yaml.safe_load((rl / "config.yaml").read_text())
     assert config["model"] == str(work / "sft" / "base")
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
+    cut = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_base: SFT gets")]
+    assert len(cut) == 1 and 24 < cut[0] < (30 * 60 - 60 - 75 - 30) / 60 and f"SFT gets {cut[0]:.2f} minutes, not 40" \
+        in proc.stdout
     base_minutes = int((work / "times.tsv").read_text().split()[1]) / 60
     assert len(granted) == 1 and 29 - base_minutes - 1 < granted[0] <= 29 and config["max_minutes"] == granted[0]
     load_policy(str(rl), device="cpu", verbose=False)
@@ -136,7 +140,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     for name in ("base.done", "times.tsv"):
         shutil.copy(work / name, late / name)
     out3 = tmp_path / "out3"
-    proc = subprocess.run(cmd[:2] + [str(out3), *cmd[3:-4], "--deadline-minutes", "0"], capture_output=True,
+    proc = subprocess.run(cmd[:2] + [str(out3), *cmd[3:-6], "--deadline-minutes", "0"], capture_output=True,
                           text=True, env={**env, "WORK": str(late)}, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_rl: base done before" in proc.stdout and not (late / "grpo").exists()
