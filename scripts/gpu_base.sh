@@ -6,9 +6,10 @@
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
 #    --more-games record (data/more_games.jsonl.xz, _2 and _3: 3,600, 3,000 and 1,400 games' Stockfish
-#    answers), replayed here on every core with no Stockfish, its training-side P: positions and its share of 200,000 A: transitions
-#    (shared evenly between the records) that neither the shipped set (in --smoke, its slice), nor a held-out file,
-#    nor an earlier record holds (scripts/gpu_more_data.sh); and each --more-data sample file as it is;
+#    answers), replayed here on every core with no Stockfish, its training-side P: positions and its share of
+#    200,000 A: transitions (shared evenly between the records) that neither the shipped set (in --smoke, its
+#    slice), nor a held-out file, nor an earlier record holds (scripts/gpu_more_data.sh); and each --more-data
+#    sample file as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
 #    steps (rerun with the same OUT_DIR and RESUME=1 to continue);

@@ -19,10 +19,11 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
-# --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted): the base's
-# SFT is cut to end RESERVE seconds before it (gpu_base.sh --end-by), GRPO gets at most what is left then, less RESERVE seconds for its final evaluation, the matches and the export (150 on the
-# GPU), and is skipped with fewer than 0.5 minutes; a stage that would start after the deadline is skipped. Skipped
-# stages are named in results.md and run on a rerun.
+# --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted). RESERVE
+# seconds (150 on the GPU) are kept for GRPO's final evaluation, the matches and the export: the base's SFT is cut
+# to be done RESERVE seconds before D (gpu_base.sh --end-by), GRPO gets what is left before D less RESERVE and is
+# skipped with fewer than 0.5 minutes, and a stage that would start after D is skipped. Skipped stages are named in
+# results.md and run on a rerun.
 # Each stage is kept in WORK (default runs/gpu-rl, git-ignored, so it stays on a warm GPU machine between calls):
 # rerun the same command to continue where a timeout stopped it; every call fills OUT afresh. Needs Stockfish: carried by
 # `scripts/gpu_pack.sh --stockfish` (.gpu/stockfish.xz), or STOCKFISH_PATH, or one on PATH.
@@ -83,8 +84,9 @@ stage() {  # name, command...: run once, its minutes in times.tsv, then OUT fill
   echo -e "$name\t$(( $(date +%s) - t0 ))" >> "$work/times.tsv"
   touch "$work/$name.done"
   publish
+  "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
 }
-publish() {  # OUT from the stages done so far (each call's OUT starts empty on a GPU machine)
+publish() {  # OUT from the stages done so far (each call's OUT starts empty on a GPU machine); results.md apart
   [ -f "$work/base.done" ] || return 0
   if [ -z "$given" ]; then
     mkdir -p "$out/base"
@@ -109,7 +111,6 @@ publish() {  # OUT from the stages done so far (each call's OUT starts empty on 
   done
   tar cf "$work/record.tar.tmp" -C "$work" "${record[@]}"
   mv "$work/record.tar.tmp" "$out/record.tar"
-  "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
 }
 
 if [ $smoke = 1 ]; then
@@ -179,4 +180,4 @@ stage match_base "$py" -m rookworld_rlvr match "$base" models/rookworld-board "$
   --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
 
 publish  # also when every stage was done before (a rerun into a new, empty OUT)
-"$py" scripts/gpu_rl_report.py "$work" "$out"
+"$py" scripts/gpu_rl_report.py "$work" "$out"  # results.md, printed; exit 1 when OUT would not all come back
