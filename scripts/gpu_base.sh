@@ -73,60 +73,141 @@ EOF
 else
   source_data=data/train.jsonl.xz
   openings=4000
-  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000
+  # --own-repeats 0: no greedy answers of the model's own in each step (30 sequential decoding steps, where the
+  # training step is one forward and backward; on the CPU they did not stop the repeats: models/README.md)
+  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --own-repeats 0
        --save-every 500 --eval-every 500 --eval-samples 0)
 fi
 
 for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
-told=()
-a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)  # A: transitions from the records, in all
-[ ${#games[@]} -gt 0 ] && a_rows=$(( a_rows / ${#games[@]} ))  # shared evenly between them
-known=(--known "$source_data")
-made=""
-for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
-  rec=${games[$i]}
-  dir="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
-  made="$rec $(stat -c %s "$rec") $a_rows $source_data${made:+ after $made}"  # and after which records
-  if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
-    rm -rf "$dir"
-    PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
-    rm -rf "$dir/replay"
-    echo "$made" > "$dir/made"
-  fi
-  known+=(--known "$dir/more_p.jsonl" --known "$dir/more_a.jsonl")  # no sample twice from two records
-  more+=("$dir/more_p.jsonl" "$dir/more_a.jsonl")
-  told+=("$rec's games ($(wc -l < "$dir/more_p.jsonl") P: and $(wc -l < "$dir/more_a.jsonl") A: rows)")
-done
-for f in "${more[@]}"; do [[ $f == "$work"/more-* ]] || told+=("$f"); done
 rows() {  # a sample file's lines, whatever its compression (python's gzip and lzma: no xz binary needed)
   "$py" -c 'import gzip, lzma, shutil, sys
 opener = {".gz": gzip.open, ".xz": lzma.open}.get(sys.argv[1][-3:], open)
 with opener(sys.argv[1], "rb") as fh:
     shutil.copyfileobj(fh, sys.stdout.buffer)' "$1"
 }
-inputs="$source_data ${more[*]} $(for f in "${more[@]}"; do stat -c %s "$f"; done)"
-if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)" != "$inputs" ]; then
-  # seeded: the same rows on every machine; rebuilt when the inputs change
+# the quick part (seconds): the shipped data and its game starts, train0.jsonl.gz; seeded, the same rows on every
+# machine, rebuilt when its inputs change
+if [ ! -f "$work/train0.jsonl.gz" ] || [ "$(cat "$work/train0.inputs" 2>/dev/null)" != "$source_data $openings" ]; then
   "$py" -m rookworld_rlvr data histories "$source_data" --out "$work/histories.jsonl.gz" --cut-share 0.2 \
     --openings $openings --side train --seed 0
-  { rows "$source_data"; rows "$work/histories.jsonl.gz"; for f in "${more[@]}"; do rows "$f"; done; } \
-    | gzip -1 > "$work/train.jsonl.gz.tmp"
-  mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
-  echo "$inputs" > "$work/train.inputs"
+  { rows "$source_data"; rows "$work/histories.jsonl.gz"; } | gzip -1 > "$work/train0.jsonl.gz.tmp"
+  mv "$work/train0.jsonl.gz.tmp" "$work/train0.jsonl.gz"
+  echo "$source_data $openings" > "$work/train0.inputs"
 fi
-rows=$(gzip -dc "$work/train.jsonl.gz" | wc -l)
-echo "gpu_base: training data $rows rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
-  | tee "$work/train.summary"
-[ $data_only = 1 ] && exit 0
 
-if [ -n "$end_by" ]; then  # what the deadline leaves SFT's training, once its start and the export are paid
-  fit=$(awk -v t="$end_by" -v now="$(date +%s)" -v rows="$rows" -v m="$minutes" \
-    'BEGIN { f = (t - now - 75 - rows * 40e-6 - 30) / 60; if (f > m) f = m; if (f < 0.5) f = 0.5; printf "%.2f", f }')
+prepare() {  # the slow part (minutes on a GPU machine's cores): the records' samples, then train.jsonl.gz, all of it
+  local told=() known=(--known "$source_data") made="" i rec dir f inputs n
+  local a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)  # A: transitions from the records, in all
+  [ ${#games[@]} -gt 0 ] && a_rows=$(( a_rows / ${#games[@]} ))  # shared evenly between them
+  for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
+    rec=${games[$i]}
+    dir="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
+    made="$rec $(stat -c %s "$rec") $a_rows $source_data${made:+ after $made}"  # and after which records
+    if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
+      rm -rf "$dir"
+      PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
+      rm -rf "$dir/replay"
+      echo "$made" > "$dir/made"
+    fi
+    known+=(--known "$dir/more_p.jsonl" --known "$dir/more_a.jsonl")  # no sample twice from two records
+    more+=("$dir/more_p.jsonl" "$dir/more_a.jsonl")
+    told+=("$rec's games ($(wc -l < "$dir/more_p.jsonl") P: and $(wc -l < "$dir/more_a.jsonl") A: rows)")
+  done
+  for f in "${more[@]}"; do [[ $f == "$work"/more-* ]] || told+=("$f"); done
+  inputs="$source_data $openings ${more[*]} $(for f in "${more[@]}"; do stat -c %s "$f"; done)"
+  if [ ! -f "$work/train.jsonl.gz" ] || [ "$(cat "$work/train.inputs" 2>/dev/null)" != "$inputs" ]; then
+    { gzip -dc "$work/train0.jsonl.gz"; for f in "${more[@]}"; do rows "$f"; done; } | gzip -1 > "$work/train.jsonl.gz.tmp"
+    mv "$work/train.jsonl.gz.tmp" "$work/train.jsonl.gz"
+    echo "$inputs" > "$work/train.inputs"
+  fi
+  n=$(gzip -dc "$work/train.jsonl.gz" | wc -l)
+  echo "gpu_base: training data $n rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
+    > "$work/train.summary"
+}
+if [ $data_only = 1 ]; then
+  prepare
+  cat "$work/train.summary"
+  echo "$work/train.jsonl.gz" > "$work/train.used"
+  exit 0
+fi
+
+# SFT trains from the start on train0 while the rest is prepared on the other cores (replayed, merged, read and
+# encoded into rows.safetensors by `sft --encode-only`); once it is ready, SFT stops checkpointed (--stop-when) and
+# resumes on all of it, on the same schedule. Without records or more data, train0 is all of it.
+sft_run() {  # data, rows cache, more sft options...: one invocation of the base's SFT
+  local data=$1 cache=$2
+  shift 2
+  "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz --out "$work/base" \
+    "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
+}
+encode_all() {
+  "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --rows-cache "$work/rows.safetensors" --encode-only \
+    --device cpu --eval-data "" --out "$work/base" --quiet
+  cat "$work/train.inputs" > "$work/ready"
+}
+phased=$([ $(( ${#games[@]} + ${#more[@]} )) -gt 0 ] && echo 1 || echo 0)
+resume=(${RESUME:+--resume})
+if [ $phased = 1 ] && [ -n "${RESUME:-}" ] && [ -f "$work/base.checkpoint/sft_state.json" ] && [ "$("$py" -c 'import json, sys
+print(json.load(open(sys.argv[1]))["config"]["data"])' "$work/base.checkpoint/sft_state.json")" = "$work/train.jsonl.gz" ]; then
+  phased=0  # a resume of a run already on all of its data: that data first, then SFT goes on with it
+fi
+rows0=$(gzip -dc "$work/train0.jsonl.gz" | wc -l)
+if [ -n "$end_by" ]; then  # what the deadline leaves SFT's training, once its start, a handover and the export are paid
+  fit=$(awk -v t="$end_by" -v now="$(date +%s)" -v rows="$rows0" -v m="$minutes" -v h="$(( phased * 45 ))" \
+    'BEGIN { f = (t - now - 75 - rows * 40e-6 - h - 30) / 60; if (f > m) f = m; if (f < 0.5) f = 0.5; printf "%.2f", f }')
   [ "$fit" = "$(printf %.2f "$minutes")" ] || echo "gpu_base: SFT gets $fit minutes, not $minutes (--end-by; 0.5 at least)"
   minutes=$fit
 fi
-"$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --eval-data data/eval.jsonl.gz --out "$work/base" \
-  "${sft[@]}" --max-minutes "$minutes" ${RESUME:+--resume} --quiet
+used="$work/train.jsonl.gz"
+if [ $phased = 0 ]; then
+  prepare
+  cat "$work/train.summary"
+  sft_run "$work/train.jsonl.gz" "$work/rows.safetensors" "${resume[@]}"
+else
+  rm -f "$work/ready"
+  cpus=($("$py" -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
+  pin_sft=() pin_prep=()
+  if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && command -v taskset > /dev/null; then  # 4 cores feed the GPU
+    pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:4}")")
+    pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
+  fi
+  echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
+       "(log: $work/prepare.log)"
+  set -m  # the preparation in a process group of its own, so that it can be stopped whole
+  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more; declare -f prepare rows \
+    encode_all); set -euo pipefail; prepare; encode_all" > "$work/prepare.log" 2>&1 &
+  prep=$!
+  set +m
+  trap '[ -n "$prep" ] && kill -- -"$prep" 2> /dev/null || true' EXIT
+  # --smoke: the preparation ends first (its 3 steps would outrun it), so the handover comes before the first step
+  [ $smoke = 1 ] && { wait "$prep" || true; }
+  "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$work/train0.jsonl.gz" --rows-cache "$work/rows0.safetensors" \
+    --eval-data data/eval.jsonl.gz --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet \
+    --stop-when "$work/ready" "${resume[@]}"
+  if [ -f "$work/ready" ]; then
+    wait "$prep" || true  # done: it wrote ready last
+    prep=""
+    first=0
+    [ -f "$work/base.sft_log.jsonl" ] && first=$(wc -l < "$work/base.sft_log.jsonl")
+    sed -i "s/\.\$/. Its first $first steps trained on the shipped data and its histories alone ($rows0 rows) while the rest was prepared./" \
+      "$work/train.summary"
+    cat "$work/train.summary"
+    sft_run "$work/train.jsonl.gz" "$work/rows.safetensors" --resume
+  elif kill -0 "$prep" 2> /dev/null; then
+    kill -- -"$prep" 2> /dev/null || true
+    prep=""
+    used="$work/train0.jsonl.gz"
+    echo "gpu_base: SFT ended before the rest of its data was ready: the base trained on the shipped data and its" \
+         "game starts alone" | tee "$work/train.summary"
+  else
+    used="$work/train0.jsonl.gz"
+    echo "gpu_base: warning: preparing the rest of the data failed, so the base trained on the shipped data and its" \
+         "game starts alone ($work/prepare.log)." | tee "$work/train.summary" >&2
+    tail -n 20 "$work/prepare.log" >&2
+  fi
+fi
+echo "$used" > "$work/train.used"
 
 rm -rf "$work/export"
 "$py" scripts/export_bf16.py "$work/base" "$work/export"
@@ -134,10 +215,10 @@ rm -f "$out"/*.safetensors "$out/meta.tar"
 cp "$work"/export/*.safetensors "$out"/
 cp "$work/base.sft_log.jsonl" "$work/export/sft_log.jsonl"
 tar cf "$out/meta.tar" -C "$work/export" --exclude '*.safetensors' .
-"$py" - "$out" <<'EOF'
+"$py" - "$out" <<'EOF2'
 import sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
 from export_bf16 import report
 sys.exit(report(sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_file()), "gpu_base", sys.argv[1]))
-EOF
+EOF2

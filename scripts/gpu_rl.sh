@@ -150,7 +150,7 @@ grpo_stage() {
   local resume=()
   [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
   "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$base" --output-dir "$work/grpo" \
-    --data "$work/sft/train.jsonl.gz" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" \
+    --data "$(cat "$work/sft/train.used")" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" \
     "${grpo[@]}" "${resume[@]}"
 }
 # GRPO's minutes: --grpo-minutes, or what the deadline leaves after RESERVE seconds for what follows it

@@ -96,7 +96,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert config["model"] == str(work / "sft" / "base")
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
     cut = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_base: SFT gets")]
-    assert len(cut) == 1 and 24 < cut[0] < (30 * 60 - 60 - 75 - 30) / 60 and f"SFT gets {cut[0]:.2f} minutes, not 40" \
+    assert len(cut) == 1 and 24 < cut[0] < (30 * 60 - 60 - 75 - 45 - 30) / 60 and f"SFT gets {cut[0]:.2f} minutes, not 40" \
         in proc.stdout
     base_minutes = int((work / "times.tsv").read_text().split()[1]) / 60
     assert len(granted) == 1 and 29 - base_minutes - 1 < granted[0] <= 29 and config["max_minutes"] == granted[0]
@@ -117,7 +117,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
     assert f"its histories, {records[0]}'s games (" in text and f"A: rows), {records[1]}'s games (" in text
-    assert f"A: rows), {more}." in text
+    assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
+    assert (work / "sft" / "train.used").read_text().strip() == str(work / "sft" / "train.jsonl.gz")
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
@@ -171,6 +172,26 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
                           capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 2 and f"holds a run from the base {given}, not {work / 'sft' / 'base'}" in proc.stderr
+
+
+def test_a_failed_data_preparation_still_sends_back_the_base(tmp_path):
+    """SFT starts on the shipped data while the records are replayed beside it; a record that cannot be replayed
+    (damaged here) is named, and the base trained on the shipped data and its game starts comes back all the same
+    (what a GPU machine has trained is not lost), with GRPO pointed at the data the base trained on."""
+    damaged = tmp_path / "games.jsonl.xz"
+    damaged.write_bytes(b"\xfd7zXZ\x00 not a record")
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_base.sh"), str(out), "--smoke", "--more-games",
+                           str(damaged)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(work)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gpu_base: warning: preparing the rest of the data failed, so the base trained on the shipped data" \
+        in proc.stderr and f"error: {damaged}: cannot be read after line 0" in proc.stderr
+    assert "warning: preparing the rest of the data failed" in (work / "train.summary").read_text()
+    assert (work / "train.used").read_text().strip() == str(work / "train0.jsonl.gz")
+    assert (out / "meta.tar").exists() and list(out.glob("*.safetensors"))
+    log = [json.loads(x) for x in (work / "base.sft_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
 
 
 def test_an_export_that_would_not_come_back_is_named(tmp_path):

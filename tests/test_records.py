@@ -92,6 +92,17 @@ def test_a_damaged_record_is_a_clear_error_naming_file_and_line(recorded, tmp_pa
         replay(bad, tmp_path / "out", workers=1, progress=False)
 
 
+@pytest.mark.parametrize("cut", [0.5, None])
+def test_a_record_whose_compressed_bytes_are_damaged_is_named(recorded, tmp_path, cut):
+    """A record cut short in transfer, or not xz at all, is an error naming the file, not a bare LZMAError."""
+    _, rec, _ = recorded
+    data = rec.read_bytes()
+    bad = tmp_path / "bad.jsonl.xz"
+    bad.write_bytes(data[: int(len(data) * cut)] if cut else b"\xfd7zXZ\x00 not a record")
+    with pytest.raises(DataError, match=rf"{bad}: cannot be read after line \d+ \((LZMAError|EOFError)"):
+        replay(bad, tmp_path / "out", workers=1, progress=False)
+
+
 def test_recording_needs_a_finished_generation_of_games(recorded, tmp_path, capsys):
     cfg, _, _ = recorded
     unfinished = GenerateConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "part"), "cache_path": None})

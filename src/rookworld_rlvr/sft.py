@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rookworld_rlvr.sft_rows import (draw_batch, encode, encode_many, legality_loss, make_batch, own_repeat_rows,
-                                    repeat_bans, token_weights, unlikelihood)
+from rookworld_rlvr.sft_cache import training_rows
+from rookworld_rlvr.sft_rows import (draw_batch, encode, legality_loss, make_batch, own_repeat_rows, repeat_bans,
+                                    token_weights, unlikelihood)
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +66,13 @@ class SFTConfig:
     # end this invocation after so many minutes, checkpointed; the schedule still follows --steps, so
     # --resume continues the same run (how a long run is spread over several invocations)
     stop_after_minutes: float | None = None
+    # end this invocation, checkpointed, once this file exists (another process says more data is ready; --resume
+    # with that data continues the same run)
+    stop_when: str | None = None
+    # a file that keeps the rows read and encoded from --data (sft_cache): a resume or a later run reads them in
+    # seconds; other data or settings encode afresh
+    rows_cache: str | None = None
+    encode_only: bool = False  # fill --rows-cache and stop (prepare the rows on the CPU while a GPU trains)
     batch_size: int = 64
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -118,6 +126,8 @@ class SFTConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"sft.{name} must be a positive number of minutes, got {value}")
+        if self.encode_only and not self.rows_cache:
+            raise ValueError("sft.encode_only fills a rows cache: give --rows-cache FILE")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"sft.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not Path(self.data).exists():
@@ -138,7 +148,7 @@ class SFTConfig:
 
 
 # where the run is, how many threads it uses and when this invocation ends: none changes what a resumed run computes
-_PLACE = ("out", "device", "threads", "stop_after_minutes")
+_PLACE = ("out", "device", "threads", "stop_after_minutes", "stop_when", "rows_cache", "encode_only")
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
@@ -274,9 +284,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
-    samples = read_samples(cfg.data)
-    by_task = {t: encode_many(tokenizer, [s for s in samples if s.task == t], cfg.layout, cfg.order,
-                              legal=cfg.legal_coef > 0) for t in ("P", "A")}
+    by_task = training_rows(cfg.data, tokenizer, cfg.layout, cfg.order, cfg.legal_coef > 0, cfg.rows_cache)
+    if cfg.encode_only:
+        return {}
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, *_ in rows)
@@ -339,8 +349,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     model.train()
     model.config.use_cache = False
 
-    def paused() -> bool:  # this invocation's time is up (stop_after_minutes); the run itself goes on
-        return cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60
+    def paused() -> bool:  # this invocation ends (stop_after_minutes, stop_when); the run itself goes on
+        return ((cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60)
+                or (cfg.stop_when is not None and Path(cfg.stop_when).exists()))
 
     while step < cfg.steps and progress_frac() < 1.0 and not paused():
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress

@@ -36,6 +36,12 @@ _HELP = {
                    "it (the run ends on its decay when the time is up)",
     "stop_after_minutes": "end this invocation after so many minutes, with the checkpoint saved; the lr schedule "
                           "still follows --steps, so --resume later continues the same run",
+    "stop_when": "end this invocation, with the checkpoint saved, once this file exists (say, when another "
+                 "process has prepared more data); --resume, with that data, continues the same run",
+    "rows_cache": "a file that keeps the rows read and encoded from --data: a resume or a later run with the same "
+                  "data and encoding reads them in seconds; other data or settings encode afresh and replace it",
+    "encode_only": "read and encode --data into --rows-cache, then stop (prepare the rows on the CPU while another "
+                   "run trains)",
     "env_share": "share of each batch drawn from the A: (environment) rows, the rest P: (policy) rows; the "
                  "step's log counts them (A_rows). Default 0.5",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
@@ -49,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     for field, value in asdict(defaults).items():
         flag = "--" + field.replace("_", "-")
         untyped = {"max_minutes": float, "stop_after_minutes": float, "threads": int}  # default None
+        if isinstance(value, bool):
+            p.add_argument(flag, action="store_true", help=_HELP[field])
+            continue
         kind = type(value) if value is not None else untyped.get(field, str)
         p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
     p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")

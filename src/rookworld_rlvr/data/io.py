@@ -151,7 +151,7 @@ class ReadReport:
     errors: list[str] = field(default_factory=list)  # first few `file:line: reason`
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def data_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of a data file's non-blank lines; an unreadable file is a DataError."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
@@ -173,7 +173,7 @@ def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     path = Path(path)
     report = report if report is not None else ReadReport()
     jsonl = is_jsonl(path)
-    for lineno, line in _lines(path):
+    for lineno, line in data_lines(path):
         report.read += 1
         sample = _parse(path, lineno, line, jsonl, skip_invalid, report)
         if sample is not None:
@@ -224,7 +224,7 @@ def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     path = Path(path)
     report = report if report is not None else ReadReport()
     workers = workers or min(8, os.cpu_count() or 1)
-    lines = list(_lines(path))
+    lines = list(data_lines(path))
     parallel = workers > 1 and len(lines) >= PARALLEL_ROWS and "fork" in mp.get_all_start_methods()
     size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
     chunks = [(path, is_jsonl(path), skip_invalid, lines[i:i + size]) for i in range(0, len(lines), size)]

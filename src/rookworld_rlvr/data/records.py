@@ -26,7 +26,7 @@ from typing import Iterable, Protocol
 
 import chess
 
-from rookworld_rlvr.data.io import DataError, atomic_write_text, iter_samples, open_text
+from rookworld_rlvr.data.io import DataError, atomic_write_text, data_lines, iter_samples
 from rookworld_rlvr.engine import Analysis, StockfishPool
 from rookworld_rlvr.engine_process import engine_identity, find_stockfish
 
@@ -107,8 +107,7 @@ class ReplayPool:
 
 def read_header(path: str | Path) -> dict:
     """A record's first line (format, generate config, engine, python-chess), checked."""
-    with open_text(Path(path)) as fh:
-        line = fh.readline()
+    line = next(data_lines(Path(path)), (0, ""))[1]  # a damaged or cut compressed file: an error naming it
     try:
         row = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -124,21 +123,20 @@ def read_records(path: str | Path) -> tuple[dict, list[GameRecord]]:
     path = Path(path)
     games: list[GameRecord] = []
     header: dict | None = None
-    with open_text(path) as fh:
-        for n, line in enumerate(fh, 1):
-            where = f"{path}:{n}"
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise DataError(f"{where}: not a JSON line ({e})") from None
-            if header is None:
-                header = read_header(path)
-                continue
-            if not isinstance(row, dict) or row.get("game") != len(games) or not isinstance(row.get("answers"), list) \
-                    or not isinstance(row.get("positions"), str):
-                raise DataError(f"{where}: expected game {len(games)} as {{'game', 'answers', 'positions'}}")
-            answers = tuple(decode_answer(a, f"{where}: answer {i + 1}") for i, a in enumerate(row["answers"]))
-            games.append(GameRecord(row["game"], answers, row["positions"]))
+    for n, line in data_lines(path):
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{where}: not a JSON line ({e})") from None
+        if header is None:
+            header = read_header(path)
+            continue
+        if not isinstance(row, dict) or row.get("game") != len(games) or not isinstance(row.get("answers"), list) \
+                or not isinstance(row.get("positions"), str):
+            raise DataError(f"{where}: expected game {len(games)} as {{'game', 'answers', 'positions'}}")
+        answers = tuple(decode_answer(a, f"{where}: answer {i + 1}") for i, a in enumerate(row["answers"]))
+        games.append(GameRecord(row["game"], answers, row["positions"]))
     if header is None:
         raise DataError(f"{path}: empty, not a game record")
     if len(games) != header["config"].get("games"):

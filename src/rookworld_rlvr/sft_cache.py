@@ -1,0 +1,126 @@
+"""The training rows of `rookworld sft`, read and encoded once and kept in a file (`--rows-cache`).
+
+Reading and encoding 1.5M samples costs minutes of a GPU machine's time before the first step, and
+again at every resume. The cache holds the rows of one data file for one tokenizer and encoding
+(layout, order, legal sets) as flat integer arrays in safetensors (never a pickle), keyed by the
+data file's SHA-256 and those settings: a resume, or a run that another process prepared the rows
+for (`--encode-only`), reads them in seconds; other data or settings encode afresh and replace the
+file. Owns the file format; `sft_rows` owns the rows. Imports numpy and safetensors inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+from rookworld_rlvr.sft_rows import Row, encode_many
+
+FORMAT = 1
+TASKS = ("P", "A")
+
+
+def cache_key(data: str | Path, tokenizer, layout: str, order: str, legal: bool) -> str:
+    """What the rows depend on: the data's bytes, the tokenizer's rules and the encoding settings."""
+    digest = hashlib.sha256()
+    with open(data, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    rules = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return json.dumps({"format": FORMAT, "data_sha256": digest.hexdigest(),
+                       "tokenizer_sha256": hashlib.sha256(rules.encode()).hexdigest(), "eos": tokenizer.eos_token_id,
+                       "layout": layout, "order": order, "legal": legal}, sort_keys=True)
+
+
+def _offsets(lengths: list[int]):
+    import numpy as np
+
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def save_rows(path: str | Path, by_task: dict[str, list[Row]], key: str) -> None:
+    """Write the rows (data rows only: no own-answer fields) to `path`, swapped in whole."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    arrays = {}
+    vocab = max((max(r.ids, default=0) for rows in by_task.values() for r in rows), default=0)
+    token = np.uint16 if vocab < 2**16 else np.int32  # token ids: half the bytes for any GPT-2-sized vocabulary
+    for task in TASKS:
+        rows = by_task.get(task, [])
+        if any(r.learn_from is not None or r.weight != 1.0 for r in rows):
+            raise ValueError("the rows cache holds data rows only (no learn_from, weight 1)")
+        legal = [entry for r in rows for entry in r.legal]
+        arrays.update({
+            f"{task}.ids": np.fromiter(itertools.chain.from_iterable(r.ids for r in rows), token),
+            f"{task}.ids_off": _offsets([len(r.ids) for r in rows]),
+            f"{task}.prompt_len": np.array([r.prompt_len for r in rows], np.int32),
+            f"{task}.bans": np.array([b for r in rows for b in r.bans], np.int32).reshape(-1, 2),
+            f"{task}.bans_off": _offsets([len(r.bans) for r in rows]),
+            f"{task}.moves": np.frombuffer("\n".join(" ".join(r.moves) for r in rows).encode(), np.uint8).copy(),
+            f"{task}.legal_pos": np.array([p for p, _ in legal], np.int32),
+            f"{task}.legal_off": _offsets([len(r.legal) for r in rows]),
+            f"{task}.legal_ids": np.fromiter(itertools.chain.from_iterable(ids for _, ids in legal), token),
+            f"{task}.legal_ids_off": _offsets([len(ids) for _, ids in legal]),
+        })
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(arrays, str(tmp), metadata={"key": key})
+    tmp.replace(path)
+
+
+def load_rows(path: str | Path, key: str) -> dict[str, list[Row]] | None:
+    """The rows kept at `path` for `key`; None where the file holds another key's rows. A damaged file is
+    an error that names it (delete it to encode afresh)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "np") as fh:
+            if (fh.metadata() or {}).get("key") != key:
+                return None
+            arrays = {name: fh.get_tensor(name) for name in fh.keys()}
+        return {task: _rows(arrays, task) for task in TASKS}
+    except (OSError, ValueError, KeyError, IndexError, SafetensorError) as exc:
+        raise ValueError(f"sft.rows_cache: {path}: not a readable rows cache ({exc}); delete it to encode the "
+                         "data afresh") from exc
+
+
+def _rows(arrays: dict, task: str) -> list[Row]:
+    get = lambda name: arrays[f"{task}.{name}"]  # noqa: E731
+    ids_off, bans_off, legal_off, legal_ids_off = (get(n).tolist() for n in ("ids_off", "bans_off", "legal_off",
+                                                                            "legal_ids_off"))
+    n = len(ids_off) - 1
+    ids, prompt_len = get("ids").tolist(), get("prompt_len").tolist()
+    bans = [tuple(b) for b in get("bans").tolist()]
+    legal_pos, legal_ids = get("legal_pos").tolist(), get("legal_ids").tolist()
+    sets = [(legal_pos[j], tuple(legal_ids[legal_ids_off[j]:legal_ids_off[j + 1]])) for j in range(len(legal_pos))]
+    moves = bytes(get("moves")).decode().split("\n") if n else []
+    if not (len(prompt_len) == n == len(bans_off) - 1 == len(legal_off) - 1 == len(moves)
+            and ids_off[-1] == len(ids) and bans_off[-1] == len(bans) and legal_off[-1] == len(sets)
+            and legal_ids_off[-1] == len(legal_ids)):
+        raise ValueError(f"the {task}: arrays disagree in length")
+    return [Row(ids[ids_off[i]:ids_off[i + 1]], prompt_len[i], tuple(bans[bans_off[i]:bans_off[i + 1]]),
+                tuple(moves[i].split()), legal=tuple(sets[legal_off[i]:legal_off[i + 1]])) for i in range(n)]
+
+
+def training_rows(data: str | Path, tokenizer, layout: str, order: str, legal: bool,
+                  cache: str | Path | None = None, say=print) -> dict[str, list[Row]]:
+    """The rows of `data` by task: from `cache` when it holds them, else read, encoded and (with `cache`) kept."""
+    from rookworld_rlvr.data.io import read_samples
+
+    key = cache_key(data, tokenizer, layout, order, legal) if cache else ""
+    if cache and Path(cache).exists():
+        rows = load_rows(cache, key)
+        if rows is not None:
+            say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}")
+            return rows
+        say(f"sft: the rows cache {cache} holds other data or settings: encoding afresh")
+    samples = read_samples(data)
+    rows = {t: encode_many(tokenizer, [s for s in samples if s.task == t], layout, order, legal=legal) for t in TASKS}
+    if cache:
+        save_rows(cache, rows, key)
+        say(f"sft: {sum(map(len, rows.values()))} rows kept in {cache}")
+    return rows

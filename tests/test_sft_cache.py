@@ -1,0 +1,124 @@
+"""`rookworld sft --rows-cache / --encode-only / --stop-when`: rows encoded once and read back exactly,
+and a run handed over from a small data set to a larger one that another process prepared."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+import rookworld_rlvr.sft_cache as sft_cache
+from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
+from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
+from rookworld_rlvr.sft import SFTConfig, train
+from rookworld_rlvr.sft_rows import encode
+from rookworld_rlvr.sft_cache import training_rows
+
+DATA = Path(__file__).parents[1] / "data" / "train.jsonl.xz"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """400 shipped samples (P: and A:) as a JSONL file."""
+    path = tmp_path_factory.mktemp("cache") / "train.jsonl"
+    write_samples(path, itertools.islice(iter_samples(DATA), 400))
+    return path
+
+
+@pytest.mark.parametrize("legal", [False, True])
+def test_the_rows_cache_gives_back_exactly_the_encoded_rows_without_encoding(tmp_path, mixed, monkeypatch, legal):
+    tok = build_board_tokenizer()
+    samples = read_samples(mixed)
+    direct = {t: encode(tok, [s for s in samples if s.task == t], "compact", "best-first", legal) for t in "PA"}
+    assert direct["P"] and direct["A"] and any(r.bans for r in direct["P"]) and (not legal or direct["P"][0].legal)
+    cache = tmp_path / "rows.safetensors"
+    said = []
+    assert training_rows(mixed, tok, "compact", "best-first", legal, cache, said.append) == direct
+    assert cache.exists() and said == [f"sft: 400 rows kept in {cache}"]
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded again")
+
+    monkeypatch.setattr(sft_cache, "encode_many", no_encoding)
+    monkeypatch.setattr("rookworld_rlvr.data.io.read_samples", no_encoding)
+    assert training_rows(mixed, tok, "compact", "best-first", legal, cache, said.append) == direct
+    assert said[-1] == f"sft: 400 rows from the rows cache {cache}"
+
+
+def test_other_data_or_settings_encode_afresh_and_a_damaged_cache_is_named(tmp_path, mixed):
+    tok = build_board_tokenizer()
+    cache = tmp_path / "rows.safetensors"
+    training_rows(mixed, tok, "compact", "best-first", False, cache, lambda s: None)
+    lines = mixed.read_text().splitlines(keepends=True)
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("".join(lines[:-1]))  # one sample fewer
+    for data, order in ((changed, "best-first"), (changed, "given")):
+        said = []
+        rows = training_rows(data, tok, "compact", order, False, cache, said.append)
+        samples = read_samples(data)
+        assert rows == {t: encode(tok, [s for s in samples if s.task == t], "compact", order) for t in "PA"}
+        assert said[0] == f"sft: the rows cache {cache} holds other data or settings: encoding afresh"
+    cache.write_bytes(cache.read_bytes()[:1000])  # cut short
+    with pytest.raises(ValueError, match=rf"sft.rows_cache: {cache}: not a readable rows cache .*delete it"):
+        training_rows(changed, tok, "compact", "given", False, cache, lambda s: None)
+
+
+def log(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_encode_only_prepares_the_rows_a_run_then_trains_on_exactly(tmp_path, mixed, monkeypatch):
+    common = dict(data=str(mixed), eval_data="", steps=3, batch_size=6, own_repeats=0, lr=1e-3, warmup_steps=1,
+                  save_every=100, device="cpu", threads=1)
+    with pytest.raises(ValueError, match="sft.encode_only fills a rows cache: give --rows-cache FILE"):
+        SFTConfig(**common, encode_only=True).validate()
+    cache = tmp_path / "rows.safetensors"
+    assert train(SFTConfig(**common, out=str(tmp_path / "prep"), rows_cache=str(cache), encode_only=True),
+                 progress=False) == {}
+    assert cache.exists() and not (tmp_path / "prep").exists() and not (tmp_path / "prep.sft_log.jsonl").exists()
+    train(SFTConfig(**common, out=str(tmp_path / "plain")), progress=False)
+    monkeypatch.setattr(sft_cache, "encode_many", lambda *a, **k: pytest.fail("encoded again"))
+    train(SFTConfig(**common, out=str(tmp_path / "cached"), rows_cache=str(cache)), progress=False)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("minutes", "seconds")} for r in rows]  # noqa: E731
+    assert strip(log(tmp_path / "cached.sft_log.jsonl")) == strip(log(tmp_path / "plain.sft_log.jsonl"))
+
+
+def test_stop_when_hands_the_run_over_to_a_resume_on_more_data(tmp_path, mixed, monkeypatch, capsys):
+    """--stop-when FILE ends the invocation, checkpointed, at the step where FILE appears; --resume goes on with
+    the same schedule, on the same data exactly as one straight run, or on the larger data another process made."""
+    import rookworld_rlvr.sft as sft
+
+    ready = tmp_path / "ready"
+    real, steps = sft._accumulate, []
+
+    def ready_after_two_steps(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 2:
+            ready.touch()
+        return real(*args, **kwargs)
+
+    def run(name, resume=False, **kw):
+        cfg = dict(data=str(mixed), eval_data="", out=str(tmp_path / name), steps=5, batch_size=6, own_repeats=0,
+                   lr=1e-3, warmup_steps=1, save_every=100, device="cpu", threads=1)
+        train(SFTConfig(**{**cfg, **kw}), resume=resume, progress=False)
+        return [(r["step"], r["lr"], r["loss"]) for r in log(tmp_path / f"{name}.sft_log.jsonl")]
+
+    straight = run("straight")
+    monkeypatch.setattr(sft, "_accumulate", ready_after_two_steps)
+    assert [s for s, _, _ in run("split", stop_when=str(ready))] == [1, 2]
+    assert "paused, --resume continues to step 5" in capsys.readouterr().out
+    monkeypatch.setattr(sft, "_accumulate", real)
+    assert run("split", resume=True, stop_when=str(ready)) == straight[:2]  # FILE there: stops before a step
+    assert run("split", resume=True) == straight
+    assert "in the checkpoint" not in capsys.readouterr().out  # where it stops changes nothing computed
+
+    more = tmp_path / "more.jsonl"
+    write_samples(more, itertools.islice(iter_samples(DATA), 1200))
+    ready.unlink()
+    steps.clear()
+    monkeypatch.setattr(sft, "_accumulate", ready_after_two_steps)
+    run("grown", stop_when=str(ready))
+    monkeypatch.setattr(sft, "_accumulate", real)
+    grown = run("grown", resume=True, data=str(more))
+    assert [s for s, _, _ in grown] == [1, 2, 3, 4, 5] and grown[:2] == straight[:2] and grown[2:] != straight[2:]
+    assert f"sft: data was {str(mixed)!r} in the checkpoint, now {str(more)!r} (from this step on)" in capsys.readouterr().out
