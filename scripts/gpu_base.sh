@@ -11,19 +11,27 @@
 #    slice), nor a held-out file, nor an earlier record holds (scripts/gpu_more_data.sh); and each --more-data
 #    sample file as it is;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
-#    autocast, batch 256, its lr schedule fitted to M minutes of training (default 8), checkpointed every 500
-#    steps (rerun with the same OUT_DIR and RESUME=1 to continue);
+#    autocast, batch 256, no greedy answers of its own in a step (--own-repeats 0), its lr schedule fitted to M
+#    minutes of training (default 8), checkpointed every 500 steps (rerun with the same OUT_DIR and RESUME=1 to
+#    continue). With records or more data, SFT does not wait for them: it starts on the shipped data and its game
+#    starts (ready in seconds) on 4 cores while the other cores replay, merge, read and encode the rest (`sft
+#    --encode-only`, into WORK/rows.safetensors; log WORK/prepare.log); once that is ready SFT stops checkpointed
+#    (`--stop-when`) and resumes on all of it with the same schedule. If the rest cannot be prepared, the base
+#    trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it trained on);
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
 #    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
 # --end-by T (seconds since 1970; scripts/gpu_rl.sh passes its deadline): SFT gets at most the minutes left at its
-# start, less its reading and encoding (75 s and 40 us a row, on a GPU machine's cores) and the export, so the base
-# is in OUT by T (0.5 minutes at least; it says so when it cuts M).
+# start, less its reading and encoding (75 s and 40 us a row, on a GPU machine's cores), the handover (45 s) and the
+# export, so the base is in OUT by T (0.5 minutes at least; it says so when it cuts M).
 # --data-only: step 1 alone (WORK/train.jsonl.gz; scripts/gpu_rl.sh --base trains GRPO on it).
-# --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh).
+# --smoke: the same on the CPU at tiny sizes, in seconds (tests/test_gpu_rl.py runs it, through scripts/gpu_rl.sh);
+# there the rest of the data is ready before SFT's first step (its 3 steps would outrun it), so the handover comes
+# at step 0. WORK/train.used names the data the base trained on last (gpu_rl.sh's GRPO draws from it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t_start=$(date +%s)
 out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
@@ -107,6 +115,7 @@ prepare() {  # the slow part (minutes on a GPU machine's cores): the records' sa
     if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
       rm -rf "$dir"
       PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
+      echo "gpu_base: $rec replayed and merged at +$(( $(date +%s) - t_start )) s"
       rm -rf "$dir/replay"
       echo "$made" > "$dir/made"
     fi
@@ -124,6 +133,7 @@ prepare() {  # the slow part (minutes on a GPU machine's cores): the records' sa
   n=$(gzip -dc "$work/train.jsonl.gz" | wc -l)
   echo "gpu_base: training data $n rows: $source_data, its histories$([ ${#told[@]} -gt 0 ] && printf ', %s' "${told[@]}")." \
     > "$work/train.summary"
+  echo "gpu_base: train.jsonl.gz ($n rows) at +$(( $(date +%s) - t_start )) s"
 }
 if [ $data_only = 1 ]; then
   prepare
@@ -144,6 +154,7 @@ sft_run() {  # data, rows cache, more sft options...: one invocation of the base
 encode_all() {
   "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --rows-cache "$work/rows.safetensors" --encode-only \
     --device cpu --eval-data "" --out "$work/base" --quiet
+  echo "gpu_base: its rows encoded at +$(( $(date +%s) - t_start )) s"
   cat "$work/train.inputs" > "$work/ready"
 }
 phased=$([ $(( ${#games[@]} + ${#more[@]} )) -gt 0 ] && echo 1 || echo 0)
@@ -175,7 +186,7 @@ else
   echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
        "(log: $work/prepare.log)"
   set -m  # the preparation in a process group of its own, so that it can be stopped whole
-  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more; declare -f prepare rows \
+  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start; declare -f prepare rows \
     encode_all); set -euo pipefail; prepare; encode_all" > "$work/prepare.log" 2>&1 &
   prep=$!
   set +m

@@ -13,9 +13,9 @@
 #    the shipped models/rookworld-board; and one greedy self-play game from the start for each of the two models;
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
 #    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary), record.tar (the
-#    matches, the self-play games, the minutes per stage) and results.md (the verdict: base, trained and a random
-#    mover with 95% intervals; the matches; the minutes), filled after every stage, so a call stopped by its
-#    timeout still sends back the stages it finished.
+#    matches, the self-play games, the minutes per stage, the base's data preparation log: sft/prepare.log) and
+#    results.md (the verdict: base, trained and a random mover with 95% intervals; the matches; the minutes),
+#    filled after every stage, so a call stopped by its timeout still sends back the stages it finished.
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
@@ -106,8 +106,9 @@ publish() {  # OUT from the stages done so far (each call's OUT starts empty on 
     tar cf "$out/trained/meta.tar" -C "$work/export" --exclude '*.safetensors' --exclude .done .
   fi
   local f record=()
-  for f in "$work"/times.tsv "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json; do
-    [ -f "$f" ] && record+=("$(basename "$f")")
+  for f in "$work"/times.tsv "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json \
+           "$work"/sft/prepare.log; do
+    [ -f "$f" ] && record+=("${f#"$work"/}")
   done
   tar cf "$work/record.tar.tmp" -C "$work" "${record[@]}"
   mv "$work/record.tar.tmp" "$out/record.tar"

@@ -109,6 +109,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         ["base", "grpo", "match_trained", "selfplay_base", "selfplay_trained", "match_base"]
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
+    prepared = (record / "sft" / "prepare.log").read_text()  # where the GPU machine's minutes before SFT went
+    assert "replayed and merged at +" in prepared and "its rows encoded at +" in prepared
     plies = {}
     for name in ("base", "trained"):  # one greedy game from the start each, at most 8 plies in the smoke
         sp = json.loads((record / f"selfplay_{name}.json").read_text())["selfplay"]

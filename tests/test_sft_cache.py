@@ -57,7 +57,8 @@ def test_other_data_or_settings_encode_afresh_and_a_damaged_cache_is_named(tmp_p
         rows = training_rows(data, tok, "compact", order, False, cache, said.append)
         samples = read_samples(data)
         assert rows == {t: encode(tok, [s for s in samples if s.task == t], "compact", order) for t in "PA"}
-        assert said[0] == f"sft: the rows cache {cache} holds other data or settings: encoding afresh"
+        assert said[0] == f"sft: the rows cache {cache} does not hold these rows (other data or settings): " \
+            "encoding afresh"
     cache.write_bytes(cache.read_bytes()[:1000])  # cut short
     with pytest.raises(ValueError, match=rf"sft.rows_cache: {cache}: not a readable rows cache .*delete it"):
         training_rows(changed, tok, "compact", "given", False, cache, lambda s: None)

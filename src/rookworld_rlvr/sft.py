@@ -66,9 +66,7 @@ class SFTConfig:
     # end this invocation after so many minutes, checkpointed; the schedule still follows --steps, so
     # --resume continues the same run (how a long run is spread over several invocations)
     stop_after_minutes: float | None = None
-    # end this invocation, checkpointed, once this file exists (another process says more data is ready; --resume
-    # with that data continues the same run)
-    stop_when: str | None = None
+    stop_when: str | None = None  # end this invocation, checkpointed, once this file exists (say, more data is ready)
     # a file that keeps the rows read and encoded from --data (sft_cache): a resume or a later run reads them in
     # seconds; other data or settings encode afresh
     rows_cache: str | None = None
@@ -284,7 +282,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"sft: {n_params / 1e6:.2f}M parameters on {device}, data {cfg.data}")
 
-    by_task = training_rows(cfg.data, tokenizer, cfg.layout, cfg.order, cfg.legal_coef > 0, cfg.rows_cache)
+    by_task = training_rows(cfg.data, tokenizer, cfg.layout, cfg.order, cfg.legal_coef > 0, cfg.rows_cache,
+                            load=not cfg.encode_only)
     if cfg.encode_only:
         return {}
     limit = getattr(model.config, "n_positions", None) or 10**9

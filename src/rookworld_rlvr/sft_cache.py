@@ -88,6 +88,17 @@ def load_rows(path: str | Path, key: str) -> dict[str, list[Row]] | None:
                          "data afresh") from exc
 
 
+def _stored_key(path: str | Path) -> str | None:
+    """The key a cache file was written for; None where it cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "np") as fh:
+            return (fh.metadata() or {}).get("key")
+    except (OSError, SafetensorError):
+        return None
+
+
 def _rows(arrays: dict, task: str) -> list[Row]:
     get = lambda name: arrays[f"{task}.{name}"]  # noqa: E731
     ids_off, bans_off, legal_off, legal_ids_off = (get(n).tolist() for n in ("ids_off", "bans_off", "legal_off",
@@ -107,17 +118,21 @@ def _rows(arrays: dict, task: str) -> list[Row]:
 
 
 def training_rows(data: str | Path, tokenizer, layout: str, order: str, legal: bool,
-                  cache: str | Path | None = None, say=print) -> dict[str, list[Row]]:
-    """The rows of `data` by task: from `cache` when it holds them, else read, encoded and (with `cache`) kept."""
+                  cache: str | Path | None = None, say=print, load: bool = True) -> dict[str, list[Row]]:
+    """The rows of `data` by task: from `cache` when it holds them, else read, encoded and (with `cache`) kept.
+    With `load` False (filling the cache only), a cache that holds them is left as it is and nothing is returned."""
     from rookworld_rlvr.data.io import read_samples
 
     key = cache_key(data, tokenizer, layout, order, legal) if cache else ""
     if cache and Path(cache).exists():
-        rows = load_rows(cache, key)
+        if not load and _stored_key(cache) == key:
+            say(f"sft: the rows cache {cache} holds these rows already")
+            return {}
+        rows = load_rows(cache, key) if load else None
         if rows is not None:
             say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}")
             return rows
-        say(f"sft: the rows cache {cache} holds other data or settings: encoding afresh")
+        say(f"sft: the rows cache {cache} does not hold these rows (other data or settings): encoding afresh")
     samples = read_samples(data)
     rows = {t: encode_many(tokenizer, [s for s in samples if s.task == t], layout, order, legal=legal) for t in TASKS}
     if cache:
