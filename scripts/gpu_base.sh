@@ -32,6 +32,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
+prep=""
+# on the way out, nothing started here runs on: the replays, and the preparation beside SFT (a process group)
+cleanup() {
+  if [ -n "$prep" ]; then kill -- -"$prep" 2> /dev/null || true; fi
+  local left
+  left=$(jobs -p)
+  if [ -n "$left" ]; then kill $left 2> /dev/null || true; fi
+}
+trap cleanup EXIT
 out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]...}
 shift
 smoke=0
@@ -105,19 +114,32 @@ if [ ! -f "$work/train0.jsonl.gz" ] || [ "$(cat "$work/train0.inputs" 2>/dev/nul
 fi
 
 prepare() {  # the slow part (minutes on a GPU machine's cores): the records' samples, then train.jsonl.gz, all of it
-  local told=() known=(--known "$source_data") made="" i rec dir f inputs n
+  local told=() known=(--known "$source_data") made="" i rec dir f inputs n dirs=() makes=() replays=()
   local a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)  # A: transitions from the records, in all
   [ ${#games[@]} -gt 0 ] && a_rows=$(( a_rows / ${#games[@]} ))  # shared evenly between them
   for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
     rec=${games[$i]}
-    dir="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
+    dirs[$i]="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
     made="$rec $(stat -c %s "$rec") $a_rows $source_data${made:+ after $made}"  # and after which records
-    if [ "$(cat "$dir/made" 2>/dev/null)" != "$made" ]; then
-      rm -rf "$dir"
-      PYTHON="$py" scripts/gpu_more_data.sh "$rec" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
+    makes[$i]=$made
+    replays[$i]=""
+    if [ "$(cat "${dirs[$i]}/made" 2>/dev/null)" != "$made" ]; then
+      rm -rf "${dirs[$i]}"
+      mkdir -p "${dirs[$i]}"
+      # every record's replay at once: they need nothing (a record's merges need the records before it)
+      "$py" -m rookworld_rlvr data replay "$rec" --out "${dirs[$i]}/replay" --workers "$(nproc)" --quiet &
+      replays[$i]=$!
+    fi
+  done
+  for i in "${!games[@]}"; do
+    rec=${games[$i]}
+    dir=${dirs[$i]}
+    if [ -n "${replays[$i]}" ]; then
+      wait "${replays[$i]}" || { echo "gpu_base: the replay of $rec failed" >&2; return 1; }
+      PYTHON="$py" scripts/gpu_more_data.sh "$dir/replay" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
       echo "gpu_base: $rec replayed and merged at +$(( $(date +%s) - t_start )) s"
       rm -rf "$dir/replay"
-      echo "$made" > "$dir/made"
+      echo "${makes[$i]}" > "$dir/made"
     fi
     known+=(--known "$dir/more_p.jsonl" --known "$dir/more_a.jsonl")  # no sample twice from two records
     more+=("$dir/more_p.jsonl" "$dir/more_a.jsonl")
@@ -190,7 +212,6 @@ else
     encode_all); set -euo pipefail; prepare; encode_all" > "$work/prepare.log" 2>&1 &
   prep=$!
   set +m
-  trap '[ -n "$prep" ] && kill -- -"$prep" 2> /dev/null || true' EXIT
   # --smoke: the preparation ends first (its 3 steps would outrun it), so the handover comes before the first step
   [ $smoke = 1 ] && { wait "$prep" || true; }
   "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$work/train0.jsonl.gz" --rows-cache "$work/rows0.safetensors" \
@@ -212,6 +233,8 @@ else
     echo "gpu_base: SFT ended before the rest of its data was ready: the base trained on the shipped data and its" \
          "game starts alone" | tee "$work/train.summary"
   else
+    kill -- -"$prep" 2> /dev/null || true  # a replay that was still running
+    prep=""
     used="$work/train0.jsonl.gz"
     echo "gpu_base: warning: preparing the rest of the data failed, so the base trained on the shipped data and its" \
          "game starts alone ($work/prepare.log)." | tee "$work/train.summary" >&2

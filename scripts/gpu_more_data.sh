@@ -52,9 +52,12 @@ fi
 echo "gpu_more_data.sh: ${#sources[@]} file(s) of $gen"
 held=(data/eval.jsonl.gz data/strength.jsonl.gz data/puzzles_eval.jsonl.gz data/eval_histories.jsonl.gz
       data/mate_in_one.tsv data/openings.txt)
+# the two merges at once: each reads the same files, much of it in one process (its workers' rows unpickled there)
 "$py" -m rookworld_rlvr data merge "${sources[@]}" --out "$out/more_p$ext" --tasks P --side train --truth-only \
-  --seed more --exclude "${known[@]}" "${held[@]}"
+  --seed more --exclude "${known[@]}" "${held[@]}" &
+p_merge=$!
 if [ "$a_rows" -gt 0 ]; then
   "$py" -m rookworld_rlvr data merge "${sources[@]}" --out "$out/more_a$ext" --tasks A --side train --truth-only \
     --seed more --exclude "${held[@]}" --new-only "${known[@]}" --max "$a_rows"
 fi
+wait "$p_merge" || { echo "gpu_more_data.sh: the P: merge failed" >&2; exit 1; }
