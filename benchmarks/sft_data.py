@@ -1,5 +1,6 @@
 """What `rookworld sft` does before its first step, in one process and in several: reading a sample file
-(`read_samples`) and turning it into token rows (`encode` against `encode_many`).
+(`read_samples`) and turning it into token rows (`encode` against `encode_many`), and the rows cache that spares
+a resume both (`sft --rows-cache`: written, read back, equal).
 
     python benchmarks/sft_data.py [--data data/train.jsonl.xz] [--workers 8]
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
 from rookworld_rlvr.data.io import read_samples
+from rookworld_rlvr.sft_cache import cache_key, load_rows, save_rows
 from rookworld_rlvr.sft_rows import encode, encode_many
 
 
@@ -36,8 +39,17 @@ def main(argv: list[str] | None = None) -> None:
     rows1, t_enc1 = timed(lambda: encode(tok, one, "compact", "best-first"))
     rows, t_enc = timed(lambda: encode_many(tok, one, "compact", "best-first", workers=args.workers))
     assert rows == rows1
+    by_task = {t: [r for r, s in zip(rows, one) if s.task == t] for t in ("P", "A")}
+    cache = os.path.join(tempfile.mkdtemp(prefix="sft-rows-"), "rows.safetensors")
+    key, t_key = timed(lambda: cache_key(args.data, tok, "compact", "best-first", False))
+    _, t_save = timed(lambda: save_rows(cache, by_task, key))
+    back, t_load = timed(lambda: load_rows(cache, key))
+    assert back == by_task
     n = len(one)
     print(f"{n} rows of {args.data}, {args.workers} workers on {os.cpu_count()} cores")
+    print(f"rows cache (sft --rows-cache): {os.path.getsize(cache) / 1e6:.0f} MB, key {t_key:.1f} s, written in "
+          f"{t_save:.1f} s, read back in {t_load:.1f} s ({t_load / n * 1e6:.0f} us/row)")
+    os.remove(cache)
     print("| step | 1 process s | us/row | {w} processes s | us/row | speed-up |".format(w=args.workers))
     print("|---|---|---|---|---|---|")
     for name, a, b in (("read_samples", t_read1, t_read), ("encode", t_enc1, t_enc)):
