@@ -96,7 +96,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert config["model"] == str(work / "sft" / "base")
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
     cut = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_base: SFT gets")]
-    assert len(cut) == 1 and 24 < cut[0] < (30 * 60 - 60 - 75 - 45 - 30) / 60 and f"SFT gets {cut[0]:.2f} minutes, not 40" \
+    # what is left less SFT's start, the handover and the export, printed to 2 decimals (so it can reach the bound)
+    assert len(cut) == 1 and 24 < cut[0] <= (30 * 60 - 60 - 75 - 45 - 30) / 60 and f"SFT gets {cut[0]:.2f} minutes, not 40" \
         in proc.stdout
     base_minutes = int((work / "times.tsv").read_text().split()[1]) / 60
     assert len(granted) == 1 and 29 - base_minutes - 1 < granted[0] <= 29 and config["max_minutes"] == granted[0]
