@@ -52,12 +52,19 @@ fi
 echo "gpu_more_data.sh: ${#sources[@]} file(s) of $gen"
 held=(data/eval.jsonl.gz data/strength.jsonl.gz data/puzzles_eval.jsonl.gz data/eval_histories.jsonl.gz
       data/mate_in_one.tsv data/openings.txt)
-# the two merges at once: each reads the same files, much of it in one process (its workers' rows unpickled there)
+# the two merges at once: each reads the same files, much of it in one process (its workers' rows unpickled there);
+# what each says is printed when both are done, the P: merge's first
 "$py" -m rookworld_rlvr data merge "${sources[@]}" --out "$out/more_p$ext" --tasks P --side train --truth-only \
-  --seed more --exclude "${known[@]}" "${held[@]}" &
+  --seed more --exclude "${known[@]}" "${held[@]}" > "$out/.merge_p.out" &
 p_merge=$!
+a_status=0
 if [ "$a_rows" -gt 0 ]; then
   "$py" -m rookworld_rlvr data merge "${sources[@]}" --out "$out/more_a$ext" --tasks A --side train --truth-only \
-    --seed more --exclude "${held[@]}" --new-only "${known[@]}" --max "$a_rows"
+    --seed more --exclude "${held[@]}" --new-only "${known[@]}" --max "$a_rows" > "$out/.merge_a.out" || a_status=$?
 fi
-wait "$p_merge" || { echo "gpu_more_data.sh: the P: merge failed" >&2; exit 1; }
+p_status=0
+wait "$p_merge" || p_status=$?
+cat "$out/.merge_p.out" "$out/.merge_a.out" 2> /dev/null || true
+rm -f "$out/.merge_p.out" "$out/.merge_a.out"
+[ "$p_status" = 0 ] || { echo "gpu_more_data.sh: the P: merge failed" >&2; exit 1; }
+[ "$a_status" = 0 ] || { echo "gpu_more_data.sh: the A: merge failed" >&2; exit 1; }
