@@ -167,11 +167,12 @@ fi
 # SFT trains from the start on train0 while the rest is prepared on the other cores (replayed, merged, read and
 # encoded into rows.safetensors by `sft --encode-only`); once it is ready, SFT stops checkpointed (--stop-when) and
 # resumes on all of it, on the same schedule. Without records or more data, train0 is all of it.
+pin_sft=()  # a CPU-affinity prefix for SFT (taskset), while the preparation has the other cores
 sft_run() {  # data, rows cache, more sft options...: one invocation of the base's SFT
   local data=$1 cache=$2
   shift 2
-  "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz --out "$work/base" \
-    "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
+  "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz \
+    --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
 }
 encode_all() {
   "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --rows-cache "$work/rows.safetensors" --encode-only \
@@ -200,7 +201,7 @@ if [ $phased = 0 ]; then
 else
   rm -f "$work/ready"
   cpus=($("$py" -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
-  pin_sft=() pin_prep=()
+  pin_prep=()
   if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && command -v taskset > /dev/null; then  # 4 cores feed the GPU
     pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:4}")")
     pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
@@ -214,9 +215,8 @@ else
   set +m
   # --smoke: the preparation ends first (its 3 steps would outrun it), so the handover comes before the first step
   [ $smoke = 1 ] && { wait "$prep" || true; }
-  "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$work/train0.jsonl.gz" --rows-cache "$work/rows0.safetensors" \
-    --eval-data data/eval.jsonl.gz --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet \
-    --stop-when "$work/ready" "${resume[@]}"
+  sft_run "$work/train0.jsonl.gz" "$work/rows0.safetensors" --stop-when "$work/ready" "${resume[@]}"
+  pin_sft=()  # all cores are SFT's from here on
   if [ -f "$work/ready" ]; then
     wait "$prep" || true  # done: it wrote ready last
     prep=""
