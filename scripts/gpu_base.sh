@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
 #   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--data-only] [--end-by T]
-#                       [--more-games RECORD]... [--more-data FILE]...
+#                       [--more-games RECORD]... [--more-data FILE]... [--make-picks]
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
@@ -9,7 +9,10 @@
 #    answers), replayed here on every core with no Stockfish, its training-side P: positions and its share of
 #    200,000 A: transitions (shared evenly between the records) that neither the shipped set (in --smoke, its
 #    slice), nor a held-out file, nor an earlier record holds (scripts/gpu_more_data.sh); and each --more-data
-#    sample file as it is;
+#    sample file as it is. Where a record has picks (data/more_games.picks.xz beside data/more_games.jsonl.xz, made
+#    for the same shipped set, held-out files, earlier records and A: share), its replay keeps the samples they name
+#    as it plays (`rookworld data replay --picks`): the same samples, checked, without the merges (a minute or more
+#    of one core per record). --make-picks replays and merges every record and writes its picks beside it;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
 #    autocast, batch 256, no greedy answers of its own in a step (--own-repeats 0), its lr schedule fitted to M
 #    minutes of training (default 8), checkpointed every 500 steps (rerun with the same OUT_DIR and RESUME=1 to
@@ -41,10 +44,11 @@ cleanup() {
   if [ -n "$left" ]; then kill $left 2> /dev/null || true; fi
 }
 trap cleanup EXIT
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]...}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]... [--make-picks]}
 shift
 smoke=0
 data_only=0
+make_picks=0
 end_by=""
 minutes=8
 preset=wide
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
     --data-only) data_only=1 ;;
+    --make-picks) make_picks=1 ;;
     --end-by) end_by=${2:?--end-by needs a time}; shift
               [[ $end_by =~ ^[0-9]+$ ]] || { echo "gpu_base.sh: --end-by needs seconds since 1970, got '$end_by'" >&2; exit 2; } ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
@@ -61,7 +66,7 @@ while [ $# -gt 0 ]; do
     --more-games) games+=("${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
     *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --data-only, --end-by T, --more-games RECORD," \
-            "--more-data FILE)" >&2; exit 2 ;;
+            "--more-data FILE, --make-picks)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -113,21 +118,51 @@ if [ ! -f "$work/train0.jsonl.gz" ] || [ "$(cat "$work/train0.inputs" 2>/dev/nul
   echo "$source_data $openings" > "$work/train0.inputs"
 fi
 
+picks_of() {  # a record's picks file: which of its replayed samples the merges keep (`rookworld data picks`)
+  echo "${1%.jsonl.xz}.picks.xz"
+}
+picks_key() {  # the recipe key a picks file was made for ("" when it cannot be read)
+  "$py" -c 'import json, lzma, sys
+try:
+    print(json.loads(lzma.open(sys.argv[1], "rt").readline()).get("key", ""))
+except Exception:
+    print("")' "$1"
+}
 prepare() {  # the slow part (minutes on a GPU machine's cores): the records' samples, then train.jsonl.gz, all of it
-  local told=() known=(--known "$source_data") made="" i rec dir f inputs n dirs=() makes=() replays=()
+  local told=() known=(--known "$source_data") made="" i rec dir f inputs n dirs=() makes=() replays=() keys=() fast=()
   local a_rows=$([ $smoke = 1 ] && echo 20 || echo 200000)  # A: transitions from the records, in all
   [ ${#games[@]} -gt 0 ] && a_rows=$(( a_rows / ${#games[@]} ))  # shared evenly between them
+  # what a record's merges depend on: the cap, the shipped set, the held-out files, this record and those before
+  # it; a picks file made for the same key gives the same samples without the merges
+  local held recs="" src_sha held_sha pk
+  . scripts/held_out.sh
+  src_sha=$(sha256sum < "$source_data" | cut -d' ' -f1)
+  held_sha=$(cat "${held[@]}" | sha256sum | cut -d' ' -f1)
   for i in "${!games[@]}"; do  # replayed once per record: the folder remembers which (path and size) it holds
     rec=${games[$i]}
     dirs[$i]="$work/more-$((i + 1))-$(basename "$rec" | tr -c 'A-Za-z0-9._\n-' _)"
     made="$rec $(stat -c %s "$rec") $a_rows $source_data${made:+ after $made}"  # and after which records
     makes[$i]=$made
+    recs="$recs $(sha256sum < "$rec" | cut -d' ' -f1)"
+    keys[$i]=$(echo "a_rows=$a_rows source=$src_sha held=$held_sha records=$recs" | sha256sum | cut -c1-32)
+    pk=$(picks_of "$rec")
     replays[$i]=""
-    if [ "$(cat "${dirs[$i]}/made" 2>/dev/null)" != "$made" ]; then
+    fast[$i]=0
+    if [ $make_picks = 1 ] || [ "$(cat "${dirs[$i]}/made" 2>/dev/null)" != "$made" ]; then
       rm -rf "${dirs[$i]}"
       mkdir -p "${dirs[$i]}"
       # every record's replay at once: they need nothing (a record's merges need the records before it)
-      "$py" -m rookworld_rlvr data replay "$rec" --out "${dirs[$i]}/replay" --workers "$(nproc)" --quiet &
+      if [ $make_picks = 0 ] && [ -f "$pk" ] && [ "$(picks_key "$pk")" = "${keys[$i]}" ]; then
+        fast[$i]=1  # its picked samples as it replays, no merges
+        "$py" -m rookworld_rlvr data replay "$rec" --picks "$pk" --key "${keys[$i]}" --out "${dirs[$i]}" \
+          --workers "$(nproc)" --quiet > /dev/null &
+      else
+        if [ $make_picks = 0 ] && [ -f "$pk" ]; then
+          echo "gpu_base: $pk was made for other data (another record, shipped set, held-out file or A: cap):" \
+               "$rec is replayed and merged"
+        fi
+        "$py" -m rookworld_rlvr data replay "$rec" --out "${dirs[$i]}/replay" --workers "$(nproc)" --quiet &
+      fi
       replays[$i]=$!
     fi
   done
@@ -136,9 +171,17 @@ prepare() {  # the slow part (minutes on a GPU machine's cores): the records' sa
     dir=${dirs[$i]}
     if [ -n "${replays[$i]}" ]; then
       wait "${replays[$i]}" || { echo "gpu_base: the replay of $rec failed" >&2; return 1; }
-      PYTHON="$py" scripts/gpu_more_data.sh "$dir/replay" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
-      echo "gpu_base: $rec replayed and merged at +$(( $(date +%s) - t_start )) s"
-      rm -rf "$dir/replay"
+      if [ "${fast[$i]}" = 1 ]; then
+        echo "gpu_base: $rec replayed with its picks ($(picks_of "$rec")) at +$(( $(date +%s) - t_start )) s"
+      else
+        PYTHON="$py" scripts/gpu_more_data.sh "$dir/replay" "$dir" --a-rows "$a_rows" --plain "${known[@]}"
+        echo "gpu_base: $rec replayed and merged at +$(( $(date +%s) - t_start )) s"
+        if [ $make_picks = 1 ]; then
+          "$py" -m rookworld_rlvr data picks "$rec" --replay "$dir/replay" --merged "$dir/more_p.jsonl" \
+            "$dir/more_a.jsonl" --key "${keys[$i]}" --out "$(picks_of "$rec")" --workers "$(nproc)"
+        fi
+        rm -rf "$dir/replay"
+      fi
       echo "${makes[$i]}" > "$dir/made"
     fi
     known+=(--known "$dir/more_p.jsonl" --known "$dir/more_a.jsonl")  # no sample twice from two records
@@ -209,8 +252,9 @@ else
   echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
        "(log: $work/prepare.log)"
   set -m  # the preparation in a process group of its own, so that it can be stopped whole
-  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start; declare -f prepare rows \
-    encode_all); set -euo pipefail; prepare; encode_all" > "$work/prepare.log" 2>&1 &
+  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start make_picks
+    declare -f prepare rows encode_all picks_of picks_key); set -euo pipefail; prepare; encode_all" \
+    > "$work/prepare.log" 2>&1 &
   prep=$!
   set +m
   # --smoke: the preparation ends first (its 3 steps would outrun it), so the handover comes before the first step

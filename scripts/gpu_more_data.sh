@@ -50,8 +50,7 @@ else
 fi
 [ ${#sources[@]} -gt 0 ] || { echo "gpu_more_data.sh: $src holds no data generate output" >&2; exit 1; }
 echo "gpu_more_data.sh: ${#sources[@]} file(s) of $gen"
-held=(data/eval.jsonl.gz data/strength.jsonl.gz data/puzzles_eval.jsonl.gz data/eval_histories.jsonl.gz
-      data/mate_in_one.tsv data/openings.txt)
+. scripts/held_out.sh
 # the two merges at once: each reads the same files, much of it in one process (its workers' rows unpickled there);
 # what each says is printed when both are done, the P: merge's first
 "$py" -m rookworld_rlvr data merge "${sources[@]}" --out "$out/more_p$ext" --tasks P --side train --truth-only \

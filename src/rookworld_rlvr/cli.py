@@ -24,12 +24,29 @@ def _data(args: argparse.Namespace) -> int:
         summary = generate(cfg, progress=not args.quiet)
         print(json.dumps(summary))
         return 0
+    if args.data_cmd == "replay" and (args.picks is None) != (args.key is None):
+        raise ValueError("data replay: --picks and --key go together (the picks file and the recipe it was made for)")
+    if args.data_cmd == "replay" and args.picks:
+        from pathlib import Path
+
+        from rookworld_rlvr.data.picks import replay_picks
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(replay_picks(args.source, args.picks, args.key, out / "more_p.jsonl", out / "more_a.jsonl",
+                                      workers=args.workers)))
+        return 0
     if args.data_cmd in ("record", "replay"):
         from rookworld_rlvr.data import records
 
         run = records.record if args.data_cmd == "record" else records.replay
         summary = run(args.source, args.out, workers=args.workers, progress=not args.quiet)
         print(json.dumps(summary))
+        return 0
+    if args.data_cmd == "picks":
+        from rookworld_rlvr.data.picks import make_picks
+
+        print(json.dumps(make_picks(args.record, args.replay, args.merged, args.out, args.key, workers=args.workers)))
         return 0
     if args.data_cmd == "import":
         from rookworld_rlvr.data.importer import import_data
@@ -159,6 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--out", required=True, help=out)
         r.add_argument("--workers", type=_at_least_one, default=2)
         r.add_argument("--quiet", action="store_true")
+        if name == "replay":
+            r.add_argument("--picks", help="a picks file (`data picks`): write only the samples it names, as "
+                                           "OUT/more_p.jsonl and OUT/more_a.jsonl (truth only; no shards, no merge)")
+            r.add_argument("--key", help="with --picks: the recipe key it must have been made for")
+    k = dsub.add_parser("picks", help="which samples of a record's replay the merges kept (a few hundred KB): `data "
+                                      "replay --picks` then takes them again without the merges")
+    k.add_argument("record", help="the game record (`data record`)")
+    k.add_argument("--replay", required=True, help="its replay's output folder (`data replay --out`, shards kept)")
+    k.add_argument("--merged", nargs="+", required=True, help="the sample files the merges wrote from that replay")
+    k.add_argument("--key", required=True, help="names what the merges depended on besides the record (a caller's "
+                                                "recipe: known set, held-out files, caps); replay checks it")
+    k.add_argument("--out", required=True, help="the picks file (xz JSON lines)")
+    k.add_argument("--workers", type=_at_least_one, default=2)
     i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
     i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
     i.add_argument("--out", required=True)
