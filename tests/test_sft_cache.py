@@ -9,7 +9,7 @@ import pytest
 
 import rookworld_rlvr.sft_cache as sft_cache
 from rookworld_rlvr.chess_tokenizers import build_board_tokenizer
-from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
+from rookworld_rlvr.data.io import DataError, iter_samples, read_samples, write_samples
 from rookworld_rlvr.sft import SFTConfig, train
 from rookworld_rlvr.sft_rows import encode
 from rookworld_rlvr.sft_cache import training_rows
@@ -40,9 +40,33 @@ def test_the_rows_cache_gives_back_exactly_the_encoded_rows_without_encoding(tmp
         raise AssertionError("encoded again")
 
     monkeypatch.setattr(sft_cache, "encode_many", no_encoding)
-    monkeypatch.setattr("rookworld_rlvr.data.io.read_samples", no_encoding)
+    monkeypatch.setattr(sft_cache, "read_samples", no_encoding)
     assert training_rows(mixed, tok, "compact", "best-first", legal, cache, said.append) == direct
     assert said[-1] == f"sft: 400 rows from the rows cache {cache}"
+
+
+@pytest.mark.parametrize("legal", [False, True])
+def test_encode_only_fills_the_cache_in_workers_with_the_rows_of_one_process(tmp_path, mixed, monkeypatch, legal):
+    """--encode-only: workers parse, encode and flatten parts of the file (here 3 workers, 12 parts, each with
+    its own mix of P: and A:) and the joined arrays hold exactly the rows that encoding in one process gives."""
+    tok = build_board_tokenizer()
+    samples = read_samples(mixed)
+    direct = {t: encode(tok, [s for s in samples if s.task == t], "compact", "best-first", legal) for t in "PA"}
+    cache = tmp_path / "rows.safetensors"
+    key = sft_cache.cache_key(mixed, tok, "compact", "best-first", legal)
+    assert sft_cache.encode_into(cache, key, mixed, tok, "compact", "best-first", legal, workers=3) == 400
+    assert sft_cache.load_rows(cache, key) == direct
+    said = []  # through training_rows (no rows come back: nothing is loaded), then read by a run
+    assert training_rows(mixed, tok, "compact", "best-first", legal, tmp_path / "c2", said.append, load=False) == {}
+    assert said == [f"sft: 400 rows kept in {tmp_path / 'c2'}"]
+    assert sft_cache.load_rows(tmp_path / "c2", key) == direct
+    # a bad line: the error names file:line, and no cache is written
+    lines = mixed.read_text().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines[:300] + ['{"task": "P"}\n'] + lines[300:]))
+    with pytest.raises(DataError, match=f"^{bad}:301: "):
+        sft_cache.encode_into(tmp_path / "c3", key, bad, tok, "compact", "best-first", legal, workers=3)
+    assert not (tmp_path / "c3").exists() and not list(tmp_path.glob(".c3*"))
 
 
 def test_other_data_or_settings_encode_afresh_and_a_damaged_cache_is_named(tmp_path, mixed):

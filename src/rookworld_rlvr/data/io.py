@@ -215,6 +215,15 @@ def _parse_chunk(args: tuple[Path, bool, bool, list[tuple[int, str]]]) -> tuple[
     return out, report, ""
 
 
+def parse_lines(path: str | Path, lines: list[tuple[int, str]]) -> list[Sample]:
+    """The samples of some of a file's (line number, line) pairs (`data_lines`); the first bad one is a DataError
+    naming file:line."""
+    samples, _, error = _parse_chunk((Path(path), is_jsonl(path), False, lines))
+    if error:
+        raise DataError(error)
+    return samples
+
+
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
                  workers: int | None = None) -> list[Sample]:
     """Every sample of a file, as iter_samples gives them. Validating a row costs ~0.1 ms (python-chess
