@@ -17,10 +17,11 @@
 #    autocast, batch 256, no greedy answers of its own in a step (--own-repeats 0), its lr schedule fitted to M
 #    minutes of training (default 8), checkpointed every 500 steps (rerun with the same OUT_DIR and RESUME=1 to
 #    continue). With records or more data, SFT does not wait for them: it starts on the shipped data and its game
-#    starts (ready in seconds) on 4 cores while the other cores replay, merge, read and encode the rest (`sft
-#    --encode-only`, into WORK/rows.safetensors; log WORK/prepare.log); once that is ready SFT stops checkpointed
-#    (`--stop-when`) and resumes on all of it with the same schedule. If the rest cannot be prepared, the base
-#    trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it trained on);
+#    starts (ready in seconds) on 4 cores while the other cores replay (with picks: no merge), read and encode the
+#    rest (`sft --encode-only`, into WORK/rows.safetensors; log WORK/prepare.log); once that is ready SFT stops
+#    checkpointed (`--stop-when`) and resumes on all of it with the same schedule. If the rest cannot be prepared,
+#    the base trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it
+#    trained on);
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
 #    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
@@ -121,12 +122,12 @@ fi
 picks_of() {  # a record's picks file: which of its replayed samples the merges keep (`rookworld data picks`)
   echo "${1%.jsonl.xz}.picks.xz"
 }
-picks_key() {  # the recipe key a picks file was made for ("" when it cannot be read)
+picks_key() {  # the recipe key a picks file was made for ("unreadable" when it cannot be read)
   "$py" -c 'import json, lzma, sys
 try:
-    print(json.loads(lzma.open(sys.argv[1], "rt").readline()).get("key", ""))
+    print(json.loads(lzma.open(sys.argv[1], "rt").readline())["key"])
 except Exception:
-    print("")' "$1"
+    print("unreadable")' "$1"
 }
 prepare() {  # the slow part (minutes on a GPU machine's cores): the records' samples, then train.jsonl.gz, all of it
   local told=() known=(--known "$source_data") made="" i rec dir f inputs n dirs=() makes=() replays=() keys=() fast=()
@@ -157,7 +158,9 @@ prepare() {  # the slow part (minutes on a GPU machine's cores): the records' sa
         "$py" -m rookworld_rlvr data replay "$rec" --picks "$pk" --key "${keys[$i]}" --out "${dirs[$i]}" \
           --workers "$(nproc)" --quiet > /dev/null &
       else
-        if [ $make_picks = 0 ] && [ -f "$pk" ]; then
+        if [ $make_picks = 0 ] && [ -f "$pk" ] && [ "$(picks_key "$pk")" = unreadable ]; then
+          echo "gpu_base: $pk cannot be read: $rec is replayed and merged"
+        elif [ $make_picks = 0 ] && [ -f "$pk" ]; then
           echo "gpu_base: $pk was made for other data (another record, shipped set, held-out file or A: cap):" \
                "$rec is replayed and merged"
         fi

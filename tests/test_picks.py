@@ -122,7 +122,7 @@ def test_gpu_base_takes_the_records_picks_and_the_same_data_comes_out(tmp_path, 
     merge) and trains on the same rows; a run on other data (the second record alone) replays and merges it,
     and says why."""
     recs = []
-    for n in (3, 5):  # as tests/test_gpu_rl.py: the first 3 games the same, so the second record's merges need the first's
+    for n in (3, 5):  # as in tests/test_gpu_rl.py: the first 3 games the same (the second's merges need the first's)
         folder = tmp_path / str(n)
         cfg = GenerateConfig(out_dir=str(folder / "gen"), games=n, max_plies=16, workers=1, depth=2, seed=9)
         generate(cfg, progress=False)
@@ -142,9 +142,14 @@ def test_gpu_base_takes_the_records_picks_and_the_same_data_comes_out(tmp_path, 
     assert made.stdout.count("replayed and merged at +") == 2
     assert all((r.parent / "games.picks.xz").exists() for r in recs)
     taken = run("w2", *both)
-    assert [f"{r} replayed with its picks ({r.parent / 'games.picks.xz'}) at +" in taken.stdout for r in recs] == [True] * 2
+    assert all(f"{r} replayed with its picks ({r.parent / 'games.picks.xz'}) at +" in taken.stdout for r in recs)
     assert "merged" not in taken.stdout and not list((tmp_path / "w2").glob("more-*/replay"))
     assert _lines(tmp_path / "w2" / "train.jsonl.gz") == _lines(tmp_path / "w1" / "train.jsonl.gz")
     alone = run("w3", "--more-games", str(recs[1]))  # no first record: its merges keep other samples
     assert f"{recs[1].parent / 'games.picks.xz'} was made for other data" in alone.stdout
     assert f"{recs[1]} replayed and merged at +" in alone.stdout
+    (recs[0].parent / "games.picks.xz").write_bytes(b"not xz")  # a damaged picks file: said, and merged instead
+    damaged = run("w4", *both)
+    assert f"{recs[0].parent / 'games.picks.xz'} cannot be read: {recs[0]} is replayed and merged" in damaged.stdout
+    assert f"{recs[1]} replayed with its picks" in damaged.stdout
+    assert _lines(tmp_path / "w4" / "train.jsonl.gz") == _lines(tmp_path / "w1" / "train.jsonl.gz")
