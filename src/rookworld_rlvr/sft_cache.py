@@ -193,22 +193,18 @@ def training_rows(data: str | Path, tokenizer, layout: str, order: str, legal: b
                   cache: str | Path | None = None, say=print, load: bool = True) -> dict[str, list[Row]]:
     """The rows of `data` by task: from `cache` when it holds them, else read, encoded and (with `cache`) kept.
     With `load` False (filling the cache only), a cache that holds them is left as it is and nothing is returned."""
-    key = cache_key(data, tokenizer, layout, order, legal) if cache else ""
-    if cache and not load:
-        if Path(cache).exists() and _stored_key(cache) == key:
+    if not cache:
+        samples = read_samples(data)
+        return {t: encode_many(tokenizer, [s for s in samples if s.task == t], layout, order, legal=legal) for t in TASKS}
+    key = cache_key(data, tokenizer, layout, order, legal)
+    if Path(cache).exists():
+        if not load and _stored_key(cache) == key:
             say(f"sft: the rows cache {cache} holds these rows already")
-        else:
-            say(f"sft: {encode_into(cache, key, data, tokenizer, layout, order, legal)} rows kept in {cache}")
-        return {}
-    if cache and Path(cache).exists():
-        rows = load_rows(cache, key)
+            return {}
+        rows = load_rows(cache, key) if load else None
         if rows is not None:
             say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}")
             return rows
         say(f"sft: the rows cache {cache} does not hold these rows (other data or settings): encoding afresh")
-    samples = read_samples(data)
-    rows = {t: encode_many(tokenizer, [s for s in samples if s.task == t], layout, order, legal=legal) for t in TASKS}
-    if cache:
-        save_rows(cache, rows, key)
-        say(f"sft: {sum(map(len, rows.values()))} rows kept in {cache}")
-    return rows
+    say(f"sft: {encode_into(cache, key, data, tokenizer, layout, order, legal)} rows kept in {cache}")
+    return load_rows(cache, key) if load else {}  # the rows as the cache gives them: the same as encoding's
