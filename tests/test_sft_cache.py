@@ -147,3 +147,27 @@ def test_stop_when_hands_the_run_over_to_a_resume_on_more_data(tmp_path, mixed, 
     grown = run("grown", resume=True, data=str(more))
     assert [s for s, _, _ in grown] == [1, 2, 3, 4, 5] and grown[:2] == straight[:2] and grown[2:] != straight[2:]
     assert f"sft: data was {str(mixed)!r} in the checkpoint, now {str(more)!r} (from this step on)" in capsys.readouterr().out
+
+
+def test_reading_the_cache_leaves_the_garbage_collector_as_it_was(tmp_path, mixed, monkeypatch):
+    """load_rows pauses Python's cyclic collector while it makes the rows (35 s -> 7.5 s for 1.4M) and gives it back
+    as it found it, on an error too."""
+    import gc
+
+    tok = build_board_tokenizer()
+    cache = tmp_path / "rows.safetensors"
+    training_rows(mixed, tok, "compact", "best-first", False, cache, lambda s: None)
+    key = sft_cache.cache_key(mixed, tok, "compact", "best-first", False)
+    assert gc.isenabled() and sft_cache.load_rows(cache, key)["P"] and gc.isenabled()
+    gc.disable()
+    try:
+        assert sft_cache.load_rows(cache, key)["A"] and not gc.isenabled()
+    finally:
+        gc.enable()
+    def damaged(arrays, task):  # a file whose arrays lack a task's
+        raise KeyError(task)
+
+    monkeypatch.setattr(sft_cache, "_rows", damaged)
+    with pytest.raises(ValueError, match="not a readable rows cache"):
+        sft_cache.load_rows(cache, key)
+    assert gc.isenabled()

@@ -11,11 +11,13 @@ and safetensors inside functions.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import json
 import multiprocessing as mp
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from rookworld_rlvr.data.io import data_lines, parse_lines, read_samples
@@ -154,10 +156,24 @@ def load_rows(path: str | Path, key: str) -> dict[str, list[Row]] | None:
             if (fh.metadata() or {}).get("key") != key:
                 return None
             arrays = {name: fh.get_tensor(name) for name in fh.keys()}
-        return {task: _rows(arrays, task) for task in TASKS}
+        with _collector_paused():
+            return {task: _rows(arrays, task) for task in TASKS}
     except (OSError, ValueError, KeyError, IndexError, SafetensorError) as exc:
         raise ValueError(f"sft.rows_cache: {path}: not a readable rows cache ({exc}); delete it to encode the "
                          "data afresh") from exc
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while millions of rows are made (none of them in a cycle): it would
+    run every few hundred objects and walk all the ones made before: 1.4M rows loaded in 35 s instead of 7.5."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _stored_key(path: str | Path) -> str | None:
