@@ -162,6 +162,8 @@ if [ -f "$work/grpo.done" ]; then
 elif awk -v m="$grpo_budget" 'BEGIN { exit !(m >= 0.5) }'; then
   [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ] || echo "gpu_rl: grpo gets $grpo_budget minutes (the deadline)"
   stage grpo grpo_stage
+elif [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ]; then
+  skip grpo "--grpo-minutes $grpo_minutes asked, fewer than 0.5"
 else
   skip grpo "$grpo_budget minutes left for it before the deadline, fewer than 0.5"
 fi
