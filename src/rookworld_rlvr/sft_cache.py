@@ -20,7 +20,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from rookworld_rlvr.data.io import data_lines, parse_lines, read_samples
+from rookworld_rlvr.data.io import data_lines, file_sha256, parse_lines, read_samples
 from rookworld_rlvr.sft_rows import Row, encode, encode_many
 
 FORMAT = 1
@@ -29,13 +29,9 @@ TASKS = ("P", "A")
 
 def cache_key(data: str | Path, tokenizer, layout: str, order: str, legal: bool) -> str:
     """What the rows depend on: the data's bytes, the tokenizer's rules and the encoding settings."""
-    digest = hashlib.sha256()
-    with open(data, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     rules = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    return json.dumps({"format": FORMAT, "data_sha256": digest.hexdigest(),
+    return json.dumps({"format": FORMAT, "data_sha256": file_sha256(data),
                        "tokenizer_sha256": hashlib.sha256(rules.encode()).hexdigest(), "eos": tokenizer.eos_token_id,
                        "layout": layout, "order": order, "legal": legal}, sort_keys=True)
 
@@ -100,14 +96,6 @@ def _write(path: str | Path, arrays: dict, key: str) -> None:
     tmp.replace(path)
 
 
-def save_rows(path: str | Path, by_task: dict[str, list[Row]], key: str) -> None:
-    """Write the rows (data rows only: no own-answer fields) to `path`, swapped in whole."""
-    import numpy as np
-
-    vocab = max((max(r.ids, default=0) for rows in by_task.values() for r in rows), default=0)
-    _write(path, _arrays(by_task, np.uint16 if vocab < 2**16 else np.int32), key)  # uint16: half the bytes
-
-
 _JOB: tuple | None = None  # (path, lines, tokenizer, layout, order, legal, token): set before the fork
 
 
@@ -123,7 +111,7 @@ def encode_into(cache: str | Path, key: str, data: str | Path, tokenizer, layout
     """Fill `cache` from `data` with no rows in this process: forked workers (default: the cores, at most 8) each
     parse, encode and flatten a part of the lines, and this process joins their arrays. Reading samples and rows
     back into one process was most of --encode-only's time (on 2 cores 130 of 313 s for 1.4M rows, and it does not
-    spread over more cores). The same arrays as save_rows of the rows; returns their count."""
+    spread over more cores). Token ids as uint16 where the vocabulary fits (half the bytes); returns the count."""
     import numpy as np
 
     global _JOB
@@ -217,8 +205,7 @@ def training_rows(data: str | Path, tokenizer, layout: str, order: str, legal: b
         if not load and _stored_key(cache) == key:
             say(f"sft: the rows cache {cache} holds these rows already")
             return {}
-        rows = load_rows(cache, key) if load else None
-        if rows is not None:
+        if load and (rows := load_rows(cache, key)) is not None:
             say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}")
             return rows
         say(f"sft: the rows cache {cache} does not hold these rows (other data or settings): encoding afresh")

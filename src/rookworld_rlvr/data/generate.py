@@ -216,6 +216,11 @@ def settings(cfg: GenerateConfig) -> dict:
     return {k: v for k, v in asdict(cfg).items() if k not in ("workers", "out_dir")}
 
 
+def recorded_settings(cfg: GenerateConfig) -> dict:
+    """The settings a game record keeps, as JSON gives them back: all but the engine cache (a replay has its own)."""
+    return {k: v for k, v in json.loads(json.dumps(settings(cfg))).items() if k != "cache_path"}
+
+
 def config_from(fields: dict, out_dir: str | Path, workers: int = 2) -> GenerateConfig:
     """A GenerateConfig from `settings` read back from JSON (lists where the config holds tuples)."""
     fields = {**fields, "temperatures": tuple(fields["temperatures"]),
@@ -252,7 +257,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
         from rookworld_rlvr.data.records import read_records
 
         header, games = read_records(replay)
-        if header["config"] != {k: v for k, v in json.loads(fingerprint).items() if k != "cache_path"}:
+        if header["config"] != recorded_settings(cfg):
             raise ValueError(f"{replay}: recorded with another configuration than this generation's")
     per = cfg.games_per_shard
     jobs = [(cfg, s, None if games is None else games[s * per:(s + 1) * per], str(replay)) for s in todo]

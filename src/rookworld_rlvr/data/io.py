@@ -12,6 +12,7 @@ model or trainer.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -213,6 +214,15 @@ def _parse_chunk(args: tuple[Path, bool, bool, list[tuple[int, str]]]) -> tuple[
         if sample is not None:
             out.append(sample)
     return out, report, ""
+
+
+def file_sha256(path: str | Path) -> str:
+    """A file's SHA-256 (hex), read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def parse_lines(path: str | Path, lines: list[tuple[int, str]]) -> list[Sample]:

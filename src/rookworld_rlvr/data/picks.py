@@ -29,17 +29,9 @@ import multiprocessing as mp
 import random
 from pathlib import Path
 
-from rookworld_rlvr.data.io import DataError, Sample, atomic_write_text, iter_samples, read_samples
+from rookworld_rlvr.data.io import DataError, Sample, atomic_write_text, file_sha256, iter_samples, read_samples
 
 FORMAT = "rookworld-picks/1"
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def row_text(s: Sample) -> str:
@@ -82,7 +74,7 @@ def make_picks(record: str | Path, replay_dir: str | Path, merged: list[str | Pa
 
     recorded = read_header(record)["config"]
     cfg = gen.config_of(replay_dir)
-    if {k: v for k, v in json.loads(json.dumps(gen.settings(cfg))).items() if k != "cache_path"} != recorded:
+    if gen.recorded_settings(cfg) != recorded:
         raise ValueError(f"{replay_dir}: not a replay of {record} (another configuration)")
     wanted = {row_text(s): s.task for path in merged for s in read_samples(path)}
     shards = [gen._shard_path(cfg, s) for s in range(-(-cfg.games // cfg.games_per_shard))]
@@ -155,7 +147,7 @@ def replay_picks(record: str | Path, picks: str | Path, key: str, out_p: str | P
     out_p (P:) and out_a (A:); refused when the picks were made for another record or another key, and an
     error when what the replay picks is not what the merges kept."""
     from rookworld_rlvr.data import generate as gen
-    from rookworld_rlvr.data.records import read_header, read_records
+    from rookworld_rlvr.data.records import read_records
 
     header, bitmaps = read_picks(picks)
     if header.get("record_sha256") != file_sha256(record):
@@ -163,8 +155,8 @@ def replay_picks(record: str | Path, picks: str | Path, key: str, out_p: str | P
     if header.get("key") != key:
         raise DataError(f"{picks}: made for another recipe (key {header.get('key')!r}, this one {key!r}): take the "
                         "samples with `data replay` and `data merge`, as scripts/gpu_more_data.sh does")
-    cfg = gen.config_from(read_header(record)["config"], Path(out_p).parent, workers)
-    _, games = read_records(record)
+    recorded, games = read_records(record)
+    cfg = gen.config_from(recorded["config"], Path(out_p).parent, workers)
     per = cfg.games_per_shard
     if len(bitmaps) != -(-len(games) // per):
         raise DataError(f"{picks}: {len(bitmaps)} shards, {record} has {-(-len(games) // per)}")

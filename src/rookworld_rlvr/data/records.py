@@ -204,8 +204,7 @@ def record(gen_dir: str | Path, out: str | Path, workers: int = 2, progress: boo
             games.extend(recs)
             totals = {k: totals.get(k, 0) + v for k, v in stats.items()}
     engine = engine_identity(find_stockfish(cfg.engine_config().path))
-    made_with = {k: v for k, v in gen.settings(cfg).items() if k != "cache_path"}  # a replay has its own cache
-    write_records(out, {"config": made_with, "engine": engine, "python_chess": chess.__version__}, games)
+    write_records(out, {"config": gen.recorded_settings(cfg), "engine": engine, "python_chess": chess.__version__}, games)
     positions = sum(len(g.answers) for g in games)
     return {"games": len(games), "positions": positions, "engine": engine, "out": str(out),
             "bytes": Path(out).stat().st_size, "engine_searches": totals.get("engine_calls", 0)}
