@@ -38,7 +38,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
         whole.backward()
         expected = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
-        split, _, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu"))
+        split, _, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu")).tolist()
         n = gradient_terms(model, mask)  # the loss and every weight gradient sum over the batch's tokens
         assert_rounding_close(torch.tensor(split), whole.detach(), n, f"{loss_on} loss")
         for (name, p), g in zip(model.named_parameters(), expected):
@@ -70,13 +70,13 @@ def test_repeat_bans_teach_that_no_move_is_written_twice(tiny_model_dir):
     assert [(k, tok.convert_ids_to_tokens(t)) for k, t in repeat_bans(text, enc["input_ids"], enc["offset_mapping"])] \
         == [(text.index("g7h8") + 3, "7")]
     row = (enc["input_ids"] + [0], 0, tuple(repeat_bans(text, enc["input_ids"], enc["offset_mapping"])))
-    _, ul, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0)
+    _, ul, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0).tolist()
     ids = torch.tensor([row[0]])
     logits = model(input_ids=ids).logits[0]
     k, t = row[2][0]
     p = torch.softmax(logits[k - 1], -1)[t]
     assert ul == pytest.approx(float(-torch.log1p(-p)) / (len(row[0]) - 1), rel=1e-4)
-    _, none, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=0.0)
+    _, none, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=0.0).tolist()
     assert none == 0.0
 
 
@@ -246,7 +246,7 @@ def test_own_targets_teach_the_best_true_move_not_yet_listed(reference_lines):
     for _ in range(3):
         opt.zero_grad()
         losses.append(_accumulate(model, rows + own, 0, "full", contextlib.nullcontext(), torch.device("cpu"),
-                                  distinct_coef=2.0)[0])
+                                  distinct_coef=2.0)[0].item())
         opt.step()
     model.eval()
     assert target_logp() > before + 10.0 and losses[-1] < losses[0]  # measured -32 -> -9 nats, data loss down

@@ -17,14 +17,10 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rookworld_rlvr.sft_cache import training_rows
-from rookworld_rlvr.sft_rows import (draw_batch, encode, legality_loss, make_batch, own_repeat_rows, repeat_bans,
-                                    token_weights, unlikelihood)
-
-if TYPE_CHECKING:
-    import torch
+from rookworld_rlvr.sft_rows import (MicroBatch, draw_batch, encode, legality_loss, make_batch, micro_batches,
+                                    on_device, own_repeat_rows, repeat_bans, unlikelihood)
 
 __all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
 
@@ -189,7 +185,7 @@ def set_dropout(model, p: float) -> None:
 
 
 def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distinct_coef: float = 0.0,
-                legal_coef: float = 0.0):
+                legal_coef: float = 0.0, batches: list[MicroBatch] | None = None):
     """Forward and backward one step's rows as two micro-batches, the shorter half and the longer.
 
     P: and A: samples differ in length (about 120 vs 180 characters); padding them to a
@@ -197,35 +193,29 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     step (each target token weighted by its row's weight: 1 for data), so the gradient equals
     that of the single mixed batch. `distinct_coef` adds the unlikelihood of repeating an M: move
     (see repeat_bans), per token like the likelihood; `legal_coef` the legality loss (legal_sets).
-    Returns (likelihood loss, unlikelihood loss, legality loss).
+    `batches`: micro_batches(rows), made beforehand. Nothing waits for the device, so the host makes the next
+    step's while it runs: no mask (right padding, after every real token, is out of causal attention's sight;
+    transformers reads a mask, or input_ids, back to look for padding: embeddings go in) and on_device copies.
+    Returns [likelihood loss, unlikelihood loss, legality loss], float64 on the device.
     """
+    import torch
     import torch.nn.functional as F
 
-    rows = sorted(rows, key=lambda r: len(r[0]))
-    half = len(rows) // 2
-    buckets = [b for b in (rows[:half], rows[half:]) if b]
-    batches = [(b, make_batch(b, pad_id, loss_on)) for b in buckets]
-    n_tokens = max(1, sum(int((labels[:, 1:] != -100).sum()) for _, (_, _, labels) in batches))
-    total, total_ul, total_legal = 0.0, 0.0, 0.0
-    for bucket, (input_ids, mask, labels) in batches:
-        with autocast:
-            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
-        targets = labels[:, 1:].to(device)
+    batches = batches or micro_batches(rows, pad_id, loss_on)
+    n_tokens = max(1, sum(int((b.labels[:, 1:] != -100).sum()) for b in batches))  # host tensors: no wait
+    total = torch.zeros(3, dtype=torch.float64, device=device)
+    for b in batches:
+        with autocast:  # see the docstring: no mask, no wait
+            logits = model(inputs_embeds=model.get_input_embeddings()(on_device(b.input_ids, device))).logits
+        targets = on_device(b.labels, device)[:, 1:]
         nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,
                               reduction="none").view_as(targets)
-        weights = token_weights(bucket, labels)[:, 1:].to(device)
-        loss = (nll * weights).sum() / n_tokens
-        if distinct_coef:
-            ul = unlikelihood(logits, bucket) / n_tokens
-            loss = loss + distinct_coef * ul
-            total_ul += float(ul.detach())
-        if legal_coef:
-            ll = legality_loss(logits, bucket) / n_tokens
-            loss = loss + legal_coef * ll
-            total_legal += float(ll.detach())
-        loss.backward()
-        total += float(nll.detach().sum()) / n_tokens
-    return total, total_ul, total_legal
+        loss = (nll * on_device(b.weights, device)[:, 1:]).sum() / n_tokens
+        ul = unlikelihood(logits, b.bans) / n_tokens if distinct_coef else loss.new_zeros(())
+        ll = legality_loss(logits, b.legal) / n_tokens if legal_coef else loss.new_zeros(())
+        (loss + distinct_coef * ul + legal_coef * ll).backward()
+        total += torch.stack([nll.detach().sum().double() / n_tokens, ul.detach().double(), ll.detach().double()])
+    return total
 
 
 def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
@@ -339,7 +329,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             write_pretrained(model, tokenizer, tmp)
             # shards under 25 MB: a checkpoint can be committed, so a later run elsewhere resumes it exactly
             save_state(tmp, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
-                                        "elapsed": elapsed_before + time.time() - t0, "python_rng": rng.getstate(),
+                                        "elapsed": elapsed_before + time.time() - t0, "python_rng": drawn,
                                         "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
                        shard_bytes=25_000_000)
 
@@ -352,26 +342,35 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         return ((cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60)
                 or (cfg.stop_when is not None and Path(cfg.stop_when).exists()))
 
+    own_answers, pad_id = bool(cfg.own_repeats and cfg.distinct_coef), tokenizer.pad_token_id
+
+    def draw() -> tuple[list, list, list[MicroBatch] | None]:  # with own answers, the step's model makes its batches
+        env_rows, pol_rows = draw_batch(rng, by_task, cfg.batch_size, cfg.env_share)
+        return env_rows, pol_rows, None if own_answers else micro_batches(env_rows + pol_rows, pad_id, cfg.loss_on)
+
+    upcoming, drawn = None, rng.getstate()  # drawn: the rng after this step's draw, what a checkpoint keeps
     while step < cfg.steps and progress_frac() < 1.0 and not paused():
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress
         at = int(progress_frac() * cfg.steps)
         lr = cfg.lr * warm * cosine_lr(at, cfg.steps, 0, cfg.min_lr_ratio) * cooldown(at, cfg.steps, cfg.cooldown_steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        env_rows, pol_rows = draw_batch(rng, by_task, cfg.batch_size, cfg.env_share)
-        rows = env_rows + pol_rows
+        env_rows, pol_rows, batches = upcoming or draw()
         opt.zero_grad(set_to_none=True)
         own = []
-        if cfg.own_repeats and cfg.distinct_coef and pol_rows:
+        if own_answers and pol_rows:
             model.config.use_cache = True
             own = own_repeat_rows(model, tokenizer, pol_rows[: cfg.own_repeats], target_weight=cfg.own_targets)
             model.train()
             model.config.use_cache = False
-        loss, ul, legal = _accumulate(model, rows + own, tokenizer.pad_token_id, cfg.loss_on, autocast, device,
-                                      cfg.distinct_coef, cfg.legal_coef)
+        sums = _accumulate(model, env_rows + pol_rows + own, pad_id, cfg.loss_on, autocast, device,
+                           cfg.distinct_coef, cfg.legal_coef, batches)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
+        drawn = rng.getstate()
+        upcoming = draw() if step < cfg.steps else None  # made on the host while the device runs this step
+        loss, ul, legal = sums.tolist()  # the step's first wait for the device
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
         repeats = sum(r.learn_from is None for r in own)  # the model's own answers that repeated a move

@@ -203,32 +203,82 @@ def token_weights(rows: list, labels: "torch.Tensor") -> "torch.Tensor":
     return (labels != -100).float() * w
 
 
-def unlikelihood(logits, rows) -> "torch.Tensor":
-    """Sum over the rows' repeat bans of -log(1 - p(banned token)) (Welleck et al. 2019)."""
+class MicroBatch(NamedTuple):
+    """One micro-batch's tensors, all made on the host: a step then moves them to its device without waiting
+    for it (`on_device`), and the next step's can be made while the device runs this one."""
+    rows: list
+    input_ids: "torch.Tensor"  # right-padded
+    labels: "torch.Tensor"
+    weights: "torch.Tensor"  # token_weights
+    bans: tuple  # ban_index: (row, position, token)
+    legal: tuple  # legal_index: (row, position, set, token)
+
+
+def micro_batches(rows: list, pad_id: int, loss_on: str) -> list[MicroBatch]:
+    """A step's rows as two micro-batches, the shorter half and the longer (see sft._accumulate)."""
+    rows = sorted(rows, key=lambda r: len(r[0]))
+    half = len(rows) // 2
+    out = []
+    for bucket in (b for b in (rows[:half], rows[half:]) if b):
+        input_ids, _, labels = make_batch(bucket, pad_id, loss_on)
+        out.append(MicroBatch(bucket, input_ids, labels, token_weights(bucket, labels), ban_index(bucket),
+                              legal_index(bucket)))
+    return out
+
+
+def on_device(x: "torch.Tensor", device) -> "torch.Tensor":
+    """`x` on `device`: from pinned memory and without waiting where it is a GPU (a plain copy waits for
+    every kernel queued before it, so the host could not run ahead of the device)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
+def ban_index(rows: list) -> tuple:
+    """The rows' repeat bans as index tensors (row, position of the logits, banned token); () where none."""
     import torch
 
     where = [(i, pos - 1, tok) for i, r in enumerate(rows) for pos, tok in (r[2] if len(r) > 2 else ())]
-    if not where:
+    return tuple(torch.tensor(x) for x in zip(*where)) if where else ()
+
+
+def unlikelihood(logits, rows_or_index) -> "torch.Tensor":
+    """Sum over the rows' repeat bans (or their ban_index) of -log(1 - p(banned token)) (Welleck et al. 2019)."""
+    import torch
+
+    index = rows_or_index if isinstance(rows_or_index, tuple) else ban_index(rows_or_index)
+    if not index:
         return logits.new_zeros(())
-    i, t, tok = (torch.tensor(x, device=logits.device) for x in zip(*where))
+    i, t, tok = (on_device(x, logits.device) for x in index)
     p = torch.softmax(logits[i, t].float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
     return -torch.log1p(-p.clamp(max=1 - 1e-6)).sum()
 
 
-def legality_loss(logits, rows) -> "torch.Tensor":
-    """Sum over the rows' legal sets of -log sum over the set of p(token): the probability that the
-    token at a move's place continues a legal move (not yet listed). Zero where the model already
-    puts all its mass on legal continuations; the likelihood then chooses among them."""
+def legal_index(rows: list) -> tuple:
+    """The rows' legal sets as index tensors: (row, position of the logits) per set, and (set, token) per
+    allowed token; () where none. Sparse, so a 50,257-token vocabulary costs no host memory per set."""
     import torch
 
     where = [(i, pos - 1, toks) for i, r in enumerate(rows) for pos, toks in _field(r, "legal", ())]
     if not where:
-        return logits.new_zeros(())
-    i = torch.tensor([w[0] for w in where], device=logits.device)
-    t = torch.tensor([w[1] for w in where], device=logits.device)
-    allowed = torch.zeros(len(where), logits.shape[-1], dtype=torch.bool, device=logits.device)
+        return ()
     at = [(n, tok) for n, (_, _, toks) in enumerate(where) for tok in toks]
-    allowed[[n for n, _ in at], [tok for _, tok in at]] = True  # one indexed write, not one per set
+    return (torch.tensor([w[0] for w in where]), torch.tensor([w[1] for w in where]),
+            torch.tensor([n for n, _ in at], dtype=torch.long), torch.tensor([tok for _, tok in at], dtype=torch.long))
+
+
+def legality_loss(logits, rows_or_index) -> "torch.Tensor":
+    """Sum over the rows' legal sets (or their legal_index) of -log sum over the set of p(token): the
+    probability that the token at a move's place continues a legal move (not yet listed). Zero where the
+    model already puts all its mass on legal continuations; the likelihood then chooses among them."""
+    import torch
+
+    index = rows_or_index if isinstance(rows_or_index, tuple) else legal_index(rows_or_index)
+    if not index:
+        return logits.new_zeros(())
+    i, t, n, tok = (on_device(x, logits.device) for x in index)
+    allowed = torch.zeros(len(i), logits.shape[-1], dtype=torch.bool, device=logits.device)
+    allowed[n, tok] = True  # one indexed write, not one per set
     z = logits[i, t].float()
     return (torch.logsumexp(z, -1) - torch.logsumexp(z.masked_fill(~allowed, float("-inf")), -1)).sum()
 

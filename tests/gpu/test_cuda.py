@@ -175,3 +175,54 @@ def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device,
     assert main(["match", str(SHIPPED), "random", "--games", "2", "--max-plies", "20", "--device", str(device),
                  "--quiet", "--json", str(tmp_path / "match.json")]) == 0
     assert json.loads((tmp_path / "match.json").read_text())["games"] == 2
+
+
+def test_an_sft_step_queues_its_work_without_waiting_and_needs_no_attention_mask(device):
+    """SFT's step (micro-batches made on the host, forward and backward of both, clip, AdamW) waits for the
+    device nowhere, so the host makes the next step's batches while the device runs this one: CUDA's sync debug
+    mode raises at any wait. Its losses, from right-padded rows without an attention mask (flash attention's
+    causal kernel), equal a masked forward's in float32."""
+    from rookworld_rlvr.grpo.control import adamw
+    from rookworld_rlvr.sft import _accumulate, set_dropout
+    from rookworld_rlvr.sft_rows import encode, legality_loss, make_batch, micro_batches, unlikelihood
+
+    model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
+    model.train()
+    set_dropout(model, 0.0)  # the two forwards compared below see the same weights the same way
+    samples = read_samples(REPO / "data" / "eval.jsonl.gz")[:48]
+    rows = encode(tok, samples, "compact", legal=True)
+    assert any(r.legal for r in rows) and any(r.bans for r in rows) and len({len(r.ids) for r in rows}) > 5
+    opt = adamw(list(model.parameters()), 1e-4, (0.9, 0.95), 0.0)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        sums = _accumulate(model, rows, tok.pad_token_id, "completion", autocast, device, 1.0, 1.0,
+                           micro_batches(rows, tok.pad_token_id, "completion"))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return sums
+
+    step()  # the first step allocates (optimizer state, pinned buffers)
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        sums = step()
+    finally:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert sums.device.type == device.type and torch.isfinite(sums).all()
+    got = _accumulate(model, rows, tok.pad_token_id, "completion", torch.autocast(device.type, enabled=False),
+                      device, 1.0, 1.0).cpu()  # float32 (its backward fills grads nobody steps on)
+    batches = micro_batches(rows, tok.pad_token_id, "completion")
+    n_tokens = sum(int((b.labels[:, 1:] != -100).sum()) for b in batches)
+    expected = torch.zeros(3, dtype=torch.float64)
+    with torch.no_grad():  # the same losses from one masked forward per micro-batch, float32
+        for b in batches:
+            ids, mask, labels = (x.to(device) for x in make_batch(b.rows, tok.pad_token_id, "completion"))
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                                                    ignore_index=-100, reduction="sum")
+            expected += torch.tensor([float(nll), float(unlikelihood(logits, b.rows)),
+                                      float(legality_loss(logits, b.rows))], dtype=torch.float64) / n_tokens
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
