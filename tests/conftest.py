@@ -34,6 +34,14 @@ def missing_tool(tool: str, install: str) -> None:
     pytest.skip(message)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture), which this sort keeps otherwise
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (10 s or more) run first. pytest-xdist gives each process a contiguous share of the tests
+    and an idle one takes tests from the end of another's share, so a long test late in the order ran alone at
+    the end: about a minute of the suite's 9 on 2 cores."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []

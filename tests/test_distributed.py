@@ -175,6 +175,7 @@ def _assert_close(a: dict, b: dict, rtol: float = 1e-6, atol: float = 1e-7) -> N
 
 
 # -- tests -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
     out, (r0, r1) = two_ranks
     assert any(not torch.equal(r0["before"][k], r0["straight"][k]) for k in r0["before"]), "training moved nothing"
@@ -193,18 +194,21 @@ def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
     assert not list(out.glob("straight/run-*")), "nothing was moved aside"
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_dynamic_sampling_keeps_the_prompt_sampler_identical_on_all_ranks(two_ranks):
     _, (r0, r1) = two_ranks
     # 2 P: prompts, then 2 rounds x the 2 flat P: groups of the global batch (1 per rank): 6 drawn everywhere
     assert r0["sampler"] == r1["sampler"] and r0["sampler"]["P"]["cursor"] == 6
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(two_ranks):
     _, ranks = two_ranks
     for r in ranks:
         assert r["nan_guard"] == "skip" and math.isnan(r["nan_loss"]) and not r["nan_moved"]
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_the_collapse_guard_decides_the_same_on_every_rank(two_ranks):
     out, (r0, r1) = two_ranks
     assert r0["guard_stop"] and r0["guard_stop"] == r1["guard_stop"] and "kl_mean" in r0["guard_stop"]
@@ -216,18 +220,21 @@ def test_the_collapse_guard_decides_the_same_on_every_rank(two_ranks):
     assert [e["action"] for e in events] == ["recover", "stop"]  # written once, by rank 0
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_batch_that_cannot_be_split_over_ranks_is_a_clear_error(two_ranks):
     _, (r0, _) = two_ranks
     assert "must divide by the number of processes (2)" in r0["errors"][0]
     assert "1 P: and 1 A: prompts" in r0["errors"][1]
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_under_torchrun_a_bare_cuda_means_each_ranks_own_gpu(two_ranks):
     """Device names only (no GPU needed): rank r trains on cuda:r; explicit devices are kept."""
     _, (r0, r1) = two_ranks
     assert r0["devices"] == ["cuda:0", "cuda:0", "cpu"] and r1["devices"] == ["cuda:1", "cuda:0", "cpu"]
 
 
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_resume_under_two_ranks_equals_the_straight_run(two_ranks):
     out, (r0, r1) = two_ranks
     assert (r0["start"], r0["end"]) == (1, 2) and (r1["start"], r1["end"]) == (1, 2)
@@ -242,6 +249,7 @@ def test_resume_under_two_ranks_equals_the_straight_run(two_ranks):
     assert metrics(out / "resumed" / "run") == metrics(out / "straight" / "run")
 
 
+@pytest.mark.slow
 def test_one_update_on_two_ranks_equals_one_process_on_the_global_batch(tmp_path, tiny_model_dir, small_data, one_thread):
     collector = _make(tmp_path / "collect", tiny_model_dir, small_data)
     groups = collector.collect(0, {})

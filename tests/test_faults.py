@@ -264,6 +264,7 @@ print("FINISHED", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, tiny_model_dir, small_data):
     from transformers import AutoModelForCausalLM
 
@@ -537,6 +538,7 @@ def fault_free(tmp_path_factory, small_data, chess_reward):
     ("temperature", FAULT_STEP + 1, {"reward/P"}),
     ("lr", FAULT_STEP + 2, {"kl_mean", "kl_seq_max", "truncation_rate", "reward/P"}),
 ])
+@pytest.mark.slow
 def test_a_collapse_is_caught_within_a_few_steps_and_undone(tmp_path, small_data, chess_reward, fault_free, monkeypatch,
                                                             fault, first, expected):
     tr = _collapse_run(tmp_path, small_data, chess_reward, fault)
@@ -554,6 +556,7 @@ def test_a_collapse_is_caught_within_a_few_steps_and_undone(tmp_path, small_data
     assert _same(_snapshot(tr.policy), weights)  # ... to the last bit
 
 
+@pytest.mark.slow
 def test_a_held_out_drop_rolls_back_to_the_best_evaluation(tmp_path, small_data, chess_reward, fault_free, monkeypatch):
     from rookworld_rlvr.evaluate import EvalConfig, evaluate
 
@@ -576,6 +579,7 @@ def test_a_held_out_drop_rolls_back_to_the_best_evaluation(tmp_path, small_data,
     assert _comparable(tmp_path / "run") == records and _same(_snapshot(tr.policy), weights)
 
 
+@pytest.mark.slow
 def test_repeated_collapse_stops_with_the_signal_value_and_knob(tmp_path, small_data, chess_reward, monkeypatch):
     """A fault that comes back after every recovery: the guard stops after guard_max_recoveries."""
     import rookworld_rlvr.grpo.trainer as trainer_mod

@@ -787,6 +787,7 @@ def test_filter_logits():
     assert torch.equal(filter_logits(logits), logits)
 
 
+@pytest.mark.slow
 def test_draw_samples_each_row_from_its_distribution_and_never_a_filtered_token():
     """The sampler's inverse-CDF draw: token frequencies within 5 standard errors of each row's
     probabilities (filtered tokens first, in the middle and last; a one-hot row; a row spread over

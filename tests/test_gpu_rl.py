@@ -13,6 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -29,6 +30,7 @@ def unpack(folder: Path, into: Path) -> Path:
     return into
 
 
+@pytest.mark.slow
 def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stockfish_path):
     from rookworld_rlvr.data.generate import GenerateConfig, generate, is_eval_fen
     from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
@@ -177,6 +179,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert proc.returncode == 2 and f"holds a run from the base {given}, not {work / 'sft' / 'base'}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_data_preparation_still_sends_back_the_base(tmp_path):
     """SFT starts on the shipped data while the records are replayed beside it; a record that cannot be replayed
     (damaged here) is named, and the base trained on the shipped data and its game starts comes back all the same

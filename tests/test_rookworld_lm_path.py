@@ -73,6 +73,7 @@ def base(upstream, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_model(upstream, base, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -147,6 +147,7 @@ def test_legal_sets_are_the_legal_continuations_of_each_move_not_yet_listed():
     assert len(legal_sets(start, bad, enc["input_ids"], enc["offset_mapping"], tok)) == 2
 
 
+@pytest.mark.slow
 def test_legality_loss_is_the_log_mass_off_legal_moves_and_training_on_it_raises_held_out_legality(
         tiny_model_dir, small_data):
     """legality_loss is -log of the probability on the legal set, summed over the sets; a few steps with
@@ -269,6 +270,7 @@ def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_da
     assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
 
 
+@pytest.mark.slow
 def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     out = tmp_path / "m"
     cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
@@ -302,6 +304,7 @@ def test_sft_eval_data_missing_is_named_and_empty_means_no_held_out_eval(tmp_pat
     assert not any(k.startswith(("eval_", "policy/", "environment/")) for r in log for k in r)
 
 
+@pytest.mark.slow
 def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch, capsys):
     """6 steps straight equal 3 steps, a crash, and 3 resumed steps: the same losses, the same weights.
     The state is safetensors + JSON; a pickle planted beside it is never opened."""

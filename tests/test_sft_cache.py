@@ -108,6 +108,7 @@ def test_encode_only_prepares_the_rows_a_run_then_trains_on_exactly(tmp_path, mi
     assert strip(log(tmp_path / "cached.sft_log.jsonl")) == strip(log(tmp_path / "plain.sft_log.jsonl"))
 
 
+@pytest.mark.slow
 def test_stop_when_hands_the_run_over_to_a_resume_on_more_data(tmp_path, mixed, monkeypatch, capsys):
     """--stop-when FILE ends the invocation, checkpointed, at the step where FILE appears; --resume goes on with
     the same schedule, on the same data exactly as one straight run, or on the larger data another process made."""
