@@ -376,3 +376,20 @@ def test_load_policy_ignores_benign_attn_bias_buffer(checkpoint):
 def test_load_policy_bad_path(tmp_path):
     with pytest.raises(ModelLoadError, match="not a model directory"):
         load_policy(str(tmp_path / "nope" / "model"), device="cpu")
+
+
+def test_pad_puts_each_row_flush_left_or_right_with_its_mask():
+    """The one padding rule (prompts on the left, completions on the right), written by hand: empty rows, a
+    minimum width and float values included."""
+    from rookworld_rlvr.model.padding import pad
+
+    ids, mask = pad([[1, 2, 3], [], [4]], 0, "left", width=4)
+    assert ids.tolist() == [[0, 1, 2, 3], [0, 0, 0, 0], [0, 0, 0, 4]] and ids.dtype == torch.long
+    assert mask.tolist() == [[0, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]] and mask.dtype == torch.long
+    ids, mask = pad([[1, 2, 3], [], [4]], 9, "right")
+    assert ids.tolist() == [[1, 2, 3], [9, 9, 9], [4, 9, 9]] and mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    vals, _ = pad([[0.5, -1.25], [2.0]], 0.0, "right", width=3, dtype=torch.float32)
+    assert vals.tolist() == [[0.5, -1.25, 0.0], [2.0, 0.0, 0.0]] and vals.dtype == torch.float32
+    assert pad([], 0, "left", width=2)[0].shape == (0, 2)
+    with pytest.raises(ValueError, match="side"):
+        pad([[1]], 0, "middle")
