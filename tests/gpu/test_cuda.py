@@ -189,9 +189,11 @@ def test_an_sft_step_queues_its_work_without_waiting_and_needs_no_attention_mask
     model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
     model.train()
     set_dropout(model, 0.0)  # the two forwards compared below see the same weights the same way
-    samples = read_samples(REPO / "data" / "eval.jsonl.gz")[:32]
+    samples = read_samples(REPO / "data" / "eval.jsonl.gz")[:64]
     rows = encode(tok, samples, "compact", legal=True)
     assert any(r.legal for r in rows) and any(r.bans for r in rows) and len({len(r.ids) for r in rows}) > 5
+    # more than 3,072 tokens a micro-batch: the embedding's backward on CUDA takes its sorting kernel, as in training
+    assert all(b.input_ids.numel() > 3072 for b in micro_batches(rows, tok.pad_token_id, "completion"))
     opt = adamw(list(model.parameters()), 1e-4, (0.9, 0.95), 0.0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
