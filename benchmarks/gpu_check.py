@@ -182,11 +182,34 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) ->
         log = [json.loads(x) for x in (tmp / f"{name}.sft_log.jsonl").read_text().splitlines()]
         seconds = [r["seconds"] for r in log]
         per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
+        host = host_batch_seconds(cfg)
         rows.append({"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
                      "samples_per_s": round(batch / per_step, 1) if per_step else None,
-                     "wall_s": round(time.perf_counter() - t, 1)})
-        print(f"sft {preset} batch {batch} own_repeats {own}: {per_step:.3f} s/step", flush=True)
+                     "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1)})
+        print(f"sft {preset} batch {batch} own_repeats {own}: {per_step:.3f} s/step, the host's batch "
+              f"{host * 1000:.1f} ms", flush=True)
     return rows
+
+
+def host_batch_seconds(cfg, draws: int = 20) -> float:
+    """Median seconds the host takes to draw a step's rows and make its micro-batches (sft's loop makes the next
+    step's while the device runs this one): a step no longer than this is bound by the host, not the GPU."""
+    import random
+
+    from rookworld_rlvr.chess_tokenizers import TOKENIZERS
+    from rookworld_rlvr.sft_cache import training_rows
+    from rookworld_rlvr.sft_rows import draw_batch, micro_batches
+
+    tokenizer = TOKENIZERS[cfg.tokenizer or "board"]()
+    by_task = training_rows(cfg.data, tokenizer, cfg.layout, cfg.order, cfg.legal_coef > 0, cfg.rows_cache,
+                            say=lambda _: None)
+    rng, seconds = random.Random(0), []
+    for _ in range(draws):
+        t = time.perf_counter()
+        env_rows, pol_rows = draw_batch(rng, by_task, cfg.batch_size, cfg.env_share)
+        micro_batches(env_rows + pol_rows, tokenizer.pad_token_id, cfg.loss_on)
+        seconds.append(time.perf_counter() - t)
+    return sorted(seconds)[draws // 2]
 
 
 def markdown(result: dict) -> str:
@@ -204,9 +227,10 @@ def markdown(result: dict) -> str:
         else:
             shares = ", ".join(f"{k} {v:.0%}" for k, v in r["phase_share"].items() if v >= 0.01)
             lines.append(f"| {r['config']} | {r['batch']} | {r['s_per_step']} | {r['peak_memory_gib']} | {shares} |")
-    lines += ["", "| SFT preset | batch | own answers a step | s/step | samples/s |", "|---|---|---|---|---|"]
+    lines += ["", "| SFT preset | batch | own answers a step | s/step | samples/s | the host's batch, ms |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {r['preset']} | {r['batch_size']} | {r.get('own_repeats', '-')} | {r['s_per_step']} | "
-              f"{r['samples_per_s']} |" for r in result["sft"]]
+              f"{r['samples_per_s']} | {r.get('host_batch_ms', '-')} |" for r in result["sft"]]
     trl = result["trl"]
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "

@@ -32,7 +32,7 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
                for r in result["grpo"])
     assert [(r["preset"], r["own_repeats"]) for r in result["sft"]] == [("tiny", 0), ("tiny", 2)]
-    assert all(r["s_per_step"] > 0 for r in result["sft"])
+    assert all(r["s_per_step"] > 0 and r["host_batch_ms"] > 0 for r in result["sft"])
     # TRL's GRPOTrainer beside ours on the same work, with the shared reward run without Stockfish (as on the GPU)
     trl = json.loads((out / "grpo_vs_trl.json").read_text())
     assert trl["machine"]["engine"] == "none" and trl["machine"]["device"] == "cpu"
