@@ -36,10 +36,14 @@ def missing_tool(tool: str, install: str) -> None:
 
 @pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture), which this sort keeps otherwise
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (10 s or more) run first. pytest-xdist gives each process a contiguous share of the tests
-    and an idle one takes tests from the end of another's share, so a long test late in the order ran alone at
-    the end: about a minute of the suite's 9 on 2 cores."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Tests marked slow (10 s or more) run first, the longest (`slow(seconds=N)`) first of all. pytest-xdist gives
+    each process a contiguous share of the tests and an idle one takes tests from the end of another's share, so
+    a long test late in the order ran alone at the end: about a minute of the suite's 9 on 2 cores."""
+    def order(item) -> tuple[bool, float]:
+        slow = item.get_closest_marker("slow")
+        return slow is None, -(slow.kwargs.get("seconds", 10) if slow else 0)
+
+    items.sort(key=order)
 
 
 def pytest_sessionfinish(session, exitstatus):
