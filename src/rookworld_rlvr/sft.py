@@ -193,20 +193,22 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     step (each target token weighted by its row's weight: 1 for data), so the gradient equals
     that of the single mixed batch. `distinct_coef` adds the unlikelihood of repeating an M: move
     (see repeat_bans), per token like the likelihood; `legal_coef` the legality loss (legal_sets).
-    `batches`: micro_batches(rows), made beforehand. Nothing waits for the device, so the host makes the next
-    step's while it runs: no mask (right padding, after every real token, is out of causal attention's sight;
-    transformers reads a mask, or input_ids, back to look for padding: embeddings go in) and on_device copies.
+    `batches`: micro_batches(rows), made beforehand. Nothing waits for the device (on_device copies, a ready
+    causal_mask), so the host makes the next step's while it runs.
     Returns [likelihood loss, unlikelihood loss, legality loss], float64 on the device.
     """
     import torch
     import torch.nn.functional as F
 
+    from rookworld_rlvr.model.padding import causal_mask
+
     batches = batches or micro_batches(rows, pad_id, loss_on)
     n_tokens = max(1, sum(int((b.labels[:, 1:] != -100).sum()) for b in batches))  # host tensors: no wait
     total = torch.zeros(3, dtype=torch.float64, device=device)
     for b in batches:
-        with autocast:  # see the docstring: no mask, no wait
-            logits = model(inputs_embeds=model.get_input_embeddings()(on_device(b.input_ids, device))).logits
+        with autocast:
+            mask = causal_mask(model, on_device(b.mask, device))
+            logits = model(input_ids=on_device(b.input_ids, device), attention_mask=mask).logits
         targets = on_device(b.labels, device)[:, 1:]
         nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,
                               reduction="none").view_as(targets)

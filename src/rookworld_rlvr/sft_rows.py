@@ -208,6 +208,7 @@ class MicroBatch(NamedTuple):
     for it (`on_device`), and the next step's can be made while the device runs this one."""
     rows: list
     input_ids: "torch.Tensor"  # right-padded
+    mask: "torch.Tensor"
     labels: "torch.Tensor"
     weights: "torch.Tensor"  # token_weights
     bans: tuple  # ban_index: (row, position, token)
@@ -220,8 +221,8 @@ def micro_batches(rows: list, pad_id: int, loss_on: str) -> list[MicroBatch]:
     half = len(rows) // 2
     out = []
     for bucket in (b for b in (rows[:half], rows[half:]) if b):
-        input_ids, _, labels = make_batch(bucket, pad_id, loss_on)
-        out.append(MicroBatch(bucket, input_ids, labels, token_weights(bucket, labels), ban_index(bucket),
+        input_ids, mask, labels = make_batch(bucket, pad_id, loss_on)
+        out.append(MicroBatch(bucket, input_ids, mask, labels, token_weights(bucket, labels), ban_index(bucket),
                               legal_index(bucket)))
     return out
 

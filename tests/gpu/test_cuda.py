@@ -177,11 +177,11 @@ def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device,
     assert json.loads((tmp_path / "match.json").read_text())["games"] == 2
 
 
-def test_an_sft_step_queues_its_work_without_waiting_and_needs_no_attention_mask(device):
+def test_an_sft_step_queues_its_work_without_waiting(device):
     """SFT's step (micro-batches made on the host, forward and backward of both, clip, AdamW) waits for the
     device nowhere, so the host makes the next step's batches while the device runs this one: CUDA's sync debug
-    mode raises at any wait. Its losses, from right-padded rows without an attention mask (flash attention's
-    causal kernel), equal a masked forward's in float32."""
+    mode raises at any wait (transformers' own mask preparation included: the step hands it a ready causal
+    mask). Its losses equal those of a forward under the 2D padding mask, in float32."""
     from rookworld_rlvr.grpo.control import adamw
     from rookworld_rlvr.sft import _accumulate, set_dropout
     from rookworld_rlvr.sft_rows import encode, legality_loss, make_batch, micro_batches, unlikelihood

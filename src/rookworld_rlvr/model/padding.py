@@ -39,3 +39,19 @@ def pad_pairs(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[i
     completion_ids, completion_mask = pad(completions, pad_id, "right", width=1)
     return (torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
             prompt_ids.shape[1])
+
+
+def causal_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask to give a transformers model for right-padded rows (`mask`: their 2D padding mask).
+
+    Right padding follows every real token, so causal attention alone never looks at it. For PyTorch's SDPA
+    under transformers 5 this is a ready [N, 1, W, W] causal mask (True: attend; transformers takes a 4D mask
+    as it is): preparing one from `mask`, or from no mask, reads tensors back to the host (the mask, to look for
+    padding; the positions, to look for packed sequences), a wait for the device in every forward. Other
+    attention implementations and older transformers get `mask`."""
+    import transformers
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or int(transformers.__version__.split(".")[0]) < 5:
+        return mask
+    n, w = mask.shape
+    return torch.ones(w, w, dtype=torch.bool, device=mask.device).tril().expand(n, 1, w, w)
