@@ -397,18 +397,18 @@ def test_pad_puts_each_row_flush_left_or_right_with_its_mask():
 
 def test_causal_mask_for_right_padded_rows_gives_the_padding_masks_logits(tiny_model_dir):
     """SFT's forward takes a ready causal mask (SDPA under transformers 5), so transformers reads nothing back to
-    the host: on every real token the logits equal those under the 2D padding mask. An eager model gets the 2D
-    mask itself."""
+    the host: on every real token the logits equal those under the 2D padding mask. An eager model gets None
+    (it takes the 2D mask)."""
     from transformers import GPT2LMHeadModel
 
     from rookworld_rlvr.model.padding import causal_mask, pad
 
     model = GPT2LMHeadModel.from_pretrained(str(tiny_model_dir)).eval()
     ids, mask = pad([[5, 6, 7, 8, 9], [5, 6], [7, 8, 9]], 0, "right")
-    ready = causal_mask(model, mask)
+    ready = causal_mask(model, ids)
     assert ready.shape == (3, 1, 5, 5) and ready.dtype == torch.bool and torch.equal(ready[0, 0], torch.ones(5, 5).tril().bool())
     with torch.no_grad():
         want, got = (model(input_ids=ids, attention_mask=m).logits for m in (mask, ready))
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=1e-5, atol=1e-5)
     eager = GPT2LMHeadModel.from_pretrained(str(tiny_model_dir), attn_implementation="eager")
-    assert causal_mask(eager, mask) is mask
+    assert causal_mask(eager, ids) is None

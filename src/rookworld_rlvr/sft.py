@@ -199,16 +199,16 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     """
     import torch
     import torch.nn.functional as F
-
     from rookworld_rlvr.model.padding import causal_mask
 
     batches = batches or micro_batches(rows, pad_id, loss_on)
     n_tokens = max(1, sum(int((b.labels[:, 1:] != -100).sum()) for b in batches))  # host tensors: no wait
     total = torch.zeros(3, dtype=torch.float64, device=device)
     for b in batches:
+        ids = on_device(b.input_ids, device)
+        mask = causal_mask(model, ids)  # the padding mask is moved only for a model that needs it
         with autocast:
-            mask = causal_mask(model, on_device(b.mask, device))
-            logits = model(input_ids=on_device(b.input_ids, device), attention_mask=mask).logits
+            logits = model(input_ids=ids, attention_mask=on_device(b.mask, device) if mask is None else mask).logits
         targets = on_device(b.labels, device)[:, 1:]
         nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,
                               reduction="none").view_as(targets)

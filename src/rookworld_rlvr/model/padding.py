@@ -41,17 +41,18 @@ def pad_pairs(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[i
             prompt_ids.shape[1])
 
 
-def causal_mask(model, mask: torch.Tensor) -> torch.Tensor:
-    """The attention mask to give a transformers model for right-padded rows (`mask`: their 2D padding mask).
+def causal_mask(model, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """A ready causal mask to give a transformers model for right-padded `input_ids`, or None where it needs
+    their 2D padding mask.
 
     Right padding follows every real token, so causal attention alone never looks at it. For PyTorch's SDPA
-    under transformers 5 this is a ready [N, 1, W, W] causal mask (True: attend; transformers takes a 4D mask
-    as it is): preparing one from `mask`, or from no mask, reads tensors back to the host (the mask, to look for
-    padding; the positions, to look for packed sequences), a wait for the device in every forward. Other
-    attention implementations and older transformers get `mask`."""
+    under transformers 5 this is a [N, 1, W, W] causal mask on the ids' device (True: attend; transformers takes
+    a 4D mask as it is): preparing one from a 2D mask, or from no mask, reads tensors back to the host (the
+    mask, to look for padding; the positions, to look for packed sequences), a wait for the device in every
+    forward. Other attention implementations and older transformers: None."""
     import transformers
 
     if getattr(model.config, "_attn_implementation", None) != "sdpa" or int(transformers.__version__.split(".")[0]) < 5:
-        return mask
-    n, w = mask.shape
-    return torch.ones(w, w, dtype=torch.bool, device=mask.device).tril().expand(n, 1, w, w)
+        return None
+    n, w = input_ids.shape
+    return torch.ones(w, w, dtype=torch.bool, device=input_ids.device).tril().expand(n, 1, w, w)
