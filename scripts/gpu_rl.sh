@@ -11,6 +11,8 @@
 #    its start and end;
 # 3. two 200-game matches from the held-out openings: the trained model against its base, and the base against
 #    the shipped models/rookworld-board; and one greedy self-play game from the start for each of the two models;
+#    the four at once, each its own process, its output lines marked [its name] (a failed one stops none of the
+#    others: the call ends with exit 1, naming it);
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
 #    (bf16 safetensors shards and meta.tar each: config, tokenizer, logs, the GRPO run's summary), record.tar (the
 #    matches, the self-play games, the minutes per stage, the base's data preparation log: sft/prepare.log) and
@@ -73,18 +75,30 @@ skip() {  # name, why: not run in this call; results.md names it
   echo "gpu_rl: $1 skipped: $2"
   echo "$1: $2" >> "$work/skipped.txt"
 }
-stage() {  # name, command...: run once, its minutes in times.tsv, then OUT filled with what is done
-  local name=$1 t0
+together=""  # set while the judging stages are started: each then runs in the background, at once
+running=()   # pid:name of each stage started in the background
+stage() {  # name, command...: run once, then OUT filled with what is done (in the background while $together)
+  local name=$1
   shift
   if [ -f "$work/$name.done" ]; then echo "gpu_rl: $name done before"; return; fi
   if [ "$(left)" -le 0 ]; then skip "$name" "past the deadline"; return; fi
-  t0=$(date +%s)
   echo "gpu_rl: $name"
+  if [ -z "$together" ]; then run_stage "$name" "$@"; return; fi
+  { run_stage "$name" "$@" 2>&1 | sed -u "s/^/[$name] /"; } &
+  running+=("$!:$name")
+}
+run_stage() {  # name, command...: its seconds and start time in times.tsv, then OUT filled (one stage at a time)
+  local name=$1 t0
+  shift
+  t0=$(date +%s)
   "$@"
-  echo -e "$name\t$(( $(date +%s) - t0 ))" >> "$work/times.tsv"
+  echo -e "$name\t$(( $(date +%s) - t0 ))\t$t0" >> "$work/times.tsv"
   touch "$work/$name.done"
-  publish
-  "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
+  {
+    flock 9
+    publish
+    "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
+  } 9> "$work/publish.lock"
 }
 publish() {  # OUT from the stages done so far (each call's OUT starts empty on a GPU machine); results.md apart
   [ -f "$work/base.done" ] || return 0
@@ -171,6 +185,10 @@ trained() {  # stage name, command...: a stage of the trained model, run once GR
   if [ -f "$work/grpo.done" ]; then stage "$@"; else skip "$1" "no trained model (GRPO not done)"; fi
 }
 
+# the judging stages (two matches, two self-play games) need none of one another's results: they run at
+# once, each its own process. A 14M model's games are bound by the launches of its small kernels, not by the GPU's
+# arithmetic, so four at once take about as long as the longest alone.
+if command -v flock > /dev/null; then together=1; else echo "gpu_rl: no flock here: the judging stages run one after another"; fi
 trained match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$base" "${games[@]}" --device "$device" \
   --json "$work/match_trained_vs_base.json" --pgn "$work/match_trained_vs_base.pgn" --quiet
 selfplay() {  # name, model: one greedy game from the start against itself, its legal half-moves (the base's goal: 60)
@@ -181,6 +199,15 @@ stage selfplay_base selfplay base "$base"
 trained selfplay_trained selfplay trained "$work/grpo/final"
 stage match_base "$py" -m rookworld_rlvr match "$base" models/rookworld-board "${games[@]}" --device "$device" \
   --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
+failed=()
+for job in "${running[@]}"; do
+  wait "${job%%:*}" || failed+=("${job#*:}")
+done
+together=""
 
 publish  # also when every stage was done before (a rerun into a new, empty OUT)
 "$py" scripts/gpu_rl_report.py "$work" "$out"  # results.md, printed; exit 1 when OUT would not all come back
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu_rl: failed: ${failed[*]} (their output above, each line marked with its name; rerun to run them again)" >&2
+  exit 1
+fi

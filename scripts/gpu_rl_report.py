@@ -33,6 +33,16 @@ def machine(work: Path) -> str:
     return text
 
 
+def minutes(times: list[list[str]]) -> str:
+    """Each stage's minutes from times.tsv (name, seconds, start time), the stages that ran at the same time as
+    another named: their minutes overlap, so they do not add up to the call's."""
+    spans = {row[0]: (int(row[2]), int(row[2]) + int(row[1])) if len(row) > 2 else None for row in times}
+    at_once = [a for a, x in spans.items()
+               if x and any(b != a and y and x[0] < y[1] and y[0] < x[1] for b, y in spans.items())]
+    text = ", ".join(f"{row[0]} {int(row[1]) / 60:.1f}" for row in times)
+    return text + (f" ({', '.join(at_once)} at once)" if at_once else "")
+
+
 def report(work: Path) -> str:
     from rookworld_rlvr.play import format_summary
     from rookworld_rlvr.verdict import verdict_table
@@ -48,7 +58,7 @@ def report(work: Path) -> str:
     lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine(work)}.", "",
              *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
-             "Minutes per stage: " + ", ".join(f"{name} {int(s) / 60:.1f}" for name, s in times) + ".", ""]
+             "Minutes per stage: " + minutes(times) + ".", ""]
     if skipped:
         lines += ["Not run in this call (the same command runs them): " + "; ".join(skipped) + ".", ""]
     if summary is None:

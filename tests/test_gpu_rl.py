@@ -30,7 +30,7 @@ def unpack(folder: Path, into: Path) -> Path:
     return into
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=220)
 def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stockfish_path):
     from rookworld_rlvr.data.generate import GenerateConfig, generate, is_eval_fen
     from rookworld_rlvr.data.io import iter_samples, read_samples, write_samples
@@ -108,8 +108,13 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     record.mkdir()
     with tarfile.open(out / "record.tar") as tar:
         tar.extractall(record, filter="data")
-    assert [line.split("\t")[0] for line in (record / "times.tsv").read_text().splitlines()] == \
-        ["base", "grpo", "match_trained", "selfplay_base", "selfplay_trained", "match_base"]
+    times = {row[0]: (int(row[2]), int(row[2]) + int(row[1]))
+             for row in (line.split("\t") for line in (record / "times.tsv").read_text().splitlines())}
+    judging = ["match_trained", "selfplay_base", "selfplay_trained", "match_base"]
+    assert list(times)[:2] == ["base", "grpo"] and sorted(list(times)[2:]) == sorted(judging)
+    # the four judging stages ran at once (each takes seconds, from its imports alone; all start within one)
+    assert max(times[name][0] for name in judging) < min(times[name][1] for name in judging)
+    assert times["grpo"][1] <= min(times[name][0] for name in judging)
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
     prepared = (record / "sft" / "prepare.log").read_text()  # where the GPU machine's minutes before SFT went
@@ -121,6 +126,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
+    assert f"({', '.join(list(times)[2:])} at once)." in text
     assert f"its histories, {records[0]}'s games (" in text and f"A: rows), {records[1]}'s games (" in text
     assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
     assert (work / "sft" / "train.used").read_text().strip() == str(work / "sft" / "train.jsonl.gz")
@@ -177,6 +183,21 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
                           capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 2 and f"holds a run from the base {given}, not {work / 'sft' / 'base'}" in proc.stderr
+
+    # a judging stage that fails stops none of the others: here the trained model's weights are damaged, so its
+    # match and self-play fail, while the base's match runs to its end beside them and comes back
+    (work / "grpo" / "final" / "model.safetensors").write_bytes(b"damaged")
+    for name in ("match_trained", "selfplay_trained", "match_base"):
+        (work / f"{name}.done").unlink()
+    (work / "match_base_vs_board.json").unlink()
+    out6 = tmp_path / "out6"
+    proc = subprocess.run(cmd[:2] + [str(out6), *cmd[3:]], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 1 and "gpu_rl: failed: match_trained selfplay_trained (" in proc.stderr
+    assert "[match_trained] " in proc.stdout and (work / "match_base.done").exists()
+    assert not (work / "match_trained.done").exists() and not (work / "selfplay_trained.done").exists()
+    with tarfile.open(out6 / "record.tar") as tar:
+        assert "match_base_vs_board.json" in tar.getnames()
+    assert "match_base_vs_board: not played" not in (out6 / "results.md").read_text()
 
 
 @pytest.mark.slow
