@@ -206,8 +206,10 @@ done
 together=""
 
 publish  # also when every stage was done before (a rerun into a new, empty OUT)
-"$py" scripts/gpu_rl_report.py "$work" "$out"  # results.md, printed; exit 1 when OUT would not all come back
+rc=0
+"$py" scripts/gpu_rl_report.py "$work" "$out" || rc=$?  # results.md, printed; 1 when OUT would not all come back
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_rl: failed: ${failed[*]} (their output above, each line marked with its name; rerun to run them again)" >&2
-  exit 1
+  rc=1
 fi
+exit $rc
