@@ -84,7 +84,7 @@ stage() {  # name, command...: run once, then OUT filled with what is done (in t
   if [ "$(left)" -le 0 ]; then skip "$name" "past the deadline"; return; fi
   echo "gpu_rl: $name"
   if [ -z "$together" ]; then run_stage "$name" "$@"; return; fi
-  { run_stage "$name" "$@" 2>&1 | sed -u "s/^/[$name] /"; } &
+  { export OMP_NUM_THREADS=$share; run_stage "$name" "$@" 2>&1 | sed -u "s/^/[$name] /"; } &
   running+=("$!:$name")
 }
 run_stage() {  # name, command...: its seconds and start time in times.tsv, then OUT filled (one stage at a time)
@@ -188,6 +188,10 @@ trained() {  # stage name, command...: a stage of the trained model, run once GR
 # the judging stages (two matches, two self-play games) need none of one another's results: they run at
 # once, each its own process. A 14M model's games are bound by the launches of its small kernels, not by the GPU's
 # arithmetic, so four at once take about as long as the longest alone.
+# Each takes a quarter of the cores for torch's threads: with more threads than cores, threads that spin while
+# waiting for one another take the cores from the others (on 2 CPU cores, 4 stages at once took 31 s in one
+# call and 79 s in the next, each with 2 threads; a match beside a training run took 30 minutes instead of 1.3).
+share=$(( $(nproc) / 4 > 1 ? $(nproc) / 4 : 1 ))
 if command -v flock > /dev/null; then together=1; else echo "gpu_rl: no flock here: the judging stages run one after another"; fi
 trained match_trained "$py" -m rookworld_rlvr match "$work/grpo/final" "$base" "${games[@]}" --device "$device" \
   --json "$work/match_trained_vs_base.json" --pgn "$work/match_trained_vs_base.pgn" --quiet
