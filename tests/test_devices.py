@@ -1,7 +1,7 @@
 """Device-specific branches, run on a CPU where a CPU can run them: a reference model on its own
 device, the dtype choices for devices that cannot be measured, device names that do not exist
 here. What needs a GPU (CUDA kernels, NCCL, bf16 speed on a GPU, Apple's MPS) is listed in the
-README under "Untested on real hardware"; the two-rank tests cover the rest of torchrun's path
+docs/gpu.md under "Untested on real hardware"; the two-rank tests cover the rest of torchrun's path
 with gloo (tests/test_distributed.py, including the mapping of a bare `cuda` to each rank's GPU).
 """
 
