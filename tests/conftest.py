@@ -118,6 +118,14 @@ def chromium_path() -> str:
     return found
 
 
+@pytest.fixture
+def torch_threads() -> int:
+    """torch's thread count before the test, set back after it (for tests of `--threads`)."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models on shared cores: thread hand-offs cost more than they save."""

@@ -365,11 +365,11 @@ def data_file(env_samples, tmp_path_factory) -> Path:
     return path
 
 
-def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys):
+def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys, torch_threads):
     out = tmp_path / "res.json"
     rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--json", str(out), "--limit", "4",
-               "--device", "cpu", "--max-new-tokens", "16", "--quiet"])
-    assert rc == 0
+               "--device", "cpu", "--max-new-tokens", "16", "--quiet", "--threads", str(torch_threads + 1)])
+    assert rc == 0 and torch.get_num_threads() == torch_threads + 1  # --threads: the model ran on that many
     res = json.loads(out.read_text())
     assert {"policy", "environment", "meta"} <= set(res)
     assert res["policy"]["n"] == 4 and res["environment"]["n"] == 4

@@ -3,6 +3,7 @@ and the model as a UCI engine driven by python-chess."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -11,6 +12,7 @@ import chess
 import chess.engine
 import chess.pgn
 import pytest
+import torch
 
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.io import DataError
@@ -82,12 +84,14 @@ def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):
         assert parsed.headers["Result"] == g.result and parsed.end().board().fen() == g.board.fen()
 
 
-def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, capsys):
+def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, capsys, torch_threads):
     openings = tmp_path / "openings.txt"
     openings.write_text("# two openings\n" + "\n".join(OPENINGS) + "\n")
     pgn, out = tmp_path / "games.pgn", tmp_path / "match.json"
     assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", "4",
-                 "--pgn", str(pgn), "--json", str(out), "--quiet", "--max-plies", "20"]) == 0
+                 "--pgn", str(pgn), "--json", str(out), "--quiet", "--max-plies", "20",
+                 "--threads", str(torch_threads + 1)]) == 0
+    assert torch.get_num_threads() == torch_threads + 1  # --threads: the model played on that many
     summary = json.loads(out.read_text())
     assert summary["games"] == 4 and 0 <= summary["score"] <= 1
     assert sum(summary["terminations"].values()) == 4
@@ -119,9 +123,20 @@ def test_model_as_uci_engine_driven_by_python_chess(tiny_model_dir):
         engine.quit()
 
 
-def test_uci_engine_protocol_and_fallback_announcement(tiny_model_dir):
-    import io
+def test_uci_threads_and_a_bad_thread_count(tiny_model_dir, monkeypatch, capsys, torch_threads):
+    """`rookworld uci --threads N` serves on N torch threads; 0 or a word is an error naming the flag."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"uci\nisready\nquit\n")))
+    assert main(["uci", "--model", str(tiny_model_dir), "--device", "cpu", "--threads", str(torch_threads + 1)]) == 0
+    assert torch.get_num_threads() == torch_threads + 1 and "readyok" in capsys.readouterr().out
+    for command in (["uci", "--model", str(tiny_model_dir)], ["match", "random", "stockfish"],
+                    ["eval", "--model", str(tiny_model_dir), "--data", "x.jsonl"]):
+        for bad, why in (("0", "must be at least 1, got 0"), ("two", "must be an integer, got 'two'")):
+            with pytest.raises(SystemExit) as stop:
+                main([*command, "--threads", bad])
+            assert stop.value.code == 2 and f"argument --threads: {why}" in capsys.readouterr().err
 
+
+def test_uci_engine_protocol_and_fallback_announcement(tiny_model_dir):
     from rookworld_rlvr.model.load import load_policy
 
     model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
@@ -147,7 +162,6 @@ def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_k
     """After a position it cannot read, `go` answers 0000 with the reason (never a move for the old board);
     `position startpos e2e4` (no `moves`) is an error; `go infinite` holds its move until `stop`; a bad
     time control is named; a line that is not UTF-8 and an error while answering keep the engine alive."""
-    import io
 
     from rookworld_rlvr.model.load import load_policy
     from rookworld_rlvr.uci import serve

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from rookworld_rlvr.cli_args import at_least_one
+
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -128,13 +130,6 @@ def _data(args: argparse.Namespace) -> int:
     return 2
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from rookworld_rlvr import __version__
 
@@ -174,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         r = dsub.add_parser(name, help=about)
         r.add_argument("source", help=source)
         r.add_argument("--out", required=True, help=out)
-        r.add_argument("--workers", type=_at_least_one, default=2)
+        r.add_argument("--workers", type=at_least_one, default=2)
         r.add_argument("--quiet", action="store_true")
         if name == "replay":
             r.add_argument("--picks", help="a picks file (`data picks`): write only the samples it names, as "
@@ -188,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--key", required=True, help="names what the merges depended on besides the record (a caller's "
                                                 "recipe: known set, held-out files, caps); replay checks it")
     k.add_argument("--out", required=True, help="the picks file (xz JSON lines)")
-    k.add_argument("--workers", type=_at_least_one, default=2)
+    k.add_argument("--workers", type=at_least_one, default=2)
     i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
     i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
     i.add_argument("--out", required=True)
@@ -250,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--new-only", nargs="*", metavar="FILE", help="leave out samples whose prompt these sample files "
                                                                  "hold (an A: transition of the same position, move "
                                                                  "and history; a P: position)")
-    m.add_argument("--max", type=_at_least_one, default=None, help="write at most this many (the first of the shuffle)")
+    m.add_argument("--max", type=at_least_one, default=None, help="write at most this many (the first of the shuffle)")
     m.add_argument("--truth-only", action="store_true", help="write each row's truth alone (prompt and completion "
                                                                "are re-rendered on reading): a third of the bytes")
     nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "

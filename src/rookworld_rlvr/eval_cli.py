@@ -13,6 +13,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
+from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.tables import format_table
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
+    add_threads(p)
     p.add_argument("--depth", type=int, default=d.engine_depth, help="Stockfish depth for moves outside the top 5")
     p.add_argument("--examples", type=int, default=0, metavar="N", help="keep N examples per task in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace, name: str) -> int:
             return 1
     from rookworld_rlvr.model.load import load_policy
 
+    apply_threads(args)
     ok, loaded = _guarded(args, f"load model {args.model}",
                           lambda: load_policy(args.model, device=args.device, dtype=args.dtype))
     if not ok:

@@ -30,6 +30,7 @@ import chess
 import chess.engine
 import chess.pgn
 
+from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
 from rookworld_rlvr.tasks.strength import is_legal, legal_moves
@@ -312,6 +313,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--engine-timeout", type=float, default=30.0,
                    help="seconds a Stockfish player may take for any call (start, each move) before the match stops")
     p.add_argument("--device", default="auto")
+    add_threads(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -360,6 +362,7 @@ def run(args: argparse.Namespace, name: str) -> int:
         raise ValueError(f"{args.openings} has {len(openings)} openings; {args.games} games need {args.games // 2}")
     if args.a == args.b:
         raise ValueError("players A and B are the same; give two different players")
+    apply_threads(args)
     finished: list[Game] = []
     pgn = Path(args.pgn) if args.pgn else None
     if pgn is not None:

@@ -27,6 +27,7 @@ from typing import IO, Iterable
 
 import chess
 
+from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
 
@@ -142,6 +143,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--legal-moves", action="store_true", help="decode moves among legal moves only")
     p.add_argument("--device", default="auto")
+    add_threads(p)
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.model.load import load_policy
     from rookworld_rlvr.play import ModelPlayer
 
+    apply_threads(args)
     model, tokenizer = load_policy(args.model, device=args.device, verbose=False)
     player = ModelPlayer(model, tokenizer, args.model, layout=args.layout, temperature=args.temperature,
                          seed=args.seed, batch_size=1, legal_moves=args.legal_moves)
