@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Fault drill: a GRPO run and an SFT run, each killed (SIGKILL) at random points and resumed with
 `--resume`, must end bit for bit equal to the same run left alone, and no kill may leave a
-checkpoint that does not load.
+checkpoint that does not load. `--tasks ddp` drills the GRPO run under `torchrun` on 2 processes
+(gloo on CPU; Linux, it finds the ranks in /proc): each kill hits one rank, the ranks in turn, and
+torchrun must stop the other by itself within a bound and leave no process behind: nothing hangs.
 
     python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
     python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
+    python scripts/fault_drill.py --tasks ddp           # one rank of a torchrun run killed, 20 times
 
 How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
 again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
@@ -34,6 +37,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed to differ
+TASKS = ("grpo", "sft", "ddp")
+RANKS = 2  # processes of the ddp task
+TEARDOWN_S = 120.0  # after one rank is killed, torchrun must have stopped the rest within this (else: a hang)
+MARK = "ROOKWORLD_DRILL_RUN"  # set in every process a drill run starts, so that none is missed or left behind
 
 
 def subset(src: Path, dst: Path, per_task: int) -> Path:
@@ -62,6 +69,13 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
             "--steps", "4" if smoke else "12", "--batch-positions", "2", "--group-size", "4",
             "--anchor-batch", "4", "--eval-every", "2" if smoke else "4", "--save-every", "2", "--keep-last", "2",
             "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out)]
+
+
+def ddp_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
+    """`grpo_command` under torchrun on 2 processes: 4 prompts a step, one `P:` and one `A:` per rank."""
+    cmd = grpo_command(out, data, smoke, model)
+    cmd[cmd.index("--batch-positions") + 1] = "4"
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS), *cmd[1:]]
 
 
 def sft_command(out: Path, data: Path, eval_data: Path, smoke: bool) -> list[str]:
@@ -96,7 +110,7 @@ def records(path: Path) -> list[dict]:
 
 def outputs(task: str, out: Path) -> dict:
     """What a finished run produced, in comparable form."""
-    if task == "grpo":
+    if task != "sft":
         summary = untimed(json.loads((out / "summary.json").read_text()))
         return {"final": tensor_bytes(out / "final" / "model.safetensors"),
                 "best": tensor_bytes(out / "best" / "model.safetensors") if (out / "best").exists() else None,
@@ -129,7 +143,7 @@ def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool
 
     logging.disable_progress_bar()
     problems: list[str] = []
-    if task == "grpo":
+    if task != "sft":
         from rookworld_rlvr.grpo import checkpoint as ckpt
 
         root = out / "checkpoints"
@@ -187,11 +201,69 @@ def hidden(folders: list[Path]) -> set[Path]:
     return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".") and p.is_dir()}
 
 
-def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None) -> tuple[bool, float]:
+def marked(run: str) -> list[int]:
+    """The live processes a drill run started, found by the mark in their environment: torchrun's
+    workers start sessions of their own, so no process group holds them all."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"{MARK}={run}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return pids
+
+
+def rank_pid(run: str, rank: int) -> int | None:
+    """The training process of `rank` in a torchrun run (its Stockfish engines share its environment
+    but not its command line; torchrun itself has no RANK)."""
+    for pid in marked(run):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"rookworld_rlvr" in cmd:
+            return pid
+    return None
+
+
+def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int) -> dict:
+    """SIGKILL one rank (`pid`) and wait for torchrun to stop the other by itself. Whatever still runs
+    `TEARDOWN_S` later (torchrun hung) or after torchrun ended (an orphan) is a finding, then killed."""
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    try:
+        proc.wait(timeout=TEARDOWN_S)
+        hung = False
+    except subprocess.TimeoutExpired:
+        hung = True
+    teardown = time.time() - t0
+    for _ in range(50):  # an engine whose rank died quits when it reads the end of its input: give it 5 s
+        if not (left := [pid for pid in marked(run) if pid != proc.pid]):
+            break
+        time.sleep(0.1)
+    for pid in left + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    for _ in range(1000):  # a killed process shows in /proc until the kernel has torn it down
+        if not marked(run):
+            break
+        time.sleep(0.01)
+    return {"rank": rank, "teardown_s": round(teardown, 2), "hung": hung, "left_running": len(left)}
+
+
+def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None,
+           rank: int | None = None) -> tuple[bool, float, dict]:
     """Run `cmd`; SIGKILL its whole process group (Stockfish included) after `kill_after` seconds or,
     with `saves`, as soon as a new save or deletion starts in one of those folders (whichever comes
-    first). Returns (finished, seconds). A run that exits with an error stops the drill."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    first); with `rank` (torchrun), that rank's process alone (`kill_rank`). Returns (finished, seconds,
+    what the rank kill found). A run that exits with an error stops the drill."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           MARK: str(log)}
     before = hidden(saves or [])
     t0 = time.time()
     with open(log, "a") as fh:
@@ -199,14 +271,18 @@ def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
         while (rc := proc.poll()) is None:
-            if (kill_after is not None and time.time() - t0 >= kill_after) or (saves and hidden(saves) - before):
+            due = (kill_after is not None and time.time() - t0 >= kill_after) or (saves and hidden(saves) - before)
+            if due and rank is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return False, time.time() - t0
+                return False, time.time() - t0, {}
+            if due and (pid := rank_pid(str(log), rank)) is not None:  # a kill due in start-up waits for the rank
+                seconds = time.time() - t0
+                return False, seconds, kill_rank(proc, str(log), rank, pid)
             time.sleep(0.001 if saves else 0.05)
     if rc != 0:
         raise SystemExit(f"fault drill: {' '.join(cmd)} exited with {rc}; see {log}")
-    return True, time.time() - t0
+    return True, time.time() - t0, {}
 
 
 def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str) -> dict:
@@ -214,10 +290,12 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
     eval_data = subset(REPO / "data" / "eval.jsonl.gz", work / "eval.jsonl", 8)
 
     def command(out: Path) -> list[str]:
-        return grpo_command(out, data, smoke, model) if task == "grpo" else sft_command(out, data, eval_data, smoke)
+        if task == "sft":
+            return sft_command(out, data, eval_data, smoke)
+        return (ddp_command if task == "ddp" else grpo_command)(out, data, smoke, model)
 
     straight = work / "straight"
-    _, wall = launch(command(straight), work / "straight.log", None)
+    _, wall, _ = launch(command(straight), work / "straight.log", None)
     reference = outputs(task, straight)
     rows: list[dict] = []
     rounds: list[dict] = []
@@ -228,7 +306,9 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         after = rng.uniform(0, wall) if len(rows) < kills else None
         in_a_save = after is not None and rng.random() < 0.5  # half the kills wait for a save instead
         saves = [out, out / "checkpoints"] if in_a_save else None
-        finished, seconds = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves)
+        rank = len(rows) % RANKS if task == "ddp" and after is not None else None  # the ranks in turn
+        finished, seconds, ranks = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves,
+                                          rank)
         attempt += 1
         if finished:
             diff = differences(reference, outputs(task, out))
@@ -238,10 +318,15 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
             copy_no, attempt = copy_no + 1, 0
             continue
         problems, latest, in_save = check_checkpoints(task, out)
+        if ranks.get("hung"):
+            problems.append(f"torchrun still ran {TEARDOWN_S:.0f} s after rank {rank} was killed")
+        elif ranks.get("left_running"):
+            problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
         rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
-                     "aimed_at": "a save" if in_a_save else "a random time",
+                     "aimed_at": "a save" if in_a_save else "a random time", **ranks,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
-        print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): "
+        killed = f"rank {rank} killed, torchrun stopped the rest in {ranks['teardown_s']:.1f} s; " if ranks else ""
+        print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): {killed}"
               f"latest checkpoint step {latest}"
               f"{', during a save' if in_save else ''}{'; ' + '; '.join(problems) if problems else ''}", flush=True)
     return {"task": task, "straight_seconds": round(wall, 1), "kills": rows, "copies": rounds}
@@ -250,7 +335,8 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kills per run type (default 20)")
-    ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft or both (default grpo,sft)")
+    ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft and/or ddp (GRPO under torchrun on 2 processes, "
+                                                       "one rank killed at a time); default grpo,sft")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
     ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
@@ -259,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kills < 1:
         ap.error("--kills must be at least 1")
     tasks = [t for t in args.tasks.split(",") if t]
-    if not tasks or set(tasks) - {"grpo", "sft"}:
-        ap.error(f"--tasks: grpo and/or sft, not {args.tasks!r}")
+    if not tasks or set(tasks) - set(TASKS):
+        ap.error(f"--tasks: grpo, sft and/or ddp, not {args.tasks!r}")
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
     results = []
@@ -274,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         bad = [k for k in r["kills"] if k["problems"]]
         unequal = [c for c in r["copies"] if not c["equal"]]
         ok &= not bad and not unequal
+        teardown = [k["teardown_s"] for k in r["kills"] if "teardown_s" in k]
+        if teardown:
+            print(f"{r['task']}: after each rank kill torchrun stopped the rest within {max(teardown):.1f} s")
         print(f"{r['task']}: {len(r['kills'])} kills ({sum(k['in_save'] for k in r['kills'])} during a save), "
               f"{len(r['copies'])} resumed copies: {len(r['copies']) - len(unequal)} bit for bit equal to the "
               f"uninterrupted run ({r['straight_seconds']} s); {len(bad)} kills left a checkpoint that does not load")

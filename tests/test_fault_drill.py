@@ -37,6 +37,26 @@ def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(t
     assert "bit for bit equal" in proc.stdout
 
 
+@pytest.mark.slow(seconds=120)
+def test_a_rank_killed_under_torchrun_stops_the_run_leaves_nothing_running_and_it_resumes_bit_for_bit(
+        tmp_path, stockfish_path):
+    """Nothing hangs: each kill hits one of the 2 ranks (rank 0, then rank 1), torchrun stops the other
+    by itself, no process of the run is left, every checkpoint loads, and `torchrun ... --resume` ends
+    as the run that was never stopped."""
+    out = tmp_path / "drill"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "STOCKFISH_PATH": stockfish_path}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fault_drill.py"), "--smoke", "--kills", "2",
+                           "--tasks", "ddp", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (r,) = json.loads((out / "drill.json").read_text())
+    assert r["task"] == "ddp" and [k["rank"] for k in r["kills"]] == [0, 1]
+    for k in r["kills"]:
+        assert not k["problems"] and not k["hung"] and k["left_running"] == 0
+        assert k["teardown_s"] < drill_module().TEARDOWN_S
+    assert r["copies"] and all(c["equal"] for c in r["copies"])
+    assert "torchrun stopped the rest" in proc.stdout and "bit for bit equal" in proc.stdout
+
+
 def test_the_drill_sees_one_flipped_bit_and_a_checkpoint_that_does_not_load(tmp_path, tiny_model_dir):
     import shutil
 
@@ -63,8 +83,32 @@ def test_the_drill_sees_one_flipped_bit_and_a_checkpoint_that_does_not_load(tmp_
     assert latest == 2 and len(problems) == 1 and "step_000002" in problems[0]
 
 
+FAKE_TORCHRUN = """
+import os, subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "rookworld_rlvr"],
+                          env={**os.environ, "RANK": str(r)}) for r in (0, 1)]
+ranks[1].wait()
+if sys.argv[1] == "hang":
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["hang", "orphan"])
+def test_the_drill_names_a_torchrun_that_hangs_or_leaves_a_rank_running(tmp_path, monkeypatch, mode):
+    """A stand-in for torchrun that, once rank 1 is killed, never stops (hang) or ends leaving rank 0
+    running (orphan): `launch` reports it, and kills every process the run started."""
+    drill = drill_module()
+    monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
+    log = tmp_path / "run.log"
+    finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, mode], log, 0.0, rank=1)
+    assert not finished and found["rank"] == 1
+    assert found["hung"] == (mode == "hang") and found["left_running"] == 1
+    assert (found["teardown_s"] >= 2.0) == (mode == "hang")
+    assert drill.marked(str(log)) == []
+
+
 @pytest.mark.parametrize("argv,message", [(["--kills", "0"], "--kills must be at least 1"),
-                                          (["--tasks", "ppo"], "--tasks: grpo and/or sft")])
+                                          (["--tasks", "ppo"], "--tasks: grpo, sft and/or ddp")])
 def test_the_drill_refuses_what_it_cannot_do(argv, message, capsys):
     with pytest.raises(SystemExit):
         drill_module().main(argv)
