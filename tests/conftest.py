@@ -1,5 +1,6 @@
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import chess
@@ -119,7 +120,7 @@ def chromium_path() -> str:
 
 
 @pytest.fixture
-def torch_threads() -> int:
+def torch_threads() -> Iterator[int]:
     """torch's thread count before the test, set back after it (for tests of `--threads`)."""
     before = torch.get_num_threads()
     yield before

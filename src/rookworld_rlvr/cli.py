@@ -13,7 +13,6 @@ import sys
 from rookworld_rlvr.cli_args import at_least_one
 
 
-
 def _data(args: argparse.Namespace) -> int:
     if args.data_cmd == "generate":
         from rookworld_rlvr.data.generate import GenerateConfig, generate
