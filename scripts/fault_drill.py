@@ -60,11 +60,15 @@ def subset(src: Path, dst: Path, per_task: int) -> Path:
     return dst
 
 
-def grpo_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
+def grpo_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool = True) -> list[str]:
     """`make train`'s config on a small slice: anchor, puzzles, check positions, held-out evaluation
-    with Stockfish and best/ all on; a checkpoint every 2 steps, so kills land in saves and between."""
+    with Stockfish and best/ all on; a checkpoint every 2 steps, so kills land in saves and between.
+    At lr 1e-3 the held-out evaluation falls and the collapse guard rolls the run back to its best
+    state (once in the smoke run, twice in the full one), so kills land in and after rollbacks too.
+    Without `rollbacks`, `make train`'s lr (3e-5), at which these runs never roll back."""
     return [sys.executable, "-m", "rookworld_rlvr", "train", "--config", str(REPO / "configs" / "default.yaml"),
-            "--model", model, "--data", str(data), "--eval-limit", "4" if smoke else "8",
+            "--model", model, "--data", str(data), *(["--lr", "1e-3"] if rollbacks else []),
+            "--eval-limit", "4" if smoke else "8",
             "--history-eval-data", "", "--strength-data", "", "--puzzle-eval-data", "",
             "--steps", "4" if smoke else "12", "--batch-positions", "2", "--group-size", "4",
             "--anchor-batch", "4", "--eval-every", "2" if smoke else "4", "--save-every", "2", "--keep-last", "2",
@@ -72,8 +76,9 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
 
 
 def ddp_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
-    """`grpo_command` under torchrun on 2 processes: 4 prompts a step, one `P:` and one `A:` per rank."""
-    cmd = grpo_command(out, data, smoke, model)
+    """`grpo_command` under torchrun on 2 processes: 4 prompts a step, one `P:` and one `A:` per rank;
+    without rollbacks, which would double its time (`tests/test_distributed.py` rolls two ranks back alike)."""
+    cmd = grpo_command(out, data, smoke, model, rollbacks=False)
     cmd[cmd.index("--batch-positions") + 1] = "4"
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS), *cmd[1:]]
 
@@ -297,6 +302,10 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
     straight = work / "straight"
     _, wall, _ = launch(command(straight), work / "straight.log", None)
     reference = outputs(task, straight)
+    recoveries = None if task == "sft" else recovered(straight)
+    if task == "grpo" and not recoveries:
+        raise SystemExit(f"fault drill: the {task} run's guard never fired (see {straight / 'events.jsonl'}): "
+                         "no kill could land in a rollback")
     rows: list[dict] = []
     rounds: list[dict] = []
     copy_no, attempt = 0, 0
@@ -324,12 +333,26 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
             problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
         rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
                      "aimed_at": "a save" if in_a_save else "a random time", **ranks,
+                     "after_a_rollback": None if task == "sft" else recovered(out) > 0,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
         killed = f"rank {rank} killed, torchrun stopped the rest in {ranks['teardown_s']:.1f} s; " if ranks else ""
         print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): {killed}"
               f"latest checkpoint step {latest}"
               f"{', during a save' if in_save else ''}{'; ' + '; '.join(problems) if problems else ''}", flush=True)
-    return {"task": task, "straight_seconds": round(wall, 1), "kills": rows, "copies": rounds}
+    return {"task": task, "straight_seconds": round(wall, 1), "straight_rollbacks": recoveries, "kills": rows,
+            "copies": rounds}
+
+
+def recovered(out: Path) -> int:
+    """How many times a GRPO run's collapse guard rolled it back so far (events.jsonl is never cut;
+    a last line torn by a kill is not counted)."""
+    path, count = out / "events.jsonl", 0
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            count += json.loads(line)["action"] == "recover"
+        except json.JSONDecodeError:
+            pass
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         teardown = [k["teardown_s"] for k in r["kills"] if "teardown_s" in k]
         if teardown:
             print(f"{r['task']}: after each rank kill torchrun stopped the rest within {max(teardown):.1f} s")
+        if r["straight_rollbacks"] is not None:
+            print(f"{r['task']}: the uninterrupted run rolled back {r['straight_rollbacks']} times; "
+                  f"{sum(bool(k['after_a_rollback']) for k in r['kills'])} kills came after a rollback")
         print(f"{r['task']}: {len(r['kills'])} kills ({sum(k['in_save'] for k in r['kills'])} during a save), "
               f"{len(r['copies'])} resumed copies: {len(r['copies']) - len(unequal)} bit for bit equal to the "
               f"uninterrupted run ({r['straight_seconds']} s); {len(bad)} kills left a checkpoint that does not load")

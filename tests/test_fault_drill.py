@@ -31,6 +31,7 @@ def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {r["task"]: r for r in json.loads((out / "drill.json").read_text())}
     assert set(results) == {"grpo", "sft"}
+    assert results["grpo"]["straight_rollbacks"] >= 1  # the GRPO run's guard fires, so kills land around a rollback
     for r in results.values():
         assert len(r["kills"]) == 2 and not any(k["problems"] for k in r["kills"])
         assert r["copies"] and all(c["equal"] for c in r["copies"])

@@ -596,9 +596,12 @@ def test_repeated_collapse_stops_with_the_signal_value_and_knob(tmp_path, small_
     assert not (tmp_path / "run" / "final").exists(), "a stopped run does not save its collapsed model as final"
 
 
-def test_a_guarded_run_resumed_mid_collapse_equals_the_straight_run(tmp_path, tiny_model_dir, small_data):
+@pytest.mark.parametrize("stop_at", [6, 7], ids=["before-the-rollback", "after-the-rollback"])
+def test_a_guarded_run_resumed_mid_collapse_equals_the_straight_run(tmp_path, tiny_model_dir, small_data, stop_at):
     """Exact under resume: the guard's histories, counts and rollback targets come back with the
-    checkpoint (in-memory states older than a checkpoint are dropped in the straight run as well)."""
+    checkpoint (in-memory states older than a checkpoint are dropped in the straight run as well).
+    Killed after the rollback too, before the next checkpoint: the resume redoes the collapse and its
+    rollback, and events.jsonl holds each event once, as the straight run's."""
     class Killed(Exception):
         pass
 
@@ -626,7 +629,8 @@ def test_a_guarded_run_resumed_mid_collapse_equals_the_straight_run(tmp_path, ti
         return tr
 
     straight = run(tmp_path / "a")
-    run(tmp_path / "b", stop_at=6)  # killed after the first bad record; the last checkpoint is step 4
+    killed = run(tmp_path / "b", stop_at=stop_at)  # at the first bad record, or at step 7 after the rollback to 4
+    assert killed.guard.recoveries == (stop_at == 7) and ckpt.latest_checkpoint(tmp_path / "b" / "run").name.endswith("4")
     resumed = run(tmp_path / "b", resume=True)
     assert resumed.guard.recoveries == straight.guard.recoveries == 1
     ea = [json.loads(x) for x in (tmp_path / "a" / "run" / "events.jsonl").read_text().splitlines()]

@@ -49,13 +49,25 @@ def set_aside(run_dir: Path, log: Callable[[str], None]) -> None:
     log(f"moved the previous run in {run_dir} to {aside} (use resume: true to continue it)")
 
 
-def truncate_logs(run_dir: Path, step: int) -> None:
-    """Drop log records of steps after `step` (a restored checkpoint): they will be redone."""
+def truncate_logs(run_dir: Path, step: int, events: int | None = None) -> None:
+    """Drop log records of steps after `step` (a restored checkpoint): they will be redone. A resume
+    also gives `events`, how many guard events its checkpoint had seen: the later ones are dropped,
+    since the resumed run redoes their steps and logs them again (a rollback keeps every event)."""
+    warn = lambda m: print(m, file=sys.stderr)  # noqa: E731
     for name in ("metrics.jsonl", "eval.jsonl"):
         path = run_dir / name
         if path.exists():
-            keep = [r for r in read_log(path, warn=lambda m: print(m, file=sys.stderr)) if r.get("step", 0) <= step]
+            keep = [r for r in read_log(path, warn=warn) if r.get("step", 0) <= step]
             atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in keep])
+    path = run_dir / "events.jsonl"
+    if events is not None and path.exists():
+        atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in read_log(path, warn=warn)[:events]])
+
+
+def logged_events(run_dir: Path) -> int:
+    """The guard events in the run's events.jsonl (a torn last line not counted)."""
+    path = run_dir / "events.jsonl"
+    return len(read_log(path, warn=lambda m: None)) if path.exists() else 0
 
 
 def best_summary(best: tuple[float, int] | None, final_score: float | None, step: int) -> dict | None:

@@ -40,6 +40,7 @@ def capture(tr: Trainer) -> dict:
         "generator": tr.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
         "base_eval": tr.base_eval, "best": tr.best, "history_eval": tr.history_eval,
         "config": tr.cfg.to_dict(), "version": __version__, "elapsed": tr.run_seconds(),
+        "events_logged": tr.events_logged,  # read by a resume alone: a rollback keeps every event
         "backward_dtype": "bf16" if tr.grad_dtype is not None else "float32",
     }
     if tr.ref is not None and tr.cfg.ref_refresh_every:

@@ -38,7 +38,8 @@ from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record
 from rookworld_rlvr.grpo.prompts import PromptSampler
 from rookworld_rlvr.grpo.rollout import (Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect,
                                         decode_graph, score_overlap)
-from rookworld_rlvr.grpo.runlog import append_jsonl, best_summary, git_commit, set_aside, step_record, truncate_logs
+from rookworld_rlvr.grpo.runlog import (append_jsonl, best_summary, git_commit, logged_events, set_aside, step_record,
+                                        truncate_logs)
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
 from rookworld_rlvr.metrics import held_out_reward, held_out_se
 from rookworld_rlvr.model import load_policy, resolve_device
@@ -87,7 +88,7 @@ class Trainer:
         if cfg.resume and resume_from is None:
             self.log(f"resume: no checkpoint in {self.run_dir}/checkpoints, starting fresh")
             if self.main:  # killed before its first checkpoint: what it logged (the base evaluation) is redone
-                truncate_logs(self.run_dir, -1)
+                truncate_logs(self.run_dir, -1, events=0)
         self._load_models(resume_from)
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all of them without LoRA
@@ -112,6 +113,7 @@ class Trainer:
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
         self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)
+        self.events_logged = 0  # events.jsonl's records: a checkpoint keeps the count, a resume cuts back to it
         self.collect_stats: dict[str, float] = {}
         self.lr_scale = 1.0
         self.base_eval: dict | None = None
@@ -123,8 +125,9 @@ class Trainer:
             st = ckpt.load_state(resume_from)
             state.restore(self, st)
             self.elapsed_before = self.clock = st.get("elapsed", 0.0)
+            self.events_logged = st.get("events_logged", logged_events(self.run_dir))  # older checkpoints: keep all
             if self.main:
-                truncate_logs(self.run_dir, self.step)
+                truncate_logs(self.run_dir, self.step, self.events_logged)
             self.log(f"resumed from {resume_from} at step {self.step}")
 
     def _load_models(self, resume_from: Path | None) -> None:
@@ -418,8 +421,9 @@ class Trainer:
                 r.copy_(p.to(r.device) if a == 0 else a * p.to(r.device) + (1 - a) * r)
 
     def _event(self, event: GuardEvent, **more) -> None:
-        """Every guard event goes to events.jsonl (never truncated), the log and the summary."""
+        """Every guard event goes to events.jsonl (cut by a resume only), the log and the summary."""
         self.events.append({**event.record(), **more})
+        self.events_logged += 1
         if self.main:
             append_jsonl(self.run_dir / "events.jsonl", {**event.record(), **more})
         self.log(event.message)
