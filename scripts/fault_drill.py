@@ -346,13 +346,10 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
 def recovered(out: Path) -> int:
     """How many times a GRPO run's collapse guard rolled it back so far (events.jsonl is never cut;
     a last line torn by a kill is not counted)."""
-    path, count = out / "events.jsonl", 0
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            count += json.loads(line)["action"] == "recover"
-        except json.JSONDecodeError:
-            pass
-    return count
+    from rookworld_rlvr.data.io import read_log
+
+    path = out / "events.jsonl"
+    return sum(r["action"] == "recover" for r in read_log(path, warn=lambda m: None)) if path.exists() else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,15 +53,16 @@ def truncate_logs(run_dir: Path, step: int, events: int | None = None) -> None:
     """Drop log records of steps after `step` (a restored checkpoint): they will be redone. A resume
     also gives `events`, how many guard events its checkpoint had seen: the later ones are dropped,
     since the resumed run redoes their steps and logs them again (a rollback keeps every event)."""
-    warn = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    for name in ("metrics.jsonl", "eval.jsonl"):
+    def rewrite(name: str, keep: Callable[[list[dict]], list[dict]]) -> None:
         path = run_dir / name
         if path.exists():
-            keep = [r for r in read_log(path, warn=warn) if r.get("step", 0) <= step]
-            atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in keep])
-    path = run_dir / "events.jsonl"
-    if events is not None and path.exists():
-        atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in read_log(path, warn=warn)[:events]])
+            rows = keep(read_log(path, warn=lambda m: print(m, file=sys.stderr)))
+            atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in rows])
+
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        rewrite(name, lambda rows: [r for r in rows if r.get("step", 0) <= step])
+    if events is not None:
+        rewrite("events.jsonl", lambda rows: rows[:events])
 
 
 def logged_events(run_dir: Path) -> int:

@@ -125,7 +125,8 @@ class Trainer:
             st = ckpt.load_state(resume_from)
             state.restore(self, st)
             self.elapsed_before = self.clock = st.get("elapsed", 0.0)
-            self.events_logged = st.get("events_logged", logged_events(self.run_dir))  # older checkpoints: keep all
+            # a checkpoint from before the count was kept keeps every event
+            self.events_logged = st["events_logged"] if "events_logged" in st else logged_events(self.run_dir)
             if self.main:
                 truncate_logs(self.run_dir, self.step, self.events_logged)
             self.log(f"resumed from {resume_from} at step {self.step}")
