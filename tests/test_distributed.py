@@ -16,6 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from test_trainer import _Result, make, varied_reward
 
+from ranks import spawn_waits
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
 
@@ -145,7 +146,7 @@ def _rank_main(rank: int, port: int, scenario: str, model_dir: str, data_dir: st
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     torch.set_num_threads(1)
-    assert dist.init_from_env("cpu") and dist.world() == WORLD
+    assert dist.init_from_env("cpu", 10.0) and dist.world() == WORLD
     try:
         res = SCENARIOS[scenario](Path(model_dir), Path(data_dir), Path(out))
         torch.save(res, Path(out) / f"rank{rank}.pt")
@@ -157,6 +158,21 @@ def _spawn(scenario: str, model_dir: Path, data_dir: Path, out: Path) -> list[di
     out.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=(_free_port(), scenario, str(model_dir), str(data_dir), str(out)), nprocs=WORLD)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alone_for_longer(tmp_path):
+    """step_timeout_minutes 0.01 (0.6 s): rank 1 waits out rank 0's 1.8 s of lone work at a broadcast and
+    at a barrier (those waits allow an hour); when rank 1 hangs, rank 0's barrier and its step's collective
+    each end with an error after about 0.6 s instead of waiting for it."""
+    T = 0.6
+    r0, r1 = spawn_waits(0.01, "lone", tmp_path)
+    assert r0["broadcast"] == r1["broadcast"] == "from rank 0" and r0["barrier"] == r1["barrier"] == "passed"
+    assert r1["broadcast_s"] > 2 * T and r1["barrier_s"] > 2 * T  # rank 1 waited well past the step timeout
+    assert r0["gather"] == r1["gather"] == [0.0, 1.0]
+    for name, where in (("barrier_hung", "a barrier"), ("gather_hung", "a step's collective")):
+        assert r0[name].startswith(f"error: RuntimeError: rank 0 stopped waiting for the other ranks at {where}: one "
+                                   "of them hangs or died. A step's collectives wait step_timeout_minutes (0.01)"), r0[name]
+        assert T * 0.9 < r0[name + "_s"] < T + 3, (name, r0[name + "_s"])
 
 
 @pytest.fixture(scope="module")

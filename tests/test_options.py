@@ -284,6 +284,9 @@ ROWS = [
     Row("decode_graph", {"decode_graph": True}, P(lambda env, over: env.trainer(over).graph_note),
         lambda b, o: b.startswith("eager") and o.startswith("shape-stable")),  # same samples: test_trainer.py
     Row("threads", {"threads": "NTHREADS"}, P(lambda env, over: _threads(env, over)), lambda b, o: o == b + 1),
+    # two ranks, one 1.5 s late at a step's collective (the waits for rank 0: test_distributed.py)
+    Row("step_timeout_minutes", {"step_timeout_minutes": 0.01}, P(lambda env, over: _late_rank(env, over)),
+        lambda b, o: b == [0.0, 1.0] and o.startswith("error")),
     # -- data ----------------------------------------------------------------------------------------------
     Row("data", {"data": "EVALFILE"}, COLLECT, lambda b, o: set(b["prompts"]).isdisjoint(o["prompts"])),
     Row("eval_data", {"eval_data": "EVALFILE"}, P(lambda env, over: _evaluate(env, over)),
@@ -655,6 +658,14 @@ def _bad_data(env: Env) -> Path:
     return path
 
 
+def _late_rank(env: Env, over: dict):
+    """What rank 0's step collective returns when rank 1 comes 1.5 s late, under this config's timeout."""
+    from test_distributed import spawn_waits
+
+    cfg = env.config(over)
+    return spawn_waits(cfg.step_timeout_minutes, "late", Path(cfg.output_dir))[0]["gather"]
+
+
 def _threads(env: Env, over: dict) -> int:
     before = torch.get_num_threads()
     try:
@@ -708,11 +719,14 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"mix_env_ratio": 0.0, "task_sampling": {"A": {"temperature": 0.7}}}, "task_sampling: A:"),
              ({"mix_env_ratio": 0.0, "temperature": 0.9, "task_sampling": {"P": {"temperature": 0.7}}},
               "temperature: every sampled task sets its own"),
-             ({"eval_data": "", "eval_every": 5}, "eval_every: eval_data is empty")]
+             ({"eval_data": "", "eval_every": 5}, "eval_every: eval_data is empty"),
+             ({"step_timeout_minutes": 5.0}, "step_timeout_minutes: one process")]
     for over, expected in cases:
         notes = load_config(None, over).inert_settings()
         assert any(n.startswith(expected) for n in notes), (over, notes)
     assert not load_config(None, {"clip_range": 0.1, "updates_per_batch": 2}).inert_settings()
+    assert not load_config(None, {"step_timeout_minutes": 5.0}).inert_settings(processes=2)
+    assert not load_config(None, {"step_timeout_minutes": 5.0}).inert_settings(processes=None)  # a dry run
     assert not load_config(None, {"mix_env_ratio": 0.0, "phases": [{"start": 1, "mix_env_ratio": 0.5}],
                                   "task_sampling": {"A": {"temperature": 0.7}}, "steps": 3}).inert_settings()
     bounds = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_entropy_factor",

@@ -244,6 +244,9 @@ def test_config_rejects_bad_values_and_unknown_fields():
         load_config(None, {"backward_dtype": "bf16", "lora_r": 4})
     with pytest.raises(ValueError, match="backward_dtype"):
         load_config(None, {"backward_dtype": "fp16"})
+    for bad in ("0", "-1", "inf"):  # a wait of no time, or one that never ends
+        with pytest.raises(ValueError, match=f"config field 'step_timeout_minutes' must be > 0 \\(got {bad}"):
+            load_config(None, {"step_timeout_minutes": bad})
     cfg = load_config("configs/default.yaml", {"lr": "1e-5", "resume": "true"})
     assert cfg.lr == 1e-5 and cfg.resume is True
 

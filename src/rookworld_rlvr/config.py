@@ -71,6 +71,11 @@ class TrainConfig:
                                    "instead of hundreds from Python); the same samples up to float reordering. Plain "
                                    "GPT-2 policies (LoRA included); its step records nothing (record_rollout off)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
+    step_timeout_minutes: float = _f(10.0, "under torchrun: how long a rank waits for the others at a step's "
+                                           "collectives (rewards, gradients, metrics) before the run fails, so that a "
+                                           "rank that hangs ends the run (torchrun then stops the others) instead of "
+                                           "holding every device; while rank 0 alone sets up, evaluates or saves, the "
+                                           "others wait up to 60 minutes. No effect in one process")
     # -- data ----------------------------------------------------------------------------------
     data: str = _f("data/train.jsonl.xz", "training prompts: our JSONL (.gz, .xz) or upstream RookWorld text lines")
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
@@ -299,12 +304,12 @@ class TrainConfig:
             out |= {task for task, n in self.task_counts(step).items() if n}
         return out
 
-    def inert_settings(self, names: Iterable[str] | None = None) -> list[str]:
+    def inert_settings(self, names: Iterable[str] | None = None, processes: int | None = 1) -> list[str]:
         """Settings among `names` (default: every field away from its default) that cannot take effect
-        under the rest of this configuration, each with the reason (`config_checks`)."""
+        under the rest of this configuration in `processes` processes, each with the reason (`config_checks`)."""
         from rookworld_rlvr.config_checks import inert_settings
 
-        return inert_settings(self, names)
+        return inert_settings(self, names, processes)
 
     # -- io ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

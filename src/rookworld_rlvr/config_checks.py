@@ -55,6 +55,8 @@ def validate(cfg: TrainConfig) -> None:
     need(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "must be > 0")
     need(cfg.max_minutes is None or (cfg.max_minutes > 0 and math.isfinite(cfg.max_minutes)), "max_minutes",
          "must be > 0 or null")
+    need(cfg.step_timeout_minutes > 0 and math.isfinite(cfg.step_timeout_minutes), "step_timeout_minutes",
+         "must be > 0")
     need(0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
     need(cfg.env_terminal_share is None or 0 <= cfg.env_terminal_share <= 1, "env_terminal_share",
          "must be in [0, 1] or null")
@@ -118,9 +120,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"config field 'curriculum': {e}") from None
 
 
-def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list[str]:
+def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, processes: int | None = 1) -> list[str]:
     """Settings among `names` (default: every field away from its default) that cannot take effect
-    under the rest of this configuration, each with the reason. The trainer logs them as warnings."""
+    under the rest of this configuration in `processes` processes (torchrun's ranks; None: not known,
+    as in a dry run), each with the reason. The trainer logs them as warnings."""
     defaults = TrainConfig()
     names = set(names) if names is not None else {f for f in FIELDS if getattr(cfg, f) != getattr(defaults, f)}
     tasks = cfg.sampled_tasks()
@@ -149,6 +152,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None) -> list
          "no P: positions are sampled (mix_env_ratio 1 or mix_puzzle_ratio 1)"),
         (("eval_limit", "eval_every", "history_eval_data"), not cfg.eval_data,
          "eval_data is empty (no evaluation)"),
+        (("step_timeout_minutes",), processes == 1,
+         "one process: it bounds how long torchrun's ranks wait for each other"),
     ]
     out = [f"{name}: {reason}" for fields, cond, reason in rules if cond for name in fields if name in names]
     for task, over in cfg.task_sampling.items():

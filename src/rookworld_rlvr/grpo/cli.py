@@ -130,7 +130,7 @@ def _train(cfg: TrainConfig) -> int:
     (torch.distributed: gloo on CPU, NCCL on GPUs); under torchrun rank 0 alone prints and writes."""
     from rookworld_rlvr.grpo import distributed as dist
 
-    dist.init_from_env(cfg.device)
+    dist.init_from_env(cfg.device, cfg.step_timeout_minutes)
     try:
         return _train_here(cfg)
     finally:

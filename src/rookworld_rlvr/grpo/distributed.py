@@ -17,15 +17,39 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-# Rank 0 alone evaluates and writes checkpoints while the others wait at a collective; the
-# defaults (10 min for NCCL) can be shorter than a held-out evaluation on a slow machine.
-TIMEOUT = timedelta(minutes=60)
+# How long a rank waits for the others. At a step's collectives (rewards, gradients, metrics) every
+# rank has done the same work, so a long wait means a rank hangs: the run then fails after
+# `step_timeout_minutes` (the trainer's setting) and torchrun stops the rest, instead of holding
+# every GPU. Where rank 0 alone sets up, evaluates or writes a checkpoint (`barrier`,
+# `broadcast_object`), the others allow it PATIENCE. Each kind of wait has a group of its own, as a
+# group's timeout is set when it is made; the waits for rank 0 time out after the step timeout on
+# rank 0 itself (nobody works alone while rank 0 waits): a group's timeout is each process's own.
+# The ranks meet (torchrun starts them at once, but their imports can take minutes) with PATIENCE.
+PATIENCE = timedelta(minutes=60)
+_steps: Any = None  # the group of a step's collectives (init_from_env)
+_waits_for_main: Any = None  # the group of `barrier` and `broadcast_object`
+_step_minutes = 0.0  # init_from_env's step_timeout_minutes
+
+
+@contextmanager
+def _waiting(where: str):
+    """A wait that timed out (gloo raises; NCCL's watchdog ends the process itself) says where and why."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "Timed out" not in str(e):
+            raise
+        patience = PATIENCE.total_seconds() / 60
+        raise RuntimeError(f"rank {rank()} stopped waiting for the other ranks at {where}: one of them hangs or "
+                           f"died. A step's collectives wait step_timeout_minutes ({_step_minutes:g}); the others "
+                           f"wait {patience:g} minutes for rank 0's lone work (evaluations, saves). ({e})") from e
 
 
 def active() -> bool:
@@ -45,13 +69,15 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init_from_env(device: str = "auto") -> bool:
+def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT).
 
     Does nothing without WORLD_SIZE > 1. NCCL when `device` resolves to CUDA, gloo otherwise
     (CPU). On CUDA each process takes the GPU `cuda:LOCAL_RANK` (set as the current device, which
-    NCCL's object collectives need too; `local_device` maps a bare "cuda" to it).
+    NCCL's object collectives need too; `local_device` maps a bare "cuda" to it). A step's
+    collectives time out after `step_timeout_minutes`, the waits for rank 0 after PATIENCE.
     Returns True when a process group is active."""
+    global _steps, _waits_for_main, _step_minutes
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or active():
         return active()
     from rookworld_rlvr.model import resolve_device
@@ -59,7 +85,10 @@ def init_from_env(device: str = "auto") -> bool:
     cuda = torch.cuda.is_available() and resolve_device(device).type == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=TIMEOUT)
+    step, _step_minutes = timedelta(minutes=step_timeout_minutes), step_timeout_minutes
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=PATIENCE)
+    _steps = dist.new_group(timeout=step)
+    _waits_for_main = dist.new_group(timeout=step if dist.get_rank() == 0 else max(step, PATIENCE))
     return True
 
 
@@ -72,14 +101,18 @@ def local_device(device: torch.device) -> torch.device:
 
 
 def destroy() -> None:
+    global _steps, _waits_for_main
     if active():
         dist.destroy_process_group()
+    _steps = _waits_for_main = None
 
 
 def barrier() -> None:
-    """Wait until every rank is here (e.g. rank 0 has finished writing a checkpoint)."""
+    """Wait until every rank is here (e.g. rank 0 has finished writing a checkpoint); the others
+    wait up to PATIENCE for rank 0."""
     if world() > 1:
-        dist.barrier()
+        with _waiting("a barrier"):
+            dist.barrier(group=_waits_for_main)
 
 
 def _comm_device() -> torch.device:
@@ -105,7 +138,8 @@ def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
         return t
     x = t.detach().reshape(-1).to(_comm_device())
     out = [torch.empty_like(x) for _ in range(world())]
-    dist.all_gather(out, x)
+    with _waiting("a step's collective"):
+        dist.all_gather(out, x, group=_steps)
     return torch.cat(out).to(t.device)
 
 
@@ -114,17 +148,19 @@ def all_gather_object(obj: Any) -> list:
     if world() == 1:
         return [obj]
     out: list = [None] * world()
-    dist.all_gather_object(out, obj)
+    with _waiting("a step's collective"):
+        dist.all_gather_object(out, obj, group=_steps)
     return out
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank `src`'s `obj` on every rank (what the others pass is ignored); it doubles as a barrier,
-    e.g. while rank 0 evaluates."""
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (what the others pass is ignored); it doubles as a barrier,
+    e.g. while rank 0 evaluates (the others wait up to PATIENCE for it)."""
     if world() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with _waiting("rank 0's broadcast"):
+        dist.broadcast_object_list(box, src=0, group=_waits_for_main)
     return box[0]
 
 
@@ -146,7 +182,8 @@ def all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
              for p in params]
     present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=dev)
     flat = torch.cat(grads + [present])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    with _waiting("a step's collective"):
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=_steps)
     offset = 0
     for p, had in zip(params, flat[-len(params):].tolist()):
         n = p.numel()

@@ -52,7 +52,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     """Validate config, data and model location; print counts and the plan. Returns an exit code."""
     problems = []
     out("config: valid")
-    for note in cfg.inert_settings():
+    for note in cfg.inert_settings(processes=None):  # one process here; the run may have more
         out(f"warning: setting without effect: {note}")
     for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data), ("history_eval_data", cfg.history_eval_data)):
         if not path:

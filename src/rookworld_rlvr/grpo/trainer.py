@@ -70,7 +70,7 @@ class Trainer:
         self.cfg, self.reward_fn, self.eval_fn = cfg, reward_fn, eval_fn
         self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
         self.log = log if self.main else (lambda *_: None)
-        for note in cfg.inert_settings():
+        for note in cfg.inert_settings(processes=dist.world()):
             self.log(f"warning: setting without effect: {note}")
         self.run_dir = Path(cfg.output_dir)
         check_shardable(cfg)
