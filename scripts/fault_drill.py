@@ -2,12 +2,13 @@
 """Fault drill: a GRPO run and an SFT run, each killed (SIGKILL) at random points and resumed with
 `--resume`, must end bit for bit equal to the same run left alone, and no kill may leave a
 checkpoint that does not load. `--tasks ddp` drills the GRPO run under `torchrun` on 2 processes
-(gloo on CPU; Linux, it finds the ranks in /proc): each kill hits one rank, the ranks in turn, and
-torchrun must stop the other by itself within a bound and leave no process behind: nothing hangs.
+(gloo on CPU; Linux, it finds the ranks in /proc): each fault hits one rank, in turn rank 1 stopped
+(SIGSTOP: a rank that hangs), rank 0 killed and rank 1 killed, and torchrun must end the run by
+itself within a bound and leave no process behind: nothing hangs.
 
     python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
     python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
-    python scripts/fault_drill.py --tasks ddp           # one rank of a torchrun run killed, 20 times
+    python scripts/fault_drill.py --tasks ddp           # one rank of a torchrun run stopped or killed, 20 times
 
 How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
 again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
@@ -39,7 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed to differ
 TASKS = ("grpo", "sft", "ddp")
 RANKS = 2  # processes of the ddp task
-TEARDOWN_S = 120.0  # after one rank is killed, torchrun must have stopped the rest within this (else: a hang)
+STEP_TIMEOUT_MINUTES = 0.25  # the ddp run's step_timeout_minutes: a stopped rank ends the run this long after
+TEARDOWN_S = 120.0  # after one rank is killed or stopped, torchrun must have ended the run within this (else: a hang)
+FAULTS = ((1, "SIGSTOP"), (0, "SIGKILL"), (1, "SIGKILL"))  # the ddp task's faults in turn: (rank, signal)
 MARK = "ROOKWORLD_DRILL_RUN"  # set in every process a drill run starts, so that none is missed or left behind
 
 
@@ -77,9 +80,11 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool
 
 def ddp_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
     """`grpo_command` under torchrun on 2 processes: 4 prompts a step, one `P:` and one `A:` per rank;
-    without rollbacks, which would double its time (`tests/test_distributed.py` rolls two ranks back alike)."""
+    without rollbacks, which would double its time (`tests/test_distributed.py` rolls two ranks back alike).
+    A rank that waits STEP_TIMEOUT_MINUTES at a step's collective ends the run."""
     cmd = grpo_command(out, data, smoke, model, rollbacks=False)
     cmd[cmd.index("--batch-positions") + 1] = "4"
+    cmd += ["--step-timeout-minutes", str(STEP_TIMEOUT_MINUTES)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS), *cmd[1:]]
 
 
@@ -233,10 +238,11 @@ def rank_pid(run: str, rank: int) -> int | None:
     return None
 
 
-def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int) -> dict:
-    """SIGKILL one rank (`pid`) and wait for torchrun to stop the other by itself. Whatever still runs
-    `TEARDOWN_S` later (torchrun hung) or after torchrun ended (an orphan) is a finding, then killed."""
-    os.kill(pid, signal.SIGKILL)
+def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int, sig: str = "SIGKILL") -> dict:
+    """Send one rank (`pid`) SIGKILL (it dies) or SIGSTOP (it hangs) and wait for torchrun to end the run
+    by itself. Whatever still runs `TEARDOWN_S` later (torchrun hung) or after torchrun ended (an orphan)
+    is a finding, then killed (SIGKILL ends a stopped process too)."""
+    os.kill(pid, getattr(signal, sig))
     t0 = time.time()
     try:
         proc.wait(timeout=TEARDOWN_S)
@@ -258,15 +264,15 @@ def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int) -> dict:
         if not marked(run):
             break
         time.sleep(0.01)
-    return {"rank": rank, "teardown_s": round(teardown, 2), "hung": hung, "left_running": len(left)}
+    return {"rank": rank, "signal": sig, "teardown_s": round(teardown, 2), "hung": hung, "left_running": len(left)}
 
 
 def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None,
-           rank: int | None = None) -> tuple[bool, float, dict]:
+           rank: int | None = None, sig: str = "SIGKILL") -> tuple[bool, float, dict]:
     """Run `cmd`; SIGKILL its whole process group (Stockfish included) after `kill_after` seconds or,
     with `saves`, as soon as a new save or deletion starts in one of those folders (whichever comes
-    first); with `rank` (torchrun), that rank's process alone (`kill_rank`). Returns (finished, seconds,
-    what the rank kill found). A run that exits with an error stops the drill."""
+    first); with `rank` (torchrun), send that rank's process alone `sig` (`kill_rank`). Returns (finished,
+    seconds, what the rank fault found). A run that exits with an error stops the drill."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            MARK: str(log)}
     before = hidden(saves or [])
@@ -283,7 +289,7 @@ def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path
                 return False, time.time() - t0, {}
             if due and (pid := rank_pid(str(log), rank)) is not None:  # a kill due in start-up waits for the rank
                 seconds = time.time() - t0
-                return False, seconds, kill_rank(proc, str(log), rank, pid)
+                return False, seconds, kill_rank(proc, str(log), rank, pid, sig)
             time.sleep(0.001 if saves else 0.05)
     if rc != 0:
         raise SystemExit(f"fault drill: {' '.join(cmd)} exited with {rc}; see {log}")
@@ -315,9 +321,9 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         after = rng.uniform(0, wall) if len(rows) < kills else None
         in_a_save = after is not None and rng.random() < 0.5  # half the kills wait for a save instead
         saves = [out, out / "checkpoints"] if in_a_save else None
-        rank = len(rows) % RANKS if task == "ddp" and after is not None else None  # the ranks in turn
+        rank, sig = FAULTS[len(rows) % len(FAULTS)] if task == "ddp" and after is not None else (None, "SIGKILL")
         finished, seconds, ranks = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves,
-                                          rank)
+                                          rank, sig)
         attempt += 1
         if finished:
             diff = differences(reference, outputs(task, out))
@@ -328,14 +334,16 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
             continue
         problems, latest, in_save = check_checkpoints(task, out)
         if ranks.get("hung"):
-            problems.append(f"torchrun still ran {TEARDOWN_S:.0f} s after rank {rank} was killed")
+            problems.append(f"torchrun still ran {TEARDOWN_S:.0f} s after rank {rank} was "
+                            f"{'stopped' if sig == 'SIGSTOP' else 'killed'}")
         elif ranks.get("left_running"):
             problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
         rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
                      "aimed_at": "a save" if in_a_save else "a random time", **ranks,
                      "after_a_rollback": None if task == "sft" else recovered(out) > 0,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
-        killed = f"rank {rank} killed, torchrun stopped the rest in {ranks['teardown_s']:.1f} s; " if ranks else ""
+        killed = (f"rank {rank} {'stopped (a hang)' if sig == 'SIGSTOP' else 'killed'}, torchrun ended the run in "
+                  f"{ranks['teardown_s']:.1f} s; " if ranks else "")
         print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): {killed}"
               f"latest checkpoint step {latest}"
               f"{', during a save' if in_save else ''}{'; ' + '; '.join(problems) if problems else ''}", flush=True)
@@ -356,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kills per run type (default 20)")
     ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft and/or ddp (GRPO under torchrun on 2 processes, "
-                                                       "one rank killed at a time); default grpo,sft")
+                                                       "one rank stopped or killed at a time); default grpo,sft")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
     ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
@@ -380,9 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         bad = [k for k in r["kills"] if k["problems"]]
         unequal = [c for c in r["copies"] if not c["equal"]]
         ok &= not bad and not unequal
-        teardown = [k["teardown_s"] for k in r["kills"] if "teardown_s" in k]
-        if teardown:
-            print(f"{r['task']}: after each rank kill torchrun stopped the rest within {max(teardown):.1f} s")
+        for sig, what in (("SIGKILL", "kill"), ("SIGSTOP", "stop (a hang)")):
+            teardown = [k["teardown_s"] for k in r["kills"] if k.get("signal") == sig]
+            if teardown:
+                print(f"{r['task']}: after each rank {what} torchrun ended the run within {max(teardown):.1f} s "
+                      f"({len(teardown)} times)")
         if r["straight_rollbacks"] is not None:
             print(f"{r['task']}: the uninterrupted run rolled back {r['straight_rollbacks']} times; "
                   f"{sum(bool(k['after_a_rollback']) for k in r['kills'])} kills came after a rollback")
