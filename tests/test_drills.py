@@ -531,3 +531,38 @@ def test_a_player_that_fails_to_start_closes_the_engine_already_started(tmp_path
                "--openings", str(REPO / "data" / "openings.txt")])
     assert rc == 1 and "no-model" in capsys.readouterr().err
     assert closed == ["stockfish:0:1"]
+
+
+_KILLED_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from rookworld_rlvr.atomic import write_dir
+
+def write(tmp):
+    (tmp / "model.safetensors").write_bytes(b"half a model")
+    os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the save: no handler runs
+
+write_dir(Path(sys.argv[1]), write)
+"""
+
+
+def test_a_model_save_killed_midway_leaves_nothing_behind_once_saved_again(tmp_path):
+    """`final/` and `best/` are written through a temporary sibling; a SIGKILL in the middle leaves it
+    (`.final.tmp-*`, model-sized). The next save of that name deletes it: under the name only ever the
+    old or the new copy, and beside it nothing once the save is done."""
+    import subprocess
+    import sys
+
+    from rookworld_rlvr.atomic import write_dir
+
+    final = tmp_path / "final"
+    write_dir(final, lambda tmp: (tmp / "model.safetensors").write_bytes(b"old"))
+    for _ in range(2):  # two kills: each leaves its own, and the second save (killed too) deleted the first's
+        proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(final)], capture_output=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+        assert proc.returncode == -9, proc.stderr
+        assert len(list(tmp_path.glob(".final.tmp-*"))) == 1 and (final / "model.safetensors").read_bytes() == b"old"
+    (tmp_path / "final2").mkdir()  # another name's own directory is not touched
+    write_dir(final, lambda tmp: (tmp / "model.safetensors").write_bytes(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "final2"]
+    assert (final / "model.safetensors").read_bytes() == b"new"

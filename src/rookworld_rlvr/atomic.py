@@ -13,6 +13,7 @@ Python: imports nothing of the package.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -85,10 +86,13 @@ def remove_leftovers(parent: Path, pattern: str) -> None:
 
 def write_dir(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on a fresh temporary directory beside `final`, then swap it into place
-    (see the module doc); returns `final`. On any error `final` is left as it was."""
+    (see the module doc); returns `final`. On any error `final` is left as it was. What a killed
+    save of the same name left (`.NAME.tmp-*`, `.NAME.del-*`: one writer per name) is deleted first,
+    or each kill during a model's save would leave a model-sized hidden copy for good."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     restore_aside(final)
+    remove_leftovers(final.parent, glob.escape(final.name))
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     old: Path | None = None
     try:
