@@ -9,6 +9,7 @@ itself within a bound and leave no process behind: nothing hangs.
     python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
     python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
     python scripts/fault_drill.py --tasks ddp           # one rank of a torchrun run stopped or killed, 20 times
+    python scripts/fault_drill.py --tasks ddp --ddp-rollbacks   # the same while the guard rolls the run back
 
 How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
 again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
@@ -16,8 +17,8 @@ start-up, steps and evaluations alike, or (half the kills, also drawn) the momen
 deletion of a checkpoint starts, which a random time rarely hits; after each kill every checkpoint on disk is loaded (weights and
 state), then the command is started again with `--resume`. When a resumed attempt finishes before
 its kill, its outputs are compared with the uninterrupted run's: the final (and best) weights byte
-for byte, and every log record except wall-clock times; the next kills then start a fresh copy of
-the run. It ends once `--kills` kills have landed and the last copy has finished and compared.
+for byte, and every log record except wall-clock times, and nothing a killed save wrote may be left
+in its folders; the next kills then start a fresh copy of the run. It ends once `--kills` kills have landed and the last copy has finished and compared.
 
 Writes <out>/drill.json (one row per kill) and prints a summary. Exit status 1 when any resumed run
 differs or any checkpoint does not load.
@@ -78,11 +79,11 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool
             "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out)]
 
 
-def ddp_command(out: Path, data: Path, smoke: bool, model: str) -> list[str]:
+def ddp_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool = False) -> list[str]:
     """`grpo_command` under torchrun on 2 processes: 4 prompts a step, one `P:` and one `A:` per rank;
-    without rollbacks, which would double its time (`tests/test_distributed.py` rolls two ranks back alike).
-    A rank that waits STEP_TIMEOUT_MINUTES at a step's collective ends the run."""
-    cmd = grpo_command(out, data, smoke, model, rollbacks=False)
+    by default without rollbacks, which double its time (`tests/test_distributed.py` rolls two ranks back
+    alike). A rank that waits STEP_TIMEOUT_MINUTES at a step's collective ends the run."""
+    cmd = grpo_command(out, data, smoke, model, rollbacks=rollbacks)
     cmd[cmd.index("--batch-positions") + 1] = "4"
     cmd += ["--step-timeout-minutes", str(STEP_TIMEOUT_MINUTES)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS), *cmd[1:]]
@@ -211,6 +212,13 @@ def hidden(folders: list[Path]) -> set[Path]:
     return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".") and p.is_dir()}
 
 
+def left_behind(out: Path) -> list[str]:
+    """A finished run's folders must hold no temporary or set-aside directory: one would be what a killed save
+    left there for good (a model-sized copy each)."""
+    left = sorted(p.name for p in hidden([out, out / "checkpoints"]))
+    return [f"left behind by killed saves: {', '.join(left)}"] if left else []
+
+
 def marked(run: str) -> list[int]:
     """The live processes a drill run started, found by the mark in their environment: torchrun's
     workers start sessions of their own, so no process group holds them all."""
@@ -296,20 +304,23 @@ def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path
     return True, time.time() - t0, {}
 
 
-def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str) -> dict:
+def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str,
+          ddp_rollbacks: bool = False) -> dict:
     data = subset(REPO / "data" / "train.jsonl.xz", work / "train.jsonl", 100 if smoke else 200)
     eval_data = subset(REPO / "data" / "eval.jsonl.gz", work / "eval.jsonl", 8)
 
     def command(out: Path) -> list[str]:
         if task == "sft":
             return sft_command(out, data, eval_data, smoke)
-        return (ddp_command if task == "ddp" else grpo_command)(out, data, smoke, model)
+        if task == "ddp":
+            return ddp_command(out, data, smoke, model, ddp_rollbacks)
+        return grpo_command(out, data, smoke, model)
 
     straight = work / "straight"
     _, wall, _ = launch(command(straight), work / "straight.log", None)
     reference = outputs(task, straight)
     recoveries = None if task == "sft" else recovered(straight)
-    if task == "grpo" and not recoveries:
+    if (task == "grpo" or (task == "ddp" and ddp_rollbacks)) and not recoveries:
         raise SystemExit(f"fault drill: the {task} run's guard never fired (see {straight / 'events.jsonl'}): "
                          "no kill could land in a rollback")
     rows: list[dict] = []
@@ -326,7 +337,7 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
                                           rank, sig)
         attempt += 1
         if finished:
-            diff = differences(reference, outputs(task, out))
+            diff = differences(reference, outputs(task, out)) + left_behind(out)
             rounds.append({"copy": copy_no, "attempts": attempt, "equal": not diff, "differences": diff})
             print(f"{task} copy {copy_no}: finished after {attempt - 1} kills: "
                   f"{'bit for bit equal' if not diff else 'DIFFERS: ' + '; '.join(diff)}", flush=True)
@@ -369,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
     ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
     ap.add_argument("--smoke", action="store_true", help="tiny runs (seconds each): for the test")
+    ap.add_argument("--ddp-rollbacks", action="store_true", help="the ddp task at the grpo task's lr 1e-3, where its "
+                                                                 "guard rolls it back, so faults land in and after "
+                                                                 "rollbacks under torchrun too (about twice as long)")
     args = ap.parse_args(argv)
     if args.kills < 1:
         ap.error("--kills must be at least 1")
@@ -381,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         work = root / task
         work.mkdir(parents=True)
-        results.append(drill(task, args.kills, work, random.Random(f"{args.seed}-{task}"), args.smoke, args.model))
+        results.append(drill(task, args.kills, work, random.Random(f"{args.seed}-{task}"), args.smoke, args.model,
+                             args.ddp_rollbacks))
     (root / "drill.json").write_text(json.dumps(results, indent=1) + "\n")
     ok = True
     for r in results:

@@ -85,6 +85,9 @@ def test_the_drill_sees_one_flipped_bit_and_a_checkpoint_that_does_not_load(tmp_
     (step / "model.safetensors").write_bytes(b"torn")
     problems, latest, _ = drill.check_checkpoints("grpo", run)
     assert latest == 2 and len(problems) == 1 and "step_000002" in problems[0]
+    assert drill.left_behind(run) == []  # a finished copy: what a killed save of final/ left is named
+    (run / ".final.tmp-x1").mkdir()
+    assert drill.left_behind(run) == ["left behind by killed saves: .final.tmp-x1"]
 
 
 FAKE_TORCHRUN = """
@@ -110,6 +113,17 @@ def test_the_drill_names_a_torchrun_that_hangs_or_leaves_a_rank_running(tmp_path
     assert found["hung"] == (mode == "hang") and found["left_running"] == (1 if sig == "SIGKILL" else 2)
     assert (found["teardown_s"] >= 2.0) == (mode == "hang")
     assert drill.marked(str(log)) == []
+
+
+def test_the_ddp_task_runs_at_the_grpo_tasks_lr_only_when_asked_to_roll_back(tmp_path):
+    """`--ddp-rollbacks`: the torchrun run at lr 1e-3, where its guard rolls it back (by hand: about 25 minutes);
+    by default at `make train`'s lr. Both under torchrun with the drill's step timeout."""
+    drill = drill_module()
+    plain, rolling = (drill.ddp_command(tmp_path, tmp_path / "d.jsonl", True, "m", rollbacks=r) for r in (False, True))
+    assert "--lr" not in plain and rolling[rolling.index("--lr") + 1] == "1e-3"
+    for cmd in (plain, rolling):
+        assert cmd[1:3] == ["-m", "torch.distributed.run"]
+        assert cmd[cmd.index("--step-timeout-minutes") + 1] == str(drill.STEP_TIMEOUT_MINUTES)
 
 
 @pytest.mark.parametrize("argv,message", [(["--kills", "0"], "--kills must be at least 1"),
