@@ -18,7 +18,8 @@ deletion of a checkpoint starts, which a random time rarely hits; after each kil
 state), then the command is started again with `--resume`. When a resumed attempt finishes before
 its kill, its outputs are compared with the uninterrupted run's: the final (and best) weights byte
 for byte, and every log record except wall-clock times, and nothing a killed save wrote may be left
-in its folders; the next kills then start a fresh copy of the run. It ends once `--kills` kills have landed and the last copy has finished and compared.
+in its folders; the next kills then start a fresh copy of the run. It ends once `--kills` kills have
+landed and the last copy has finished and compared.
 
 Writes <out>/drill.json (one row per kill) and prints a summary. Exit status 1 when any resumed run
 differs or any checkpoint does not load.

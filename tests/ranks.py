@@ -12,10 +12,10 @@ import torch.multiprocessing as mp
 
 from rookworld_rlvr.grpo import distributed as dist
 
-WORLD = 2
+WORLD = 2  # test_distributed.py's world too
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -68,5 +68,5 @@ def spawn_waits(minutes: float, plan: str, out: Path) -> list[dict]:
     """Both ranks forked from this process (torch is imported already: a second each, where spawning takes
     five); they exchange one-number tensors only, so no thread pool of the parent's is needed."""
     out.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_rank_waits, args=(_free_port(), minutes, plan, str(out)), nprocs=WORLD, start_method="fork")
+    mp.start_processes(_rank_waits, args=(free_port(), minutes, plan, str(out)), nprocs=WORLD, start_method="fork")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -8,7 +8,6 @@ one process on the same global batch.
 import json
 import math
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,10 @@ import torch
 import torch.multiprocessing as mp
 from test_trainer import _Result, make, varied_reward
 
-from ranks import spawn_waits
+from ranks import WORLD, free_port, spawn_waits
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
 
-WORLD = 2
 # small but complete: 2 P: and 2 A: prompts x 4 completions per step, so each rank gets one group per task
 SMALL = dict(batch_positions=4, mix_env_ratio=0.5, group_size=4, max_new_tokens=16, steps=2)
 # the one-update equality is checked for these settings (the default loss, and the ones whose
@@ -52,12 +50,6 @@ def _flat_on_p(prompts, completions, truths, weights):
 
 def _weights(tr) -> dict:
     return {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- what each rank runs ---------------------------------------------------------------------------
@@ -156,7 +148,7 @@ def _rank_main(rank: int, port: int, scenario: str, model_dir: str, data_dir: st
 
 def _spawn(scenario: str, model_dir: Path, data_dir: Path, out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(_free_port(), scenario, str(model_dir), str(data_dir), str(out)), nprocs=WORLD)
+    mp.spawn(_rank_main, args=(free_port(), scenario, str(model_dir), str(data_dir), str(out)), nprocs=WORLD)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
