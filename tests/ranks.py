@@ -26,7 +26,9 @@ def _rank_waits(rank: int, port: int, minutes: float, plan: str, out: str) -> No
     plan "lone": rank 0 works alone (sleeps) for 3 timeouts before a broadcast and again before a
     barrier, as when it evaluates or saves, then a step's collective; then rank 1 hangs (sleeps) until
     rank 0 has waited for it at a barrier and then at a step's collective. plan "late": rank 1
-    arrives 1.5 s late at a step's collective. Each rank writes what happened, with times."""
+    arrives 1.5 s late at a step's collective. plan "spread": both share out 5 items, then rank 0
+    hangs in its share of the next spread until rank 1 gave up on it. Each rank writes what happened,
+    with times."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
     T, folder = minutes * 60, Path(out)
@@ -42,7 +44,13 @@ def _rank_waits(rank: int, port: int, minutes: float, plan: str, out: str) -> No
         seen[name + "_s"] = time.time() - t0
 
     try:
-        if plan == "late":
+        if plan == "spread":
+            timed("spread", lambda: dist.spread(list(range(5)), lambda xs: [(x, rank) for x in xs]))
+            if rank == 0:  # hangs in its share of the work (an evaluation's batch) until rank 1 gave up
+                timed("spread_hung", lambda: dist.spread([0, 1], lambda xs: [_wait_for(folder / "rank1.json")]))
+            else:
+                timed("spread_hung", lambda: dist.spread([0, 1], lambda xs: xs))
+        elif plan == "late":
             time.sleep(1.5 * rank)
             timed("gather", lambda: dist.all_gather_tensor(torch.tensor([float(rank)])).tolist())
         else:
@@ -52,16 +60,21 @@ def _rank_waits(rank: int, port: int, minutes: float, plan: str, out: str) -> No
             timed("barrier", lambda: dist.barrier() or "passed")
             timed("gather", lambda: dist.all_gather_tensor(torch.tensor([float(rank)])).tolist())
             if rank == 1:  # hung until rank 0 is done waiting (at most a minute)
-                for _ in range(6000):
-                    if (folder / "rank0.json").exists():
-                        break
-                    time.sleep(0.01)
+                _wait_for(folder / "rank0.json")
             else:
                 timed("barrier_hung", lambda: dist.barrier() or "passed")
                 timed("gather_hung", lambda: dist.all_gather_tensor(torch.tensor([0.0])).tolist())
         (folder / f"rank{rank}.json").write_text(json.dumps(seen))
     finally:
         dist.destroy()
+
+
+def _wait_for(path: Path) -> None:
+    """Hang until `path` exists (at most a minute)."""
+    for _ in range(6000):
+        if path.exists():
+            return
+        time.sleep(0.01)
 
 
 def spawn_waits(minutes: float, plan: str, out: Path) -> list[dict]:

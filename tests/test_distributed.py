@@ -62,7 +62,13 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
             errors.append(str(e))
     evals = []
     straight = _make(out / "straight", model_dir, data_dir)
-    straight.eval_fn = lambda model, tok: evals.append(dist.rank()) or {"policy": {"n": 1, "mean_reward": 0.5}}
+    shared = _shared_evaluation(straight, data_dir)
+
+    def eval_fn(model, tokenizer) -> dict:  # every rank evaluates; rank 0's result must be every rank's
+        evals.append(dist.rank())
+        return {"policy": {"n": 1, "mean_reward": 0.5 + dist.rank()}}
+
+    straight.eval_fn = eval_fn
     before = _weights(straight)
     straight.train()
     part = _make(out / "resumed", model_dir, data_dir)
@@ -75,8 +81,48 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     resampler.collect(0, {})
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
+            "eval_rewards": [e["policy"]["mean_reward"] for e in straight.history_eval], **shared,
             "devices": [str(dist.local_device(torch.device(d))) for d in ("cuda", "cuda:0", "cpu")],
             **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out)}
+
+
+def evaluate_held_out(tr, data_dir: Path, spread=None) -> dict:
+    """The real held-out evaluation of `tr`'s start weights (greedy, 4 rows a batch: 5 batches per task),
+    the A: rows once more as histories; without the timings, which differ from run to run."""
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    samples = read_samples(data_dir / "eval.jsonl")
+    res = evaluate(tr.sampler(), tr.tokenizer, samples, config=EvalConfig(batch_size=4, max_new_tokens=24),
+                   scorer=RewardScorer(), histories=[s for s in samples if s.task == "A"], spread=spread)
+    res["meta"].pop("seconds")
+    return res
+
+
+def _shared_evaluation(tr, data_dir: Path) -> dict:
+    """The held-out evaluation shared out among the ranks, with the batches this rank generated and the
+    rows it scored counted."""
+    import rookworld_rlvr.model.completions as completions
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    batches, rows = [], []
+    real_generate, real_score = completions.generate, RewardScorer.score_batch
+
+    def generate(model, tokenizer, prompts, **kw):
+        batches.append(len(prompts))
+        return real_generate(model, tokenizer, prompts, **kw)
+
+    def score_batch(self, prompts, *a, **kw):
+        rows.append(len(prompts))
+        return real_score(self, prompts, *a, **kw)
+
+    completions.generate, RewardScorer.score_batch = generate, score_batch
+    try:
+        res = evaluate_held_out(tr, data_dir, spread=dist.spread)
+    finally:
+        completions.generate, RewardScorer.score_batch = real_generate, real_score
+    return {"shared_eval": res, "eval_batches": batches, "eval_rows": rows}
 
 
 def _guarded(model_dir: Path, data_dir: Path, out: Path) -> dict:
@@ -163,8 +209,22 @@ def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alon
     assert r0["gather"] == r1["gather"] == [0.0, 1.0]
     for name, where in (("barrier_hung", "a barrier"), ("gather_hung", "a step's collective")):
         assert r0[name].startswith(f"error: RuntimeError: rank 0 stopped waiting for the other ranks at {where}: one "
-                                   "of them hangs or died. A step's collectives wait step_timeout_minutes (0.01)"), r0[name]
+                                   "of them hangs or died. A step's collectives (and evaluations) wait step_timeout_minutes "
+                                   "(0.01)"), r0[name]
         assert T * 0.9 < r0[name + "_s"] < T + 3, (name, r0[name + "_s"])
+
+
+def test_an_evaluation_shared_out_among_ranks_keeps_item_order_and_a_rank_hung_in_it_fails_after_the_step_timeout(
+        tmp_path):
+    """`spread` gives item i to rank i % 2 and every rank every result in item order. When rank 0 hangs in its
+    share (say, in a batch of the held-out evaluation), rank 1 gives up after the step timeout, 0.6 s, as at a
+    step's collectives: before evaluations were shared out, rank 0 evaluated alone and the others waited an hour."""
+    T = 0.6
+    r0, r1 = spawn_waits(0.01, "spread", tmp_path)
+    assert r0["spread"] == r1["spread"] == [[0, 0], [1, 1], [2, 0], [3, 1], [4, 0]]  # (item, the rank that did it)
+    assert r1["spread_hung"].startswith("error: RuntimeError: rank 1 stopped waiting for the other ranks at a step's "
+                                        "collective: one of them hangs or died."), r1["spread_hung"]
+    assert T * 0.9 < r1["spread_hung_s"] < T + 3, r1["spread_hung_s"]
 
 
 @pytest.fixture(scope="module")
@@ -194,12 +254,28 @@ def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
     assert [r["step"] for r in records] == [1, 2]  # one record per step: rank 1 wrote none
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["reward/mean"]) for r in records)
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()] == [0, 2]
-    assert r0["evals"] == [0, 0] and r1["evals"] == [], "rank 0 alone evaluates (before and after)"
+    assert r0["evals"] == [0, 0] and r1["evals"] == [1, 1], "every rank evaluates (before and after)"
+    assert r0["eval_rewards"] == r1["eval_rewards"] == [0.5, 0.5], "every rank keeps rank 0's result"
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [0, 1, 2]  # keep_last 2 + the best (step 0)
     final = ckpt.load_state(ckpt.latest_checkpoint(run))
     assert len(final["generators"]) == WORLD  # each rank's sampling stream, for resume
     assert (run / "final" / "model.safetensors").exists() and (run / "config.yaml").exists()
     assert not list(out.glob("straight/run-*")), "nothing was moved aside"
+
+
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
+def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_each_rank_does_half(
+        two_ranks, tmp_path, tiny_model_dir, small_data):
+    """Each rank generates every other batch and scores every other row; both end with the evaluation one
+    process makes of the same weights, to the last digit: each prompt is completed in the same batch."""
+    _, (r0, r1) = two_ranks
+    alone = evaluate_held_out(_make(tmp_path / "alone", tiny_model_dir, small_data), small_data)
+    assert r0["shared_eval"] == r1["shared_eval"] == alone
+    assert alone["policy"]["n"] == alone["environment"]["n"] == alone["histories"]["n"] == 20
+    # 20 P: + 20 A: rows, 4 a batch: 5 batches per task, then 5 of histories; 3 + 2 of each on the ranks
+    assert (len(r0["eval_batches"]), len(r1["eval_batches"])) == (9, 6)
+    assert sum(r0["eval_batches"]) + sum(r1["eval_batches"]) == 60
+    assert (sum(r0["eval_rows"]), sum(r1["eval_rows"])) == (20 + 10, 20 + 10)  # the 40 rows, then 20 histories
 
 
 @pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once

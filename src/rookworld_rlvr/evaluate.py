@@ -35,7 +35,7 @@ from rookworld_rlvr.tasks.rewards import RewardScorer
 from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle
 
 if TYPE_CHECKING:
-    from rookworld_rlvr.model.completions import Completer
+    from rookworld_rlvr.model.completions import Completer, Spread
 
 
 @dataclass
@@ -158,13 +158,15 @@ def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], 
 def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | None = None,
              scorer: RewardScorer | None = None, strength_set: Sequence[JudgedPosition] | None = None,
              puzzles: Sequence[Puzzle] | None = None, histories: Sequence[Sample] | None = None,
-             progress: bool = False, return_examples: int = 0) -> dict:
+             progress: bool = False, return_examples: int = 0, spread: Spread | None = None) -> dict:
     """Greedy metrics of `model` (JSON-serialisable; see `metrics` for definitions).
 
     Keys: policy, environment, meta; strength (move quality next to a random mover) when judged
     positions are given; puzzles when puzzles are given; selfplay when config.selfplay_games > 0;
     examples when return_examples > 0. A Stockfish pool is built (and closed) only when a P:
-    completion needs it and `scorer` has no engine.
+    completion needs it and `scorer` has no engine. `spread` (grpo.distributed.spread, under
+    torchrun) shares greedy generation and scoring out among the processes, each of which calls
+    this with the same arguments and gets the same result as one process would.
     """
     from rookworld_rlvr.model.completions import Completer, sampling
     from rookworld_rlvr.play import selfplay_metrics
@@ -177,7 +179,7 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
         from rookworld_rlvr.legal_decoding import LegalMoveDecoding
 
         constraint = LegalMoveDecoding(tokenizer)
-    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint)
+    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint, spread)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     completions, reasons = _generate_tasks(gen, samples, config, progress)
@@ -185,7 +187,8 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
     t0 = time.perf_counter()
     with ExitStack() as stack:
         used = _scorer_with_engine(scorer, samples, completions, config.engine_depth, stack)
-        results = score_completions(samples, completions, used, layout=config.layout, examples=return_examples)
+        results = score_completions(samples, completions, used, layout=config.layout, examples=return_examples,
+                                    spread=spread)
     timings["score"] = time.perf_counter() - t0
     for task, name in TASK_NAMES.items():
         why = [r for s, r in zip(samples, reasons) if s.task == task]
@@ -194,7 +197,7 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
         t0 = time.perf_counter()
         texts, _ = _generate_tasks(gen, histories, config, progress)
         results["histories"] = score_completions(histories, texts, used if samples else RewardScorer(),
-                                                 layout=config.layout)["environment"]
+                                                 layout=config.layout, spread=spread)["environment"]
         timings["histories"] = time.perf_counter() - t0
     if strength_set:
         t0 = time.perf_counter()

@@ -169,17 +169,25 @@ def _example(prompt: str, completion: str, sample: Sample, result: RewardResult)
 
 
 def score_completions(samples: Sequence[Sample], completions: Sequence[str], scorer: RewardScorer, *,
-                      layout: str = "compact", examples: int = 0) -> dict[str, Any]:
+                      layout: str = "compact", examples: int = 0,
+                      spread: Callable[[list, Callable[[list], list]], list] | None = None) -> dict[str, Any]:
     """Metrics of both tasks for given completions, in the order of `samples`.
 
     Returns {"policy": {...}, "environment": {...}} (plus "examples" when examples > 0:
     the first `examples` rows of each task). A scorer without an engine raises when a
-    legal B: outside the truth's moves needs Stockfish; see `needs_engine`.
+    legal B: outside the truth's moves needs Stockfish; see `needs_engine`. `spread` (as
+    `model.completions.Completer`'s) shares the rows' scoring out among processes.
     """
     if len(samples) != len(completions):
         raise ValueError(f"{len(samples)} samples but {len(completions)} completions")
     prompts = [s.render(layout)[0] for s in samples]
-    results = scorer.score_batch(prompts, list(completions), [s.truth for s in samples]) if samples else []
+
+    def score(rows: list[int]) -> list:
+        return scorer.score_batch([prompts[i] for i in rows], [completions[i] for i in rows],
+                                  [samples[i].truth for i in rows]) if rows else []
+
+    rows = list(range(len(samples)))
+    results = spread(rows, score) if spread is not None else score(rows)
     out: dict[str, Any] = {}
     for task, name in TASK_NAMES.items():
         idx = [i for i, s in enumerate(samples) if s.task == task]

@@ -39,6 +39,7 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
+    from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.trainer import Trainer
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.tasks.rewards import RewardScorer
@@ -62,7 +63,7 @@ def build(cfg: TrainConfig, log=print):
         if not eval_samples:
             return None
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
-                        puzzles=held_out_puzzles, histories=histories, return_examples=3)
+                        puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread)
 
     try:
         trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)

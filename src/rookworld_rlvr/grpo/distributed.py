@@ -19,20 +19,24 @@ import math
 import os
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
-# How long a rank waits for the others. At a step's collectives (rewards, gradients, metrics) every
-# rank has done the same work, so a long wait means a rank hangs: the run then fails after
-# `step_timeout_minutes` (the trainer's setting) and torchrun stops the rest, instead of holding
-# every GPU. Where rank 0 alone sets up, evaluates or writes a checkpoint (`barrier`,
-# `broadcast_object`), the others allow it PATIENCE. Each kind of wait has a group of its own, as a
-# group's timeout is set when it is made; the waits for rank 0 time out after the step timeout on
-# rank 0 itself (nobody works alone while rank 0 waits): a group's timeout is each process's own.
-# The ranks meet (torchrun starts them at once, but their imports can take minutes) with PATIENCE.
+T, R = TypeVar("T"), TypeVar("R")
+
+# How long a rank waits for the others. At a step's collectives (rewards, gradients, metrics, and the
+# held-out evaluation's shares, `spread`) every rank has the same work, so a long wait means a rank
+# hangs: the run then fails after `step_timeout_minutes` (the trainer's setting) and torchrun stops
+# the rest, instead of holding every GPU. Where rank 0 alone sets up the run directory or writes a
+# checkpoint or a model (`barrier`, `broadcast_object`), the others allow it LONE_WORK. Each kind of
+# wait has a group of its own, as a group's timeout is set when it is made; the waits for rank 0
+# time out after the step timeout on rank 0 itself (nobody works alone while rank 0 waits): a
+# group's timeout is each process's own. The ranks meet (torchrun starts them at once, but their
+# imports can take minutes) with PATIENCE.
 PATIENCE = timedelta(minutes=60)
+LONE_WORK = timedelta(minutes=15)  # a save of a 124M model and its optimizer takes seconds on a local disk
 _steps: Any = None  # the group of a step's collectives (init_from_env)
 _waits_for_main: Any = None  # the group of `barrier` and `broadcast_object`
 _step_minutes = 0.0  # init_from_env's step_timeout_minutes
@@ -46,10 +50,10 @@ def _waiting(where: str):
     except RuntimeError as e:
         if "Timed out" not in str(e):
             raise
-        patience = PATIENCE.total_seconds() / 60
+        lone = LONE_WORK.total_seconds() / 60
         raise RuntimeError(f"rank {rank()} stopped waiting for the other ranks at {where}: one of them hangs or "
-                           f"died. A step's collectives wait step_timeout_minutes ({_step_minutes:g}); the others "
-                           f"wait {patience:g} minutes for rank 0's lone work (evaluations, saves). ({e})") from e
+                           f"died. A step's collectives (and evaluations) wait step_timeout_minutes "
+                           f"({_step_minutes:g}); the others wait {lone:g} minutes for rank 0's saves. ({e})") from e
 
 
 def active() -> bool:
@@ -75,7 +79,7 @@ def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     Does nothing without WORLD_SIZE > 1. NCCL when `device` resolves to CUDA, gloo otherwise
     (CPU). On CUDA each process takes the GPU `cuda:LOCAL_RANK` (set as the current device, which
     NCCL's object collectives need too; `local_device` maps a bare "cuda" to it). A step's
-    collectives time out after `step_timeout_minutes`, the waits for rank 0 after PATIENCE.
+    collectives time out after `step_timeout_minutes`, the waits for rank 0 after LONE_WORK.
     Returns True when a process group is active."""
     global _steps, _waits_for_main, _step_minutes
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or active():
@@ -88,7 +92,7 @@ def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     step, _step_minutes = timedelta(minutes=step_timeout_minutes), step_timeout_minutes
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=PATIENCE)
     _steps = dist.new_group(timeout=step)
-    _waits_for_main = dist.new_group(timeout=step if dist.get_rank() == 0 else max(step, PATIENCE))
+    _waits_for_main = dist.new_group(timeout=step if dist.get_rank() == 0 else max(step, LONE_WORK))
     return True
 
 
@@ -109,7 +113,7 @@ def destroy() -> None:
 
 def barrier() -> None:
     """Wait until every rank is here (e.g. rank 0 has finished writing a checkpoint); the others
-    wait up to PATIENCE for rank 0."""
+    wait up to LONE_WORK for rank 0."""
     if world() > 1:
         with _waiting("a barrier"):
             dist.barrier(group=_waits_for_main)
@@ -153,9 +157,25 @@ def all_gather_object(obj: Any) -> list:
     return out
 
 
+def spread(items: Sequence[T], work: Callable[[list[T]], list[R]]) -> list[R]:
+    """`work` done once over all `items`, shared out among the ranks: each rank calls it on its share
+    (item i goes to rank i % world; items sorted by size stay balanced) and every rank gets every
+    result, in item order. The held-out evaluation spreads its batches and its scoring so: on N GPUs
+    it takes a 1/N of the time, and a rank that hangs in it fails the run after the step timeout.
+    `work` returns one result per item, picklable. With one process: `work(items)`."""
+    if world() == 1:
+        return list(work(list(items)))
+    w = world()
+    mine = list(work(list(items[rank()::w])))
+    if len(mine) != len(items[rank()::w]):
+        raise ValueError(f"spread: work returned {len(mine)} results for {len(items[rank()::w])} items")
+    shares = all_gather_object(mine)
+    return [shares[i % w][i // w] for i in range(len(items))]
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` on every rank (what the others pass is ignored); it doubles as a barrier,
-    e.g. while rank 0 evaluates (the others wait up to PATIENCE for it)."""
+    e.g. while rank 0 writes a checkpoint (the others wait up to LONE_WORK for it)."""
     if world() == 1:
         return obj
     box = [obj]

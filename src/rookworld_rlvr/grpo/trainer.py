@@ -382,17 +382,17 @@ class Trainer:
         return summary
 
     def evaluate(self) -> dict | None:
-        """Greedy held-out evaluation. Under torchrun rank 0 evaluates (the weights are the same on
-        every rank) while the others wait; every rank gets the result, so their states agree."""
+        """Greedy held-out evaluation. Under torchrun every rank calls `eval_fn` (the weights are the
+        same on every rank; the CLI's shares its work out, `distributed.spread`) and every rank
+        keeps rank 0's result, so their states agree."""
         if self.eval_fn is None:
             return None
-        res = None
+        t0 = time.time()
+        res = self.eval_fn(self.sampler(), self.tokenizer)
         if self.main:
-            t0 = time.time()
-            res = self.eval_fn(self.sampler(), self.tokenizer)
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step
-        return dist.broadcast_object(res)
+        return dist.broadcast_object(res if self.main else None)
 
     def banner(self) -> str:
         lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""

@@ -13,6 +13,10 @@ import torch
 
 from .generate import generate, max_positions
 
+# (items, work) -> every item's result: `work` maps a list of items to their results, on some
+# process (grpo.distributed.spread shares them out among torchrun's ranks)
+Spread = Callable[[list, Callable[[list], list]], list]
+
 
 def sampling(temperature: float, seed: int, top_k: int = 0) -> dict[str, Any]:
     """`generate` keyword arguments: greedy at temperature 0, else seeded sampling."""
@@ -26,9 +30,10 @@ class Completer:
     """Batched generation with the token budget capped to the model context."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64,
-                 constraint: Callable[[Sequence[str]], Callable] | None = None) -> None:
+                 constraint: Callable[[Sequence[str]], Callable] | None = None, spread: Spread | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.constraint = constraint  # prompts -> a `generate` logits_processor (e.g. legal_decoding)
+        self.spread = spread  # shares greedy batches out among processes (grpo.distributed.spread)
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.context = max_positions(model)
         self.capped_batches = 0  # batches whose budget the context cut below max_new_tokens
@@ -46,21 +51,37 @@ class Completer:
         return min(self.max_new_tokens, room)
 
     def run(self, prompts: Sequence[str], *, bar=None, **sampling: Any) -> tuple[list[str], list[str]]:
-        """Completions and finish reasons in prompt order; batches of similar length (less padding)."""
+        """Completions and finish reasons in prompt order; batches of similar length (less padding).
+        With `spread`, greedy batches are shared out whole, so every prompt is completed in the same
+        batch as in one process, with the same result; sampled runs draw from one generator in batch
+        order, so every process runs them all."""
         lengths = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
         order = sorted(range(len(prompts)), key=lambda i: lengths[i])
+        batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        budgets = [self.budget(max(lengths[i] for i in idx)) for idx in batches]
+        sampling = {"greedy": True, **sampling}
+
+        def complete(ks: list[int]) -> list[tuple[list[str], list[str]]]:
+            out = []
+            for k in ks:
+                batch = [prompts[i] for i in batches[k]]
+                processor = self.constraint(batch) if self.constraint is not None else None
+                gen = generate(self.model, self.tokenizer, batch, max_new_tokens=budgets[k],
+                               logits_processor=processor, **sampling)
+                out.append((gen.texts, gen.finish_reasons))
+                if bar is not None:
+                    bar.update(len(batch))
+            return out
+
+        share = self.spread if self.spread is not None and sampling["greedy"] else _here
         texts: list[str] = [""] * len(prompts)
         reasons: list[str] = [""] * len(prompts)
-        sampling = {"greedy": True, **sampling}
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            budget = self.budget(max(lengths[i] for i in idx))
-            batch = [prompts[i] for i in idx]
-            processor = self.constraint(batch) if self.constraint is not None else None
-            gen = generate(self.model, self.tokenizer, batch, max_new_tokens=budget, logits_processor=processor,
-                           **sampling)
-            for i, text, reason in zip(idx, gen.texts, gen.finish_reasons):
+        for idx, (done, why) in zip(batches, share(list(range(len(batches))), complete)):
+            for i, text, reason in zip(idx, done, why):
                 texts[i], reasons[i] = text, reason
-            if bar is not None:
-                bar.update(len(idx))
         return texts, reasons
+
+
+def _here(items: list, work: Callable[[list], list]) -> list:
+    """No spreading: this process does all the work."""
+    return work(items)
