@@ -2,13 +2,13 @@
 """Fault drill: a GRPO run and an SFT run, each killed (SIGKILL) at random points and resumed with
 `--resume`, must end bit for bit equal to the same run left alone, and no kill may leave a
 checkpoint that does not load. `--tasks ddp` drills the GRPO run under `torchrun` on 2 processes
-(gloo on CPU; Linux, it finds the ranks in /proc): each fault hits one rank, in turn rank 1 stopped
-(SIGSTOP: a rank that hangs), rank 0 killed and rank 1 killed, and torchrun must end the run by
-itself within a bound and leave no process behind: nothing hangs.
+(gloo on CPU; Linux, it finds the ranks in /proc): in turn rank 1 stopped (SIGSTOP: a rank that
+hangs), torchrun itself killed, rank 0 killed and rank 1 killed, and the run must end by itself
+within a bound and leave no process behind: nothing hangs.
 
     python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
     python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
-    python scripts/fault_drill.py --tasks ddp           # one rank of a torchrun run stopped or killed, 20 times
+    python scripts/fault_drill.py --tasks ddp           # a rank of a torchrun run, or torchrun, hit 20 times
     python scripts/fault_drill.py --tasks ddp --ddp-rollbacks   # the same while the guard rolls the run back
 
 How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
@@ -44,7 +44,9 @@ TASKS = ("grpo", "sft", "ddp")
 RANKS = 2  # processes of the ddp task
 STEP_TIMEOUT_MINUTES = 0.25  # the ddp run's step_timeout_minutes: a stopped rank ends the run this long after
 TEARDOWN_S = 120.0  # after one rank is killed or stopped, torchrun must have ended the run within this (else: a hang)
-FAULTS = ((1, "SIGSTOP"), (0, "SIGKILL"), (1, "SIGKILL"))  # the ddp task's faults in turn: (rank, signal)
+AGENT = "torchrun"  # a fault's target: torchrun itself rather than one of its ranks
+# the ddp task's faults in turn: (rank or torchrun, signal)
+FAULTS = ((1, "SIGSTOP"), (AGENT, "SIGKILL"), (0, "SIGKILL"), (1, "SIGKILL"))
 MARK = "ROOKWORLD_DRILL_RUN"  # set in every process a drill run starts, so that none is missed or left behind
 
 
@@ -233,31 +235,37 @@ def marked(run: str) -> list[int]:
     return pids
 
 
-def rank_pid(run: str, rank: int) -> int | None:
-    """The training process of `rank` in a torchrun run (its Stockfish engines share its environment
-    but not its command line; torchrun itself has no RANK)."""
+def rank_pids(run: str) -> dict[int, int]:
+    """The training processes of a torchrun run by rank (its Stockfish engines share their rank's
+    environment but not its command line; torchrun itself has no RANK)."""
+    pids = {}
     for pid in marked(run):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"rookworld_rlvr" in cmd:
-            return pid
-    return None
+        rank = next((v[5:] for v in env if v.startswith(b"RANK=")), None)
+        if rank is not None and rank.isdigit() and b"rookworld_rlvr" in cmd:
+            pids[int(rank)] = pid
+    return pids
 
 
-def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int, sig: str = "SIGKILL") -> dict:
+def kill_rank(proc: subprocess.Popen, run: str, rank: int | str, pid: int, sig: str = "SIGKILL") -> dict:
     """Send one rank (`pid`) SIGKILL (it dies) or SIGSTOP (it hangs) and wait for torchrun to end the run
-    by itself. Whatever still runs `TEARDOWN_S` later (torchrun hung) or after torchrun ended (an orphan)
-    is a finding, then killed (SIGKILL ends a stopped process too)."""
-    os.kill(pid, getattr(signal, sig))
+    by itself; or SIGKILL torchrun itself (rank AGENT) and wait for its ranks to end by themselves.
+    Whatever still runs `TEARDOWN_S` later (a hang) or after torchrun ended (an orphan) is a finding,
+    then killed (SIGKILL ends a stopped process too)."""
+    os.kill(proc.pid if rank == AGENT else pid, getattr(signal, sig))
     t0 = time.time()
     try:
         proc.wait(timeout=TEARDOWN_S)
         hung = False
     except subprocess.TimeoutExpired:
         hung = True
+    while rank == AGENT and rank_pids(run) and time.time() - t0 < TEARDOWN_S:  # the ranks, on their own
+        time.sleep(0.05)
+    hung = hung or bool(rank == AGENT and rank_pids(run))
     teardown = time.time() - t0
     for _ in range(50):  # an engine whose rank died quits when it reads the end of its input: give it 5 s
         if not (left := [pid for pid in marked(run) if pid != proc.pid]):
@@ -277,7 +285,7 @@ def kill_rank(proc: subprocess.Popen, run: str, rank: int, pid: int, sig: str = 
 
 
 def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None,
-           rank: int | None = None, sig: str = "SIGKILL") -> tuple[bool, float, dict]:
+           rank: int | str | None = None, sig: str = "SIGKILL") -> tuple[bool, float, dict]:
     """Run `cmd`; SIGKILL its whole process group (Stockfish included) after `kill_after` seconds or,
     with `saves`, as soon as a new save or deletion starts in one of those folders (whichever comes
     first); with `rank` (torchrun), send that rank's process alone `sig` (`kill_rank`). Returns (finished,
@@ -296,9 +304,10 @@ def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return False, time.time() - t0, {}
-            if due and (pid := rank_pid(str(log), rank)) is not None:  # a kill due in start-up waits for the rank
+            # a fault due in start-up waits for its rank (for every rank, when torchrun is its target)
+            if due and ((pids := rank_pids(str(log))).get(rank) or (rank == AGENT and len(pids) == RANKS)):
                 seconds = time.time() - t0
-                return False, seconds, kill_rank(proc, str(log), rank, pid, sig)
+                return False, seconds, kill_rank(proc, str(log), rank, pids.get(rank, proc.pid), sig)
             time.sleep(0.001 if saves else 0.05)
     if rc != 0:
         raise SystemExit(f"fault drill: {' '.join(cmd)} exited with {rc}; see {log}")
@@ -346,7 +355,8 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
             continue
         problems, latest, in_save = check_checkpoints(task, out)
         if ranks.get("hung"):
-            problems.append(f"torchrun still ran {TEARDOWN_S:.0f} s after rank {rank} was "
+            problems.append(f"the ranks still ran {TEARDOWN_S:.0f} s after torchrun was killed" if rank == AGENT else
+                            f"torchrun still ran {TEARDOWN_S:.0f} s after rank {rank} was "
                             f"{'stopped' if sig == 'SIGSTOP' else 'killed'}")
         elif ranks.get("left_running"):
             problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
@@ -354,8 +364,10 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
                      "aimed_at": "a save" if in_a_save else "a random time", **ranks,
                      "after_a_rollback": None if task == "sft" else recovered(out) > 0,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
-        killed = (f"rank {rank} {'stopped (a hang)' if sig == 'SIGSTOP' else 'killed'}, torchrun ended the run in "
-                  f"{ranks['teardown_s']:.1f} s; " if ranks else "")
+        killed = "" if not ranks else (
+            f"torchrun killed, its ranks ended in {ranks['teardown_s']:.1f} s; " if rank == AGENT else
+            f"rank {rank} {'stopped (a hang)' if sig == 'SIGSTOP' else 'killed'}, torchrun ended the run in "
+            f"{ranks['teardown_s']:.1f} s; ")
         print(f"{task} kill {len(rows)}/{kills} after {seconds:.1f}s (aimed at {rows[-1]['aimed_at']}): {killed}"
               f"latest checkpoint step {latest}"
               f"{', during a save' if in_save else ''}{'; ' + '; '.join(problems) if problems else ''}", flush=True)
@@ -376,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kills per run type (default 20)")
     ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft and/or ddp (GRPO under torchrun on 2 processes, "
-                                                       "one rank stopped or killed at a time); default grpo,sft")
+                                                       "one rank stopped or killed, or torchrun killed, at a time); default grpo,sft")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
     ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
@@ -404,11 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         bad = [k for k in r["kills"] if k["problems"]]
         unequal = [c for c in r["copies"] if not c["equal"]]
         ok &= not bad and not unequal
-        for sig, what in (("SIGKILL", "kill"), ("SIGSTOP", "stop (a hang)")):
-            teardown = [k["teardown_s"] for k in r["kills"] if k.get("signal") == sig]
+        for sig, what in (("SIGKILL", "rank kill"), ("SIGSTOP", "rank stop (a hang)")):
+            teardown = [k["teardown_s"] for k in r["kills"] if k.get("signal") == sig and k["rank"] != AGENT]
             if teardown:
-                print(f"{r['task']}: after each rank {what} torchrun ended the run within {max(teardown):.1f} s "
+                print(f"{r['task']}: after each {what} torchrun ended the run within {max(teardown):.1f} s "
                       f"({len(teardown)} times)")
+        if teardown := [k["teardown_s"] for k in r["kills"] if k.get("rank") == AGENT]:
+            print(f"{r['task']}: after each kill of torchrun itself its ranks ended within {max(teardown):.1f} s "
+                  f"({len(teardown)} times)")
         if r["straight_rollbacks"] is not None:
             print(f"{r['task']}: the uninterrupted run rolled back {r['straight_rollbacks']} times; "
                   f"{sum(bool(k['after_a_rollback']) for k in r['kills'])} kills came after a rollback")

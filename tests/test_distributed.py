@@ -227,6 +227,73 @@ def test_an_evaluation_shared_out_among_ranks_keeps_item_order_and_a_rank_hung_i
     assert T * 0.9 < r1["spread_hung_s"] < T + 3, r1["spread_hung_s"]
 
 
+WORKER = """
+import os, sys, time
+from pathlib import Path
+from rookworld_rlvr.grpo import distributed as dist
+
+pid_file, late = Path(sys.argv[1]), sys.argv[2] == "late"
+if not late:
+    dist.init_from_env("cpu", 1.0)  # one process: no group, but torchrun is watched
+pid_file.write_text(str(os.getpid()))
+if late:  # torchrun is killed while this rank still imports: it learns only now
+    while not Path(str(pid_file) + ".go").exists():
+        time.sleep(0.01)
+    dist.init_from_env("cpu", 1.0)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie that its new parent has not reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("when", ["running", "late"])
+def test_a_rank_ends_itself_when_torchrun_is_killed(tmp_path, when):
+    """torchrun starts its ranks in sessions of their own: killed itself (SIGKILL, as the OOM killer or a
+    scheduler does), it stops none of them, and they would train on, unwatched, beside a resumed run. A rank
+    notices that its parent is gone within a second and ends, saying why; "late": torchrun died before the
+    rank reached `init_from_env` (its imports take seconds), which still knows torchrun's pid."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, pid_file, log = tmp_path / "worker.py", tmp_path / "pid", tmp_path / "torchrun.log"
+    script.write_text(WORKER)
+    with open(log, "w") as fh:
+        agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                                  str(script), str(pid_file), when], stdout=fh, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    worker = None
+    try:
+        for _ in range(600):
+            if pid_file.exists() and pid_file.read_text():
+                worker = int(pid_file.read_text())
+                break
+            assert agent.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.1)
+        assert worker is not None, "the worker never started: " + log.read_text()[-2000:]
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+        Path(f"{pid_file}.go").touch()
+        t0 = time.time()
+        while _running(worker) and time.time() - t0 < 10:
+            time.sleep(0.05)
+        assert not _running(worker), "the rank ran on after torchrun was killed"
+        assert time.time() - t0 < 5
+        assert f"rank 0: torchrun (pid {agent.pid}) is gone: this rank stops too" in log.read_text()
+    finally:
+        if worker is not None and _running(worker):
+            os.kill(worker, signal.SIGKILL)
+        if agent.poll() is None:
+            agent.kill()
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, tiny_model_dir, small_data):
     out = tmp_path_factory.mktemp("ddp")

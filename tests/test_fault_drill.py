@@ -42,16 +42,17 @@ def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(t
 def test_a_rank_stopped_or_killed_under_torchrun_ends_the_run_leaves_nothing_running_and_it_resumes_bit_for_bit(
         tmp_path, stockfish_path):
     """Nothing hangs: rank 1 stopped (SIGSTOP, a hang: rank 0 gives up at its next wait after the run's
-    step_timeout_minutes, 15 s here), then rank 0 killed; each time torchrun ends the run by itself, no
-    process of the run is left, every checkpoint loads, and `torchrun ... --resume` ends as the run that
-    was never stopped."""
+    step_timeout_minutes, 15 s here), torchrun itself killed (its ranks end by themselves), then rank 0
+    killed; each time the run ends by itself, no process of the run is left, every checkpoint loads, and
+    `torchrun ... --resume` ends as the run that was never stopped."""
     out = tmp_path / "drill"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "STOCKFISH_PATH": stockfish_path}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fault_drill.py"), "--smoke", "--kills", "2",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fault_drill.py"), "--smoke", "--kills", "3",
                            "--tasks", "ddp", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (r,) = json.loads((out / "drill.json").read_text())
-    assert r["task"] == "ddp" and [(k["rank"], k["signal"]) for k in r["kills"]] == [(1, "SIGSTOP"), (0, "SIGKILL")]
+    assert r["task"] == "ddp" and [(k["rank"], k["signal"]) for k in r["kills"]] == \
+        [(1, "SIGSTOP"), ("torchrun", "SIGKILL"), (0, "SIGKILL")]
     drill = drill_module()
     for k in r["kills"]:
         assert not k["problems"] and not k["hung"] and k["left_running"] == 0
@@ -59,6 +60,7 @@ def test_a_rank_stopped_or_killed_under_torchrun_ends_the_run_leaves_nothing_run
     assert r["kills"][0]["teardown_s"] >= drill.STEP_TIMEOUT_MINUTES * 60  # the wait's timeout ended it
     assert r["copies"] and all(c["equal"] for c in r["copies"])
     assert "rank 1 stopped (a hang), torchrun ended the run in" in proc.stdout and "bit for bit equal" in proc.stdout
+    assert "torchrun killed, its ranks ended in" in proc.stdout
 
 
 def test_the_drill_sees_one_flipped_bit_and_a_checkpoint_that_does_not_load(tmp_path, tiny_model_dir):
@@ -112,6 +114,18 @@ def test_the_drill_names_a_torchrun_that_hangs_or_leaves_a_rank_running(tmp_path
     assert not finished and found["rank"] == 1 and found["signal"] == sig
     assert found["hung"] == (mode == "hang") and found["left_running"] == (1 if sig == "SIGKILL" else 2)
     assert (found["teardown_s"] >= 2.0) == (mode == "hang")
+    assert drill.marked(str(log)) == []
+
+
+def test_the_drill_names_ranks_that_run_on_after_torchrun_is_killed(tmp_path, monkeypatch):
+    """The stand-in's ranks do not watch their torchrun: killed, it leaves them running, which the drill
+    reports as a hang, and it kills them."""
+    drill = drill_module()
+    monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
+    log = tmp_path / "run.log"
+    finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, "orphan"], log, 0.0, rank=drill.AGENT)
+    assert not finished and found["rank"] == "torchrun" and found["hung"] and found["left_running"] == 2
+    assert found["teardown_s"] >= 2.0
     assert drill.marked(str(log)) == []
 
 

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
@@ -40,6 +43,7 @@ LONE_WORK = timedelta(minutes=15)  # a save of a 124M model and its optimizer ta
 _steps: Any = None  # the group of a step's collectives (init_from_env)
 _waits_for_main: Any = None  # the group of `barrier` and `broadcast_object`
 _step_minutes = 0.0  # init_from_env's step_timeout_minutes
+_watching = False  # watch_torchrun's thread runs
 
 
 @contextmanager
@@ -76,12 +80,15 @@ def is_main() -> bool:
 def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT).
 
-    Does nothing without WORLD_SIZE > 1. NCCL when `device` resolves to CUDA, gloo otherwise
+    Does nothing without WORLD_SIZE > 1, except that any process torchrun started watches torchrun
+    (`watch_torchrun`). NCCL when `device` resolves to CUDA, gloo otherwise
     (CPU). On CUDA each process takes the GPU `cuda:LOCAL_RANK` (set as the current device, which
     NCCL's object collectives need too; `local_device` maps a bare "cuda" to it). A step's
     collectives time out after `step_timeout_minutes`, the waits for rank 0 after LONE_WORK.
     Returns True when a process group is active."""
     global _steps, _waits_for_main, _step_minutes
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, whatever the number of processes
+        watch_torchrun()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or active():
         return active()
     from rookworld_rlvr.model import resolve_device
@@ -94,6 +101,29 @@ def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     _steps = dist.new_group(timeout=step)
     _waits_for_main = dist.new_group(timeout=step if dist.get_rank() == 0 else max(step, LONE_WORK))
     return True
+
+
+def watch_torchrun(every: float = 0.5) -> None:
+    """End this process when torchrun, its parent, dies. torchrun starts each rank in a session of its
+    own, so when torchrun itself is killed (SIGKILL: the OOM killer, a job scheduler) nothing stops the
+    ranks: they would train on unwatched, holding their GPUs, beside a resumed run that writes the same
+    files. A thread checks the parent every `every` seconds against the parent the package was first
+    imported under (torchrun may die during the imports); the rank then ends as a SIGKILL would end it
+    (every save is atomic; its Stockfish engines quit at the end of their input). Once per process."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    from rookworld_rlvr import PARENT_AT_IMPORT as agent
+
+    def watch() -> None:
+        while os.getppid() == agent:
+            time.sleep(every)
+        print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {agent}) is gone: this rank stops too",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-torchrun", daemon=True).start()
 
 
 def local_device(device: torch.device) -> torch.device:
