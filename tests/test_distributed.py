@@ -82,6 +82,7 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
     return {"before": before, "straight": _weights(straight), "resumed": _weights(resumed), "start": start,
             "end": resumed.step, "errors": errors, "evals": evals, "sampler": resampler.prompts.state,
             "eval_rewards": [e["policy"]["mean_reward"] for e in straight.history_eval], **shared,
+            **_eval_command(model_dir, data_dir, out),
             "devices": [str(dist.local_device(torch.device(d))) for d in ("cuda", "cuda:0", "cpu")],
             **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out)}
 
@@ -123,6 +124,25 @@ def _shared_evaluation(tr, data_dir: Path) -> dict:
     finally:
         completions.generate, RewardScorer.score_batch = real_generate, real_score
     return {"shared_eval": res, "eval_batches": batches, "eval_rows": rows}
+
+
+def eval_command(model_dir: Path, data_dir: Path, json_out: Path) -> list[str]:
+    return ["eval", "--model", str(model_dir), "--data", str(data_dir / "eval.jsonl"), "--histories",
+            str(data_dir / "eval.jsonl"), "--batch-size", "4", "--max-new-tokens", "24", "--quiet", "--json",
+            str(json_out)]
+
+
+def _eval_command(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """`rookworld eval` on every rank (the group is up already, as torchrun's would be): what it printed."""
+    import contextlib
+    import io
+
+    from rookworld_rlvr.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = main(eval_command(model_dir, data_dir, out / f"eval_rank{dist.rank()}.json"))
+    return {"eval_rc": rc, "eval_printed": printed.getvalue(), "eval_still_joined": dist.active()}
 
 
 def _guarded(model_dir: Path, data_dir: Path, out: Path) -> dict:
@@ -343,6 +363,26 @@ def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_eac
     assert (len(r0["eval_batches"]), len(r1["eval_batches"])) == (9, 6)
     assert sum(r0["eval_batches"]) + sum(r1["eval_batches"]) == 60
     assert (sum(r0["eval_rows"]), sum(r1["eval_rows"])) == (20 + 10, 20 + 10)  # the 40 rows, then 20 histories
+
+
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
+def test_rookworld_eval_under_torchrun_shares_the_work_and_rank_0_alone_prints_and_writes_what_one_process_would(
+        two_ranks, tmp_path, tiny_model_dir, small_data):
+    import contextlib
+    import io
+
+    from rookworld_rlvr.cli import main
+
+    out, (r0, r1) = two_ranks
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(eval_command(tiny_model_dir, small_data, tmp_path / "alone.json")) == 0
+    assert r0["eval_rc"] == r1["eval_rc"] == 0 and r0["eval_still_joined"] and r1["eval_still_joined"]
+    assert r1["eval_printed"] == "" and not (out / "eval_rank1.json").exists()
+    assert "wrote" in r0["eval_printed"]
+    shared, alone = (json.loads(p.read_text()) for p in (out / "eval_rank0.json", tmp_path / "alone.json"))
+    for res in (shared, alone):
+        res["meta"].pop("seconds")
+    assert shared == alone and alone["histories"]["n"] == 20
 
 
 @pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once

@@ -245,6 +245,27 @@ def test_a_kill_while_checkpoints_are_deleted_leaves_none_half_deleted_under_its
     assert not list((tr.run_dir / "checkpoints").glob(".*"))
 
 
+def test_a_run_resumed_at_its_end_deletes_what_killed_saves_and_deletions_left(tmp_path, tiny_model_dir, small_data):
+    """Found by the ddp drill at lr 1e-3: a kill while a prune deleted step 8 left `.step_000008.del-*`; the
+    run resumed from step 12, its last, saved no checkpoint, so no prune came to delete it and a finished
+    run kept a checkpoint-sized leftover. A resume deletes them first."""
+    import tempfile
+
+    tr = trainer(tmp_path, tiny_model_dir, small_data, steps=2)
+    tr.train()
+    root = tr.run_dir / "checkpoints"
+    left = [Path(tempfile.mkdtemp(prefix=".step_000001.del-", dir=root)),
+            Path(tempfile.mkdtemp(prefix=".step_000003.tmp-", dir=root)),
+            Path(tempfile.mkdtemp(prefix=".best.del-", dir=tr.run_dir))]
+    for p in left:
+        (p / "model.safetensors").write_bytes(b"what a killed deletion left")
+    resumed = trainer(tmp_path, tiny_model_dir, small_data, steps=2, resume=True)
+    assert resumed.step == 2
+    resumed.train()
+    assert not any(p.exists() for p in left)
+    assert [s for s, _ in ckpt.list_checkpoints(tr.run_dir)] == [0, 1, 2]
+
+
 def test_a_copy_left_aside_after_its_successor_arrived_is_deleted_never_put_back(tmp_path, small_data):
     """A kill while the old copy was being deleted (after the new one was in place) leaves a stale,
     partial copy beside it; a later kill between the two renames must not restore that one."""

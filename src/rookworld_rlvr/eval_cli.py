@@ -1,8 +1,9 @@
 """`rookworld eval`: evaluate a model on held-out samples, judged positions and puzzles.
 
 Owns the command line of `evaluate`: its flags, reading the inputs, one-line errors, the
-table and the JSON file. Imports torch and the model package inside `run` only, so
-`rookworld --help` stays fast.
+table and the JSON file. Under torchrun the processes share the work out and rank 0 alone
+prints and writes. Imports torch and the model package inside `run` only, so `rookworld
+--help` stays fast.
 """
 
 from __future__ import annotations
@@ -101,18 +102,31 @@ def run(args: argparse.Namespace, name: str) -> int:
                                  lambda: [s for s in iter_samples(args.histories) if s.task == "A"])
         if not ok:
             return 1
+    from rookworld_rlvr.config import TrainConfig
+    from rookworld_rlvr.grpo import distributed as dist
+    from rookworld_rlvr.model import resolve_device
     from rookworld_rlvr.model.load import load_policy
 
     apply_threads(args)
-    ok, loaded = _guarded(args, f"load model {args.model}",
-                          lambda: load_policy(args.model, device=args.device, dtype=args.dtype))
-    if not ok:
-        return 1
-    model, tokenizer = loaded
-    with ExitStack() as stack:
-        scorer = _cli_scorer(samples, args.depth, stack)
-        results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
-                           puzzles=puzzles, histories=histories, progress=not args.quiet, return_examples=args.examples)
+    joined = not dist.active() and dist.init_from_env(args.device, TrainConfig.step_timeout_minutes)  # under torchrun
+    main = dist.is_main()
+    try:
+        device = str(dist.local_device(resolve_device(args.device)))  # cuda:LOCAL_RANK under torchrun
+        ok, loaded = _guarded(args, f"load model {args.model}",
+                              lambda: load_policy(args.model, device=device, dtype=args.dtype, verbose=main))
+        if not ok:
+            return 1
+        model, tokenizer = loaded
+        with ExitStack() as stack:
+            scorer = _cli_scorer(samples, args.depth, stack)
+            results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
+                               puzzles=puzzles, histories=histories, progress=not args.quiet and main,
+                               return_examples=args.examples, spread=dist.spread)
+    finally:
+        if joined:
+            dist.destroy()
+    if not main:
+        return 0
     results["meta"].update(model=args.model, data=args.data)
     print(format_table(results))
     if args.json:

@@ -124,6 +124,17 @@ def drop_after(run_dir: str | Path, step: int) -> list[int]:
     return gone
 
 
+def remove_killed_leftovers(run_dir: str | Path) -> None:
+    """Delete what killed saves and deletions left in a run folder (`.step_N.tmp-*`, `.step_N.del-*`, and
+    those of `final/` and `best/`). A resume does it first: a run resumed at its end saves no checkpoint,
+    so no prune would, and each leftover can be as large as a checkpoint."""
+    root = Path(run_dir) / "checkpoints"
+    if root.exists():
+        remove_leftovers(root, "step_*")
+    for name in ("final", "best"):
+        remove_leftovers(Path(run_dir), name)
+
+
 def prune(run_dir: str | Path, keep_last: int, keep: set[int] = frozenset()) -> None:
     """Delete old checkpoints (and leftovers of interrupted saves), keeping the last N and `keep`."""
     found = list_checkpoints(run_dir)

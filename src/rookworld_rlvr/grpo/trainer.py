@@ -76,6 +76,8 @@ class Trainer:
         check_shardable(cfg)
         if self.main and not cfg.resume:
             set_aside(self.run_dir, log)
+        elif self.main:
+            ckpt.remove_killed_leftovers(self.run_dir)
         dist.barrier()  # the other ranks look into the run directory only once rank 0 has set it up
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads:
