@@ -387,3 +387,6 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     assert rc == 1 and "cannot read data" in err and f"{bad}:1:" in err
     rc = main(["eval", "--model", str(saved_model), "--data", str(tmp_path / "missing.jsonl")])
     assert rc == 1 and "no such file" in capsys.readouterr().err
+    rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--device", "tpu"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "cannot load model" in err and "unknown device 'tpu'" in err

@@ -111,9 +111,11 @@ def run(args: argparse.Namespace, name: str) -> int:
     joined = not dist.active() and dist.init_from_env(args.device, TrainConfig.step_timeout_minutes)  # under torchrun
     main = dist.is_main()
     try:
-        device = str(dist.local_device(resolve_device(args.device)))  # cuda:LOCAL_RANK under torchrun
-        ok, loaded = _guarded(args, f"load model {args.model}",
-                              lambda: load_policy(args.model, device=device, dtype=args.dtype, verbose=main))
+        def load():  # on cuda:LOCAL_RANK under torchrun
+            device = dist.local_device(resolve_device(args.device))
+            return load_policy(args.model, device=str(device), dtype=args.dtype, verbose=main)
+
+        ok, loaded = _guarded(args, f"load model {args.model}", load)
         if not ok:
             return 1
         model, tokenizer = loaded
