@@ -5,9 +5,15 @@ ranks save what the tests check into the scenario directory, and the tests compa
 one process on the same global batch.
 """
 
+import contextlib
+import io
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,7 @@ import torch.multiprocessing as mp
 from test_trainer import _Result, make, varied_reward
 
 from ranks import WORLD, free_port, spawn_waits
+from rookworld_rlvr.cli import main
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
 
@@ -134,11 +141,6 @@ def eval_command(model_dir: Path, data_dir: Path, json_out: Path) -> list[str]:
 
 def _eval_command(model_dir: Path, data_dir: Path, out: Path) -> dict:
     """`rookworld eval` on every rank (the group is up already, as torchrun's would be): what it printed."""
-    import contextlib
-    import io
-
-    from rookworld_rlvr.cli import main
-
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         rc = main(eval_command(model_dir, data_dir, out / f"eval_rank{dist.rank()}.json"))
@@ -278,11 +280,6 @@ def test_a_rank_ends_itself_when_torchrun_is_killed(tmp_path, when):
     scheduler does), it stops none of them, and they would train on, unwatched, beside a resumed run. A rank
     notices that its parent is gone within a second and ends, saying why; "late": torchrun died before the
     rank reached `init_from_env` (its imports take seconds), which still knows torchrun's pid."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
     script, pid_file, log = tmp_path / "worker.py", tmp_path / "pid", tmp_path / "torchrun.log"
     script.write_text(WORKER)
     with open(log, "w") as fh:
@@ -368,11 +365,6 @@ def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_eac
 @pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_rookworld_eval_under_torchrun_shares_the_work_and_rank_0_alone_prints_and_writes_what_one_process_would(
         two_ranks, tmp_path, tiny_model_dir, small_data):
-    import contextlib
-    import io
-
-    from rookworld_rlvr.cli import main
-
     out, (r0, r1) = two_ranks
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(eval_command(tiny_model_dir, small_data, tmp_path / "alone.json")) == 0

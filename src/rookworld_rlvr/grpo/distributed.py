@@ -196,9 +196,10 @@ def spread(items: Sequence[T], work: Callable[[list[T]], list[R]]) -> list[R]:
     if world() == 1:
         return list(work(list(items)))
     w = world()
-    mine = list(work(list(items[rank()::w])))
-    if len(mine) != len(items[rank()::w]):
-        raise ValueError(f"spread: work returned {len(mine)} results for {len(items[rank()::w])} items")
+    share = list(items[rank()::w])
+    mine = list(work(share))
+    if len(mine) != len(share):
+        raise ValueError(f"spread: work returned {len(mine)} results for {len(share)} items")
     shares = all_gather_object(mine)
     return [shares[i % w][i // w] for i in range(len(items))]
 
