@@ -1,4 +1,5 @@
-"""`rookworld sft`'s command line: one flag per `SFTConfig` field, with the help a user needs.
+"""`rookworld sft`'s command line: one flag per `SFTConfig` field, with the help a user needs. Under
+`torchrun --nproc_per_node N -m rookworld_rlvr sft ...` the N processes train one run together.
 
 Owns the flags and their help text; the training itself is `sft.train`. Imports `sft`, which
 imports torch inside functions only, so `rookworld sft --help` stays fast.
@@ -44,6 +45,9 @@ _HELP = {
                    "run trains)",
     "env_share": "share of each batch drawn from the A: (environment) rows, the rest P: (policy) rows; the "
                  "step's log counts them (A_rows). Default 0.5",
+    "step_timeout_minutes": "under torchrun: how long a rank waits for the others at a step or an evaluation; a "
+                            "rank that hangs then ends the run (torchrun stops the rest) instead of holding every "
+                            "device. Rank 0's saves are waited for 15 minutes. Default 10",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",
@@ -70,8 +74,12 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.model import resolve_device
 
-    note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
-    if note:
-        print(f"sft: {note}")
-    train(cfg, resume=args.resume, progress=not args.quiet)
+    from rookworld_rlvr.grpo import distributed as dist
+
+    cfg.validate()
+    with dist.joined(cfg.device, cfg.step_timeout_minutes):  # under torchrun: the ranks train one run
+        note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
+        if note and dist.is_main():
+            print(f"sft: {note}")
+        train(cfg, resume=args.resume, progress=not args.quiet)
     return 0
