@@ -231,8 +231,8 @@ def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alon
     assert r0["gather"] == r1["gather"] == [0.0, 1.0]
     for name, where in (("barrier_hung", "a barrier"), ("gather_hung", "a step's collective")):
         assert r0[name].startswith(f"error: RuntimeError: rank 0 stopped waiting for the other ranks at {where}: one "
-                                   "of them hangs or died. A step's collectives (and evaluations) wait step_timeout_minutes "
-                                   "(0.01)"), r0[name]
+                                   "of them hangs or died. A step's collectives (evaluations, the first meeting) wait "
+                                   "step_timeout_minutes (0.01)"), r0[name]
         assert T * 0.9 < r0[name + "_s"] < T + 3, (name, r0[name + "_s"])
 
 
@@ -272,6 +272,63 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+FIRST_MEETING = """import time
+from rookworld_rlvr.grpo import distributed as dist
+t0 = time.time()
+try:
+    dist.init_from_env("cpu", 0.05)
+finally:
+    print(time.time() - t0)
+"""
+
+
+def test_a_rank_that_never_arrives_fails_the_first_meeting_after_the_step_timeout():
+    """The ranks' first meeting waits the step timeout, not an hour: rank 0 of 2, alone (rank 1 hangs before it
+    joins, say in its imports), gives up after 3 s with an error that says where it waited."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", FIRST_MEETING], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "rank 0 stopped waiting for the other ranks at their first meeting" in proc.stderr
+    assert 3 <= float(proc.stdout.split()[-1]) < 30
+
+
+PARTING = """import sys, time
+from rookworld_rlvr.grpo import distributed as dist
+dist.init_from_env("cpu", 0.05)
+t0 = time.time()
+dist.finish()
+print(f"finished in {time.time() - t0:.2f} s", flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(120)  # a rank that hangs after the run: in NCCL's teardown, say
+"""
+
+
+@pytest.mark.parametrize("rank_1", ["ends", "hang"])
+def test_a_rank_that_hangs_after_the_run_is_ended_by_the_first_rank_of_its_machine(rank_1):
+    """torchrun waits for every rank to exit, so one that hangs once the run is done and saved would hold it (and
+    its GPUs) for good. Rank 0 waits for the other ranks of its machine the step timeout (3 s here), then
+    SIGKILLs the ones still there, saying so; ranks that end are not waited for."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", PARTING, "ends" if r == 0 else rank_1], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(2)]
+    try:
+        (out0, err0), (out1, _) = (p.communicate(timeout=120) for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 0, err0
+    took = float(out0.split()[-2])
+    if rank_1 == "hang":
+        assert procs[1].returncode == -signal.SIGKILL and "finished in" in out1
+        assert f"rank 1 (pid {procs[1].pid}) had not ended 0.05 minutes (step_timeout_minutes) after the run" in err0
+        assert 3 <= took < 10
+    else:
+        assert procs[1].returncode == 0 and "killing" not in err0 and took < 3
 
 
 @pytest.mark.parametrize("when", ["running", "late"])

@@ -73,10 +73,11 @@ class TrainConfig:
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     step_timeout_minutes: float = _f(10.0, "under torchrun: how long a rank waits for the others at a step's "
                                            "collectives (rewards, gradients, metrics, the shares of a held-out "
-                                           "evaluation) before the run fails, so that a rank that hangs ends the run "
-                                           "(torchrun then stops the others) instead of holding every device; while "
-                                           "rank 0 alone sets up the run or saves, the others wait up to 15 minutes. "
-                                           "No effect in one process")
+                                           "evaluation) and at their first meeting before the run fails, so that a "
+                                           "rank that hangs ends the run (torchrun then stops the others) instead of "
+                                           "holding every device; while rank 0 alone sets up the run or saves, the "
+                                           "others wait up to 15 minutes; a rank still there this long after the run "
+                                           "is done is killed. No effect in one process")
     # -- data ----------------------------------------------------------------------------------
     data: str = _f("data/train.jsonl.xz", "training prompts: our JSONL (.gz, .xz) or upstream RookWorld text lines")
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")

@@ -108,9 +108,9 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.model.load import load_policy
 
     apply_threads(args)
-    joined = not dist.active() and dist.init_from_env(args.device, TrainConfig.step_timeout_minutes)  # under torchrun
-    main = dist.is_main()
-    try:
+    with dist.joined(args.device, TrainConfig.step_timeout_minutes):  # under torchrun: the ranks share the work
+        main = dist.is_main()
+
         def load():  # on cuda:LOCAL_RANK under torchrun
             device = dist.local_device(resolve_device(args.device))
             return load_policy(args.model, device=str(device), dtype=args.dtype, verbose=main)
@@ -124,9 +124,6 @@ def run(args: argparse.Namespace, name: str) -> int:
             results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
                                puzzles=puzzles, histories=histories, progress=not args.quiet and main,
                                return_examples=args.examples, spread=dist.spread)
-    finally:
-        if joined:
-            dist.destroy()
     if not main:
         return 0
     results["meta"].update(model=args.model, data=args.data)

@@ -131,11 +131,8 @@ def _train(cfg: TrainConfig) -> int:
     (torch.distributed: gloo on CPU, NCCL on GPUs); under torchrun rank 0 alone prints and writes."""
     from rookworld_rlvr.grpo import distributed as dist
 
-    dist.init_from_env(cfg.device, cfg.step_timeout_minutes)
-    try:
+    with dist.joined(cfg.device, cfg.step_timeout_minutes):
         return _train_here(cfg)
-    finally:
-        dist.destroy()
 
 
 def _train_here(cfg: TrainConfig) -> int:

@@ -1,4 +1,5 @@
-"""Multi-process training with torch.distributed: the few collectives the GRPO trainer needs.
+"""Multi-process training with torch.distributed: the few collectives the trainers need (GRPO, and
+SFT, whose ranks train on shares of one batch and sum their gradients the same way).
 
 `torchrun --nproc_per_node N -m rookworld_rlvr train ...` starts N copies of the same trainer.
 Every rank draws the same global prompt list and keeps its own contiguous share of the groups,
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
@@ -36,9 +40,10 @@ T, R = TypeVar("T"), TypeVar("R")
 # checkpoint or a model (`barrier`, `broadcast_object`), the others allow it LONE_WORK. Each kind of
 # wait has a group of its own, as a group's timeout is set when it is made; the waits for rank 0
 # time out after the step timeout on rank 0 itself (nobody works alone while rank 0 waits): a
-# group's timeout is each process's own. The ranks meet (torchrun starts them at once, but their
-# imports can take minutes) with PATIENCE.
-PATIENCE = timedelta(minutes=60)
+# group's timeout is each process's own. The ranks' first meeting (init_process_group) waits the
+# step timeout too: torchrun starts them at once and they meet right after importing torch, so they
+# arrive seconds apart, and one that hangs before it (say, in its imports or its CUDA set-up) would
+# otherwise hold the others for as long as the meeting allows.
 LONE_WORK = timedelta(minutes=15)  # a save of a 124M model and its optimizer takes seconds on a local disk
 _steps: Any = None  # the group of a step's collectives (init_from_env)
 _waits_for_main: Any = None  # the group of `barrier` and `broadcast_object`
@@ -52,11 +57,12 @@ def _waiting(where: str):
     try:
         yield
     except RuntimeError as e:
-        if "Timed out" not in str(e):
+        if "timed out" not in str(e).lower() and "wait timeout" not in str(e):  # gloo's words, the store's
             raise
         lone = LONE_WORK.total_seconds() / 60
-        raise RuntimeError(f"rank {rank()} stopped waiting for the other ranks at {where}: one of them hangs or "
-                           f"died. A step's collectives (and evaluations) wait step_timeout_minutes "
+        who = rank() if active() else os.environ.get("RANK", "0")  # before the first meeting: torchrun's word
+        raise RuntimeError(f"rank {who} stopped waiting for the other ranks at {where}: one of them hangs or "
+                           f"died. A step's collectives (evaluations, the first meeting) wait step_timeout_minutes "
                            f"({_step_minutes:g}); the others wait {lone:g} minutes for rank 0's saves. ({e})") from e
 
 
@@ -84,7 +90,8 @@ def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     (`watch_torchrun`). NCCL when `device` resolves to CUDA, gloo otherwise
     (CPU). On CUDA each process takes the GPU `cuda:LOCAL_RANK` (set as the current device, which
     NCCL's object collectives need too; `local_device` maps a bare "cuda" to it). A step's
-    collectives time out after `step_timeout_minutes`, the waits for rank 0 after LONE_WORK.
+    collectives, and the ranks' first meeting, time out after `step_timeout_minutes`, the waits for
+    rank 0 after LONE_WORK.
     Returns True when a process group is active."""
     global _steps, _waits_for_main, _step_minutes
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, whatever the number of processes
@@ -97,7 +104,8 @@ def init_from_env(device: str, step_timeout_minutes: float) -> bool:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     step, _step_minutes = timedelta(minutes=step_timeout_minutes), step_timeout_minutes
-    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=PATIENCE)
+    with _waiting("their first meeting"):
+        dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=step)
     _steps = dist.new_group(timeout=step)
     _waits_for_main = dist.new_group(timeout=step if dist.get_rank() == 0 else max(step, LONE_WORK))
     return True
@@ -139,6 +147,60 @@ def destroy() -> None:
     if active():
         dist.destroy_process_group()
     _steps = _waits_for_main = None
+
+
+@contextmanager
+def joined(device: str, step_timeout_minutes: float):
+    """A command's run under torchrun: join the ranks (`init_from_env`) for the block, unless a group
+    is up already; part with `finish` when the block ends, or `destroy` when it raises. One process:
+    nothing."""
+    mine = not active() and init_from_env(device, step_timeout_minutes)
+    try:
+        yield
+    except BaseException:
+        if mine:
+            destroy()
+        raise
+    if mine:
+        finish()
+
+
+def finish() -> None:
+    """End this rank's part in a run whose work is done (every rank calls it; after an error, `destroy`).
+
+    torchrun waits for every rank to exit: one that hangs after the run (say, in NCCL's teardown, or
+    stopped) would hold torchrun, and its GPUs, with the work already saved. So the ranks meet a last
+    time (after `step_timeout_minutes` a rank that does not come fails the run, as at a step) and name
+    their processes; then each machine's first rank (LOCAL_RANK 0) waits up to the step timeout for
+    the others of its machine to end, and SIGKILLs those that do not, saying so (torchrun then reports
+    the killed rank). Linux (/proc); elsewhere the ranks just part."""
+    if world() == 1:
+        destroy()
+        return
+    me = (socket.gethostname(), os.getpid(), _started(os.getpid()))
+    everyone = all_gather_object(me)
+    destroy()
+    if os.environ.get("LOCAL_RANK", "0") != "0" or me[2] is None:
+        return
+    others = {r: (pid, t) for r, (host, pid, t) in enumerate(everyone) if host == me[0] and pid != me[1]}
+    deadline = time.time() + _step_minutes * 60
+    while (left := {r: pid for r, (pid, t) in others.items() if _started(pid) == t}) and time.time() < deadline:
+        time.sleep(0.1)
+    for r, pid in left.items():
+        print(f"rank {r} (pid {pid}) had not ended {_step_minutes:g} minutes (step_timeout_minutes) after the run "
+              "was done and saved: killing it, so that torchrun does not wait for it", file=sys.stderr, flush=True)
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot), while it runs (a zombie has ended); None
+    where there is no /proc. With the pid it names one process, even once the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def barrier() -> None:
