@@ -2,14 +2,15 @@
 """Fault drill: a GRPO run and an SFT run, each killed (SIGKILL) at random points and resumed with
 `--resume`, must end bit for bit equal to the same run left alone, and no kill may leave a
 checkpoint that does not load. `--tasks ddp` drills the GRPO run under `torchrun` on 2 processes
-(gloo on CPU; Linux, it finds the ranks in /proc): in turn rank 1 stopped (SIGSTOP: a rank that
-hangs), torchrun itself killed, rank 0 killed and rank 1 killed, and the run must end by itself
-within a bound and leave no process behind: nothing hangs.
+(gloo on CPU; Linux, it finds the ranks in /proc), `sft-ddp` the SFT run: in turn rank 1 stopped
+(SIGSTOP: a rank that hangs), torchrun itself killed, rank 0 killed and rank 1 killed, and the run
+must end by itself within a bound and leave no process behind: nothing hangs.
 
     python scripts/fault_drill.py                       # 20 kills each (about 15 minutes on 2 cores)
     python scripts/fault_drill.py --kills 2 --smoke     # what tests/test_fault_drill.py runs
     python scripts/fault_drill.py --tasks ddp           # a rank of a torchrun run, or torchrun, hit 20 times
     python scripts/fault_drill.py --tasks ddp --ddp-rollbacks   # the same while the guard rolls the run back
+    python scripts/fault_drill.py --tasks sft-ddp       # the SFT run under torchrun, hit 20 times
 
 How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
 again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
@@ -40,7 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING_KEYS = ("seconds", "minutes")  # wall-clock fields: the only ones allowed to differ
-TASKS = ("grpo", "sft", "ddp")
+TASKS = ("grpo", "sft", "ddp", "sft-ddp")
+UNDER_TORCHRUN = ("ddp", "sft-ddp")
 RANKS = 2  # processes of the ddp task
 STEP_TIMEOUT_MINUTES = 0.25  # the ddp run's step_timeout_minutes: a stopped rank ends the run this long after
 TEARDOWN_S = 120.0  # after one rank is killed or stopped, torchrun must have ended the run within this (else: a hang)
@@ -88,7 +90,13 @@ def ddp_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool 
     alike). A rank that waits STEP_TIMEOUT_MINUTES at a step's collective ends the run."""
     cmd = grpo_command(out, data, smoke, model, rollbacks=rollbacks)
     cmd[cmd.index("--batch-positions") + 1] = "4"
-    cmd += ["--step-timeout-minutes", str(STEP_TIMEOUT_MINUTES)]
+    return torchrun(cmd)
+
+
+def torchrun(cmd: list[str]) -> list[str]:
+    """`cmd` (`python -m rookworld_rlvr ...`) under torchrun on RANKS processes, a rank that waits
+    STEP_TIMEOUT_MINUTES at a step's collective ending the run."""
+    cmd = cmd + ["--step-timeout-minutes", str(STEP_TIMEOUT_MINUTES)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS), *cmd[1:]]
 
 
@@ -124,7 +132,7 @@ def records(path: Path) -> list[dict]:
 
 def outputs(task: str, out: Path) -> dict:
     """What a finished run produced, in comparable form."""
-    if task != "sft":
+    if not task.startswith("sft"):
         summary = untimed(json.loads((out / "summary.json").read_text()))
         return {"final": tensor_bytes(out / "final" / "model.safetensors"),
                 "best": tensor_bytes(out / "best" / "model.safetensors") if (out / "best").exists() else None,
@@ -157,7 +165,7 @@ def check_checkpoints(task: str, out: Path) -> tuple[list[str], int | None, bool
 
     logging.disable_progress_bar()
     problems: list[str] = []
-    if task != "sft":
+    if not task.startswith("sft"):
         from rookworld_rlvr.grpo import checkpoint as ckpt
 
         root = out / "checkpoints"
@@ -320,8 +328,9 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
     eval_data = subset(REPO / "data" / "eval.jsonl.gz", work / "eval.jsonl", 8)
 
     def command(out: Path) -> list[str]:
-        if task == "sft":
-            return sft_command(out, data, eval_data, smoke)
+        if task.startswith("sft"):
+            cmd = sft_command(out, data, eval_data, smoke)
+            return torchrun(cmd) if task == "sft-ddp" else cmd
         if task == "ddp":
             return ddp_command(out, data, smoke, model, ddp_rollbacks)
         return grpo_command(out, data, smoke, model)
@@ -329,7 +338,7 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
     straight = work / "straight"
     _, wall, _ = launch(command(straight), work / "straight.log", None)
     reference = outputs(task, straight)
-    recoveries = None if task == "sft" else recovered(straight)
+    recoveries = None if task.startswith("sft") else recovered(straight)
     if (task == "grpo" or (task == "ddp" and ddp_rollbacks)) and not recoveries:
         raise SystemExit(f"fault drill: the {task} run's guard never fired (see {straight / 'events.jsonl'}): "
                          "no kill could land in a rollback")
@@ -342,7 +351,8 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         after = rng.uniform(0, wall) if len(rows) < kills else None
         in_a_save = after is not None and rng.random() < 0.5  # half the kills wait for a save instead
         saves = [out, out / "checkpoints"] if in_a_save else None
-        rank, sig = FAULTS[len(rows) % len(FAULTS)] if task == "ddp" and after is not None else (None, "SIGKILL")
+        rank, sig = (FAULTS[len(rows) % len(FAULTS)] if task in UNDER_TORCHRUN and after is not None
+                     else (None, "SIGKILL"))
         finished, seconds, ranks = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves,
                                           rank, sig)
         attempt += 1
@@ -362,7 +372,7 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
             problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
         rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
                      "aimed_at": "a save" if in_a_save else "a random time", **ranks,
-                     "after_a_rollback": None if task == "sft" else recovered(out) > 0,
+                     "after_a_rollback": None if task.startswith("sft") else recovered(out) > 0,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
         killed = "" if not ranks else (
             f"torchrun killed, its ranks ended in {ranks['teardown_s']:.1f} s; " if rank == AGENT else
@@ -387,8 +397,9 @@ def recovered(out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kills per run type (default 20)")
-    ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft and/or ddp (GRPO under torchrun on 2 processes, "
-                                                       "one rank stopped or killed, or torchrun killed, at a time); default grpo,sft")
+    ap.add_argument("--tasks", default="grpo,sft", help="grpo, sft, ddp and/or sft-ddp (GRPO or SFT under torchrun on "
+                                                       "2 processes, one rank stopped or killed, or torchrun killed, "
+                                                       "at a time); default grpo,sft")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     ap.add_argument("--model", default=str(REPO / "models" / "rookworld-board"), help="GRPO's policy")
     ap.add_argument("--out", default="runs/fault_drill", help="work folder; drill.json is written here")
@@ -401,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--kills must be at least 1")
     tasks = [t for t in args.tasks.split(",") if t]
     if not tasks or set(tasks) - set(TASKS):
-        ap.error(f"--tasks: grpo, sft and/or ddp, not {args.tasks!r}")
+        ap.error(f"--tasks: grpo, sft, ddp and/or sft-ddp, not {args.tasks!r}")
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
     results = []

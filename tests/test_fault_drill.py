@@ -141,7 +141,7 @@ def test_the_ddp_task_runs_at_the_grpo_tasks_lr_only_when_asked_to_roll_back(tmp
 
 
 @pytest.mark.parametrize("argv,message", [(["--kills", "0"], "--kills must be at least 1"),
-                                          (["--tasks", "ppo"], "--tasks: grpo, sft and/or ddp")])
+                                          (["--tasks", "ppo"], "--tasks: grpo, sft, ddp and/or sft-ddp")])
 def test_the_drill_refuses_what_it_cannot_do(argv, message, capsys):
     with pytest.raises(SystemExit):
         drill_module().main(argv)
