@@ -212,6 +212,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         streams = state.get("torch_rng_ranks") or [state["torch_rng"]]  # one per rank under torchrun
         if rank < len(streams):
             torch.set_rng_state(streams[rank])
+        if device.type == "cuda" and rank < len(state.get("cuda_rng_ranks", ())):  # dropout's masks on a GPU
+            torch.cuda.set_rng_state(state["cuda_rng_ranks"][rank], device)
         say(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
         if len(streams) != world:
             say(f"sft: the checkpoint was written by {len(streams)} process(es), this run has {world}: the updates "
@@ -247,6 +249,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     def save() -> None:  # every rank calls it (their sampling streams are gathered); rank 0 writes
         streams = dist.all_gather_object(torch.get_rng_state())
+        gpu = dist.all_gather_object(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
 
         def write(tmp: Path) -> None:  # weights and state together: the checkpoint swaps in whole or not at all
             write_pretrained(model, tokenizer, tmp)
@@ -254,7 +257,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             save_state(tmp, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
                                         "elapsed": elapsed_before + time.time() - t0, "python_rng": drawn,
                                         "torch_rng": streams[0], "config": asdict(cfg),
-                                        **({"torch_rng_ranks": streams} if world > 1 else {})},
+                                        **({"torch_rng_ranks": streams} if world > 1 else {}),
+                                        **({"cuda_rng_ranks": gpu} if gpu else {})},
                        shard_bytes=25_000_000)
 
         if main:

@@ -177,6 +177,32 @@ def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device,
     assert json.loads((tmp_path / "match.json").read_text())["games"] == 2
 
 
+def test_sft_with_dropout_stopped_and_resumed_on_the_device_continues_the_same_run(tmp_path, small_data, device,
+                                                                                  monkeypatch):
+    """Dropout draws its masks from the device's generator: a checkpoint keeps its state, so the resumed
+    steps drop what the straight run's drop (same losses; a GPU's embedding backward sums in any order)."""
+    import rookworld_rlvr.sft as sft
+
+    def run(name, resume=False, **kw):
+        sft.train(sft.SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), steps=4,
+                                batch_size=8, own_repeats=0, dropout=0.2, lr=1e-3, warmup_steps=1, save_every=100,
+                                device=str(device), **kw), resume=resume, progress=False)
+        return [json.loads(x)["loss"] for x in (tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()]
+
+    straight, real, calls = run("straight"), sft._accumulate, []
+
+    def stop_after_two(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            (tmp_path / "stop").touch()
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft, "_accumulate", stop_after_two)
+    assert len(run("split", stop_when=str(tmp_path / "stop"))) == 2
+    monkeypatch.setattr(sft, "_accumulate", real)
+    assert run("split", resume=True) == pytest.approx(straight, rel=1e-4)
+
+
 def test_an_sft_step_queues_its_work_without_waiting(device):
     """SFT's step (micro-batches made on the host, forward and backward of both, clip, AdamW) waits for the
     device nowhere, so the host makes the next step's batches while the device runs this one: CUDA's sync debug
