@@ -298,6 +298,8 @@ def test_a_rank_that_never_arrives_fails_the_first_meeting_after_the_step_timeou
 PARTING = """import sys, time
 from rookworld_rlvr.grpo import distributed as dist
 dist.init_from_env("cpu", 0.05)
+if sys.argv[1] == "late":
+    time.sleep(4.5)  # rank 0's last lone work (a report, say), longer than the step timeout
 t0 = time.time()
 dist.finish()
 print(f"finished in {time.time() - t0:.2f} s", flush=True)
@@ -306,16 +308,17 @@ if sys.argv[1] == "hang":
 """
 
 
-@pytest.mark.parametrize("rank_1", ["ends", "hang"])
-def test_a_rank_that_hangs_after_the_run_is_ended_by_the_first_rank_of_its_machine(rank_1):
+@pytest.mark.parametrize("roles", [("ends", "hang"), ("late", "ends")], ids=["rank-1-hangs", "rank-0-works-late"])
+def test_a_rank_that_hangs_after_the_run_is_ended_by_the_first_rank_of_its_machine(roles):
     """torchrun waits for every rank to exit, so one that hangs once the run is done and saved would hold it (and
     its GPUs) for good. Rank 0 waits for the other ranks of its machine the step timeout (3 s here), then
-    SIGKILLs the ones still there, saying so; ranks that end are not waited for."""
+    SIGKILLs the ones still there, saying so; ranks that end are not waited for, and they wait for rank 0's
+    last lone work longer than a step."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", PARTING, "ends" if r == 0 else rank_1], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", PARTING, role], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r, role in enumerate(roles)]
     try:
         (out0, err0), (out1, _) = (p.communicate(timeout=120) for p in procs)
     finally:
@@ -323,12 +326,12 @@ def test_a_rank_that_hangs_after_the_run_is_ended_by_the_first_rank_of_its_machi
             p.kill()
     assert procs[0].returncode == 0, err0
     took = float(out0.split()[-2])
-    if rank_1 == "hang":
+    if roles[1] == "hang":
         assert procs[1].returncode == -signal.SIGKILL and "finished in" in out1
         assert f"rank 1 (pid {procs[1].pid}) had not ended 0.05 minutes (step_timeout_minutes) after the run" in err0
         assert 3 <= took < 10
-    else:
-        assert procs[1].returncode == 0 and "killing" not in err0 and took < 3
+    else:  # rank 1 waited 4.5 s for rank 0, past its step timeout, and both parted
+        assert procs[1].returncode == 0 and float(out1.split()[-2]) > 4 and "killing" not in err0 and took < 3
 
 
 @pytest.mark.parametrize("when", ["running", "late"])

@@ -170,15 +170,17 @@ def finish() -> None:
 
     torchrun waits for every rank to exit: one that hangs after the run (say, in NCCL's teardown, or
     stopped) would hold torchrun, and its GPUs, with the work already saved. So the ranks meet a last
-    time (after `step_timeout_minutes` a rank that does not come fails the run, as at a step) and name
-    their processes; then each machine's first rank (LOCAL_RANK 0) waits up to the step timeout for
+    time and name their processes (as at a save, the others wait up to LONE_WORK for rank 0, which may
+    still write a report, and rank 0 waits `step_timeout_minutes` for them); then each machine's first rank (LOCAL_RANK 0) waits up to the step timeout for
     the others of its machine to end, and SIGKILLs those that do not, saying so (torchrun then reports
     the killed rank). Linux (/proc); elsewhere the ranks just part."""
     if world() == 1:
         destroy()
         return
     me = (socket.gethostname(), os.getpid(), _started(os.getpid()))
-    everyone = all_gather_object(me)
+    everyone: list = [None] * world()
+    with _waiting("their last meeting"):  # the others may wait for rank 0's last lone work (a report, say)
+        dist.all_gather_object(everyone, me, group=_waits_for_main)
     destroy()
     if os.environ.get("LOCAL_RANK", "0") != "0" or me[2] is None:
         return
