@@ -102,6 +102,7 @@ def two_ranks(tmp_path_factory, small_data):
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
+@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
 def test_sft_on_two_ranks_trains_what_one_process_trains_each_rank_on_half_the_rows(two_ranks, small_data,
                                                                                     tmp_path, one_thread, monkeypatch):
     """Each rank trains on 3 of the 6 rows and answers 1 of the 2 prompts itself; the summed gradients make the
@@ -130,6 +131,7 @@ def test_sft_on_two_ranks_trains_what_one_process_trains_each_rank_on_half_the_r
     assert r0["printed"].count("rows kept in") == 1 and r0["printed"].count("from the rows cache") == 2
 
 
+@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
 def test_sft_stopped_on_two_ranks_and_resumed_equals_the_straight_run_bit_for_bit(two_ranks):
     """The stop decision is rank 0's (only it saw the file appear), so both ranks stop after step 2; the
     checkpoint keeps each rank's dropout stream, and the resumed run ends on the straight run's weights."""
@@ -142,6 +144,7 @@ def test_sft_stopped_on_two_ranks_and_resumed_equals_the_straight_run_bit_for_bi
                            straight["transformer.h.0.mlp.c_fc.weight"])  # dropout did act
 
 
+@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
 def test_sft_on_two_ranks_refuses_what_it_cannot_split(two_ranks):
     out, (r0, r1) = two_ranks
     assert r0["errors"] == r1["errors"] == [
