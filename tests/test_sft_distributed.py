@@ -168,3 +168,20 @@ def test_rookworld_sft_under_torchrun_writes_one_run(tmp_path, small_data):
     assert (tmp_path / "m.checkpoint" / "sft_state.json").exists()
     state = json.loads((tmp_path / "m.checkpoint" / "sft_state.json").read_text())
     assert len(state["torch_rng_ranks"]) == 2
+
+
+def test_sft_step_timeout_minutes_bounds_the_wait_for_the_other_ranks(tmp_path, small_data):
+    """`--step-timeout-minutes` reaches the ranks' waits: rank 0 of 2, alone, stops waiting for rank 1 after
+    3 s and says where and for how long; a timeout that is not a positive number of minutes is refused."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "sft", "--data", str(small_data / "train.jsonl"),
+                           "--eval-data", "", "--out", str(tmp_path / "m"), "--device", "cpu",
+                           "--step-timeout-minutes", "0.05"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1
+    assert ("rank 0 stopped waiting for the other ranks at their first meeting: one of them hangs or died. A step's "
+            "collectives (evaluations, the first meeting) wait step_timeout_minutes (0.05)") in proc.stderr
+    assert not (tmp_path / "m").exists()
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="sft.step_timeout_minutes must be a positive number of minutes"):
+            SFTConfig(data=str(small_data / "train.jsonl"), step_timeout_minutes=bad).validate()
