@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -26,12 +27,15 @@ def _rank_waits(rank: int, port: int, minutes: float, plan: str, out: str) -> No
     plan "lone": rank 0 works alone (sleeps) for 3 timeouts before a broadcast and again before a
     barrier, as when it evaluates or saves, then a step's collective; then rank 1 hangs (sleeps) until
     rank 0 has waited for it at a barrier and then at a step's collective. plan "late": rank 1
-    arrives 1.5 s late at a step's collective. plan "spread": both share out 5 items, then rank 0
+    arrives 1.5 s late at a step's collective. plan "lone_hang": rank 0 hangs in its lone work while rank 1
+    waits for it at a barrier (LONE_WORK set to 3 s). plan "spread": both share out 5 items, then rank 0
     hangs in its share of the next spread until rank 1 gave up on it. Each rank writes what happened,
     with times."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
     T, folder = minutes * 60, Path(out)
+    if plan == "lone_hang":  # the waits for rank 0's lone work at a test's scale: 3 s instead of 15 minutes
+        dist.LONE_WORK = timedelta(seconds=3)
     assert dist.init_from_env("cpu", minutes)
     seen: dict = {}
 
@@ -50,6 +54,11 @@ def _rank_waits(rank: int, port: int, minutes: float, plan: str, out: str) -> No
                 timed("spread_hung", lambda: dist.spread([0, 1], lambda xs: [_wait_for(folder / "rank1.json")]))
             else:
                 timed("spread_hung", lambda: dist.spread([0, 1], lambda xs: xs))
+        elif plan == "lone_hang":  # rank 0 hangs in its lone work (a save) until rank 1 gave up on it
+            if rank == 0:
+                _wait_for(folder / "rank1.json")
+            else:
+                timed("barrier_hung", lambda: dist.barrier() or "passed")
         elif plan == "late":
             time.sleep(1.5 * rank)
             timed("gather", lambda: dist.all_gather_tensor(torch.tensor([float(rank)])).tolist())

@@ -222,7 +222,7 @@ def _spawn(scenario: str, model_dir: Path, data_dir: Path, out: Path) -> list[di
 
 def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alone_for_longer(tmp_path):
     """step_timeout_minutes 0.01 (0.6 s): rank 1 waits out rank 0's 1.8 s of lone work at a broadcast and
-    at a barrier (those waits allow an hour); when rank 1 hangs, rank 0's barrier and its step's collective
+    at a barrier (those waits allow 15 minutes); when rank 1 hangs, rank 0's barrier and its step's collective
     each end with an error after about 0.6 s instead of waiting for it."""
     T = 0.6
     r0, r1 = spawn_waits(0.01, "lone", tmp_path)
@@ -234,6 +234,16 @@ def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alon
                                    "of them hangs or died. A step's collectives (evaluations, the first meeting) wait "
                                    "step_timeout_minutes (0.01)"), r0[name]
         assert T * 0.9 < r0[name + "_s"] < T + 3, (name, r0[name + "_s"])
+
+
+def test_a_rank_0_hung_in_its_lone_work_fails_the_others_after_lone_work(tmp_path):
+    """Rank 0 hangs while it works alone (a save, say): rank 1 waits for it LONE_WORK (15 minutes; 3 s here), well
+    past the step timeout, then gives up with an error that says where and how long, and the run ends."""
+    r0, r1 = spawn_waits(0.01, "lone_hang", tmp_path)
+    assert r1["barrier_hung"].startswith("error: RuntimeError: rank 1 stopped waiting for the other ranks at a "
+                                         "barrier: one of them hangs or died."), r1["barrier_hung"]
+    assert "the others wait 0.05 minutes for rank 0's saves" in r1["barrier_hung"]
+    assert 2.7 < r1["barrier_hung_s"] < 6, r1["barrier_hung_s"]
 
 
 def test_an_evaluation_shared_out_among_ranks_keeps_item_order_and_a_rank_hung_in_it_fails_after_the_step_timeout(
