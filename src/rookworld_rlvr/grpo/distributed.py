@@ -171,9 +171,10 @@ def finish() -> None:
     torchrun waits for every rank to exit: one that hangs after the run (say, in NCCL's teardown, or
     stopped) would hold torchrun, and its GPUs, with the work already saved. So the ranks meet a last
     time and name their processes (as at a save, the others wait up to LONE_WORK for rank 0, which may
-    still write a report, and rank 0 waits `step_timeout_minutes` for them); then each machine's first rank (LOCAL_RANK 0) waits up to the step timeout for
-    the others of its machine to end, and SIGKILLs those that do not, saying so (torchrun then reports
-    the killed rank). Linux (/proc); elsewhere the ranks just part."""
+    still write a report, and rank 0 waits `step_timeout_minutes` for them); then each machine's first
+    rank (LOCAL_RANK 0) waits up to the step timeout for the others of its machine to end, and
+    SIGKILLs those that do not, saying so (torchrun then reports the killed rank). Linux (/proc);
+    elsewhere the ranks just part."""
     if world() == 1:
         destroy()
         return
