@@ -16,16 +16,16 @@ Owns every collective of the package. Imports torch; nothing of the model or che
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
@@ -172,38 +172,24 @@ def finish() -> None:
     stopped) would hold torchrun, and its GPUs, with the work already saved. So the ranks meet a last
     time and name their processes (as at a save, the others wait up to LONE_WORK for rank 0, which may
     still write a report, and rank 0 waits `step_timeout_minutes` for them); then each machine's first
-    rank (LOCAL_RANK 0) waits up to the step timeout for the others of its machine to end, and
-    SIGKILLs those that do not, saying so (torchrun then reports the killed rank). Linux (/proc);
-    elsewhere the ranks just part."""
+    rank (LOCAL_RANK 0) starts the watch of `parting` over its machine's ranks, itself included, which
+    SIGKILLs those still running the step timeout later (torchrun then reports the killed rank). Linux
+    (/proc); elsewhere the ranks just part."""
     if world() == 1:
         destroy()
         return
-    me = (socket.gethostname(), os.getpid(), _started(os.getpid()))
+    from rookworld_rlvr.parting import started
+
+    me = (socket.gethostname(), os.getpid(), started(os.getpid()))
     everyone: list = [None] * world()
     with _waiting("their last meeting"):  # the others may wait for rank 0's last lone work (a report, say)
         dist.all_gather_object(everyone, me, group=_waits_for_main)
     destroy()
     if os.environ.get("LOCAL_RANK", "0") != "0" or me[2] is None:
         return
-    others = {r: (pid, t) for r, (host, pid, t) in enumerate(everyone) if host == me[0] and pid != me[1]}
-    deadline = time.time() + _step_minutes * 60
-    while (left := {r: pid for r, (pid, t) in others.items() if _started(pid) == t}) and time.time() < deadline:
-        time.sleep(0.1)
-    for r, pid in left.items():
-        print(f"rank {r} (pid {pid}) had not ended {_step_minutes:g} minutes (step_timeout_minutes) after the run "
-              "was done and saved: killing it, so that torchrun does not wait for it", file=sys.stderr, flush=True)
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _started(pid: int) -> int | None:
-    """When process `pid` started (clock ticks after boot), while it runs (a zombie has ended); None
-    where there is no /proc. With the pid it names one process, even once the pid is reused."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
+    mine = [[r, pid, t] for r, (host, pid, t) in enumerate(everyone) if host == me[0]]
+    subprocess.Popen([sys.executable, "-m", "rookworld_rlvr.parting", json.dumps(mine), str(_step_minutes)],
+                     stdin=subprocess.DEVNULL, start_new_session=True)  # outlives this rank, which it watches too
 
 
 def barrier() -> None:
