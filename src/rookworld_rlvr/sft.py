@@ -223,11 +223,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         if main and log_path.exists():  # steps after the checkpoint are redone: drop their old records
             kept = [json.dumps(r) for r in read_log(log_path) if r["step"] <= step]
             atomic_write_text(log_path, [x + "\n" for x in kept])
-    elif not main:
-        pass  # rank 0 alone touches the run's files
-    elif resume and log_path.exists():  # killed before its first checkpoint: every logged step is redone
+    elif main and resume and log_path.exists():  # killed before its first checkpoint: every logged step is redone
         log_path.unlink()
-    elif log_path.exists() or ckpt.exists():  # a fresh run never appends to, or saves over, an older one
+    elif main and (log_path.exists() or ckpt.exists()):  # a fresh run never appends to, or saves over, an older one
         set_aside([p for p in (log_path, ckpt, out) if p.exists()])
     if main:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,8 +246,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         return min(frac, 1.0)
 
     def save() -> None:  # every rank calls it (their sampling streams are gathered); rank 0 writes
-        streams = dist.all_gather_object(torch.get_rng_state())
-        gpu = dist.all_gather_object(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+        cuda = device.type == "cuda"
+        streams, gpu = zip(*dist.all_gather_object((torch.get_rng_state(),
+                                                    torch.cuda.get_rng_state(device) if cuda else None)))
 
         def write(tmp: Path) -> None:  # weights and state together: the checkpoint swaps in whole or not at all
             write_pretrained(model, tokenizer, tmp)
@@ -257,8 +256,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             save_state(tmp, SFT_STATE, {"optimizer": opt.state_dict(), "step": step,
                                         "elapsed": elapsed_before + time.time() - t0, "python_rng": drawn,
                                         "torch_rng": streams[0], "config": asdict(cfg),
-                                        **({"torch_rng_ranks": streams} if world > 1 else {}),
-                                        **({"cuda_rng_ranks": gpu} if gpu else {})},
+                                        **({"torch_rng_ranks": list(streams)} if world > 1 else {}),
+                                        **({"cuda_rng_ranks": list(gpu)} if cuda else {})},
                        shard_bytes=25_000_000)
 
         if main:
