@@ -259,3 +259,19 @@ def test_a_carried_stockfish_is_unpacked_without_an_xz_binary(tmp_path):
     proc = subprocess.run([shutil.which("bash"), "-c", script.replace('; "$STOCKFISH_PATH"', "")], cwd=repo, capture_output=True,
                           text=True, env=env)
     assert proc.returncode == 0 and proc.stdout == "path=\n"
+
+
+# What a GPU call carries is the tree plus .gpu/stockfish.xz (Debian's Stockfish 15.1: 20.8 MiB) and the
+# python-chess wheel (0.14 MiB), 64 MiB at most (scripts/gpu_pack.sh --stockfish adds it up before a call).
+TREE_BUDGET_MIB = 64 - 21 - 0.5
+
+
+def test_the_tree_leaves_room_on_the_gpu_machine_for_the_carried_stockfish():
+    """scripts/gpu_rl.sh travels with the whole tree and a 21 MiB Stockfish: a commit that grows the tracked files
+    past the budget would leave the GPU recipe unable to travel (a model shipped in the tree included)."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    sizes = {f.decode(): (REPO / f.decode()).stat().st_size for f in files if f and (REPO / f.decode()).is_file()}
+    total = sum(sizes.values()) / 2**20
+    largest = sorted(sizes, key=sizes.get)[-3:]
+    assert total <= TREE_BUDGET_MIB, (f"the tracked files come to {total:.1f} MiB, over the {TREE_BUDGET_MIB} MiB "
+                                      f"that leave room for Stockfish on a GPU machine; the largest: {largest}")
