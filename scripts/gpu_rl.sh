@@ -10,7 +10,8 @@
 #    (default 2.5) on the base's own training data (its anchor holds the game starts too), held-out evaluation at
 #    its start and end;
 # 3. two 200-game matches from the held-out openings: the trained model against its base, and the base against
-#    the shipped models/rookworld-board; and one greedy self-play game from the start for each of the two models;
+#    the shipped models/rookworld-board (where the tree has it); and one greedy self-play game from the start for
+#    each of the two models;
 #    the four at once, each its own process, its output lines marked [its name] (a failed one stops none of the
 #    others: the call ends with exit 1, naming it);
 # 4. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB, 64 MiB in all): base/ and trained/
@@ -201,8 +202,12 @@ selfplay() {  # name, model: one greedy game from the start against itself, its 
 }
 stage selfplay_base selfplay base "$base"
 trained selfplay_trained selfplay trained "$work/grpo/final"
-stage match_base "$py" -m rookworld_rlvr match "$base" models/rookworld-board "${games[@]}" --device "$device" \
-  --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
+if [ -f models/rookworld-board/config.json ]; then
+  stage match_base "$py" -m rookworld_rlvr match "$base" models/rookworld-board "${games[@]}" --device "$device" \
+    --json "$work/match_base_vs_board.json" --pgn "$work/match_base_vs_board.pgn" --quiet
+else  # a tree slimmed to travel beside a shipped base (docs/gpu.md): the call that trained the base played it
+  skip match_base "models/rookworld-board is not in this tree"
+fi
 failed=()
 for job in "${running[@]}"; do
   wait "${job%%:*}" || failed+=("${job#*:}")

@@ -166,14 +166,23 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         assert name in text
 
 
-    # GRPO from a given base (one an earlier call trained and sent back): the first stage makes only the training
-    # data (no records asked for here), and OUT holds the trained model, the record and the verdict, no base/
-    given, work4, out4 = tmp_path / "given", tmp_path / "work4", tmp_path / "out4"
+    # GRPO from a given base (one an earlier call trained and sent back), from a tree slimmed to travel beside it
+    # (docs/gpu.md: no game records, no models/rookworld-board): the first stage makes only the training data (no
+    # records asked for here), the base's match against the shipped base is skipped, named, and OUT holds the
+    # trained model, the record and the verdict, no base/
+    given, work4, out4, slim = tmp_path / "given", tmp_path / "work4", tmp_path / "out4", tmp_path / "slim"
     shutil.copytree(work / "sft" / "base", given)
+    for name in tracked():
+        if not name.startswith(("data/more_games", "models/rookworld-board/")):
+            (slim / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, slim / name)
     env4 = {**env, "WORK": str(work4)}
-    proc = subprocess.run(cmd[:2] + [str(out4), "--smoke", "--base", str(given)], capture_output=True, text=True,
-                          env=env4, timeout=900)
+    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(out4), "--smoke", "--base", str(given)],
+                          capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gpu_rl: match_base skipped: models/rookworld-board is not in this tree" in proc.stdout
+    assert "match_base: models/rookworld-board is not in this tree" in (out4 / "results.md").read_text()
+    assert (work4 / "match_trained.done").exists() and not (work4 / "match_base.done").exists()
     assert not (work4 / "sft" / "base").exists() and (work4 / "sft" / "train.jsonl.gz").exists()
     assert not (out4 / "base").exists() and {"record.tar", "results.md", "trained"} <= {p.name for p in out4.iterdir()}
     rl4 = unpack(out4 / "trained", tmp_path / "trained4")
@@ -266,11 +275,16 @@ def test_a_carried_stockfish_is_unpacked_without_an_xz_binary(tmp_path):
 TREE_BUDGET_MIB = 64 - 21 - 0.5
 
 
+def tracked() -> list[str]:
+    """The repository's tracked files that are here: what a GPU call carries, besides its carry."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    return [n.decode() for n in names if n and (REPO / n.decode()).is_file()]
+
+
 def test_the_tree_leaves_room_on_the_gpu_machine_for_the_carried_stockfish():
     """scripts/gpu_rl.sh travels with the whole tree and a 21 MiB Stockfish: a commit that grows the tracked files
     past the budget would leave the GPU recipe unable to travel (a model shipped in the tree included)."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
-    sizes = {f.decode(): (REPO / f.decode()).stat().st_size for f in files if f and (REPO / f.decode()).is_file()}
+    sizes = {name: (REPO / name).stat().st_size for name in tracked()}
     total = sum(sizes.values()) / 2**20
     largest = sorted(sizes, key=sizes.get)[-3:]
     assert total <= TREE_BUDGET_MIB, (f"the tracked files come to {total:.1f} MiB, over the {TREE_BUDGET_MIB} MiB "
