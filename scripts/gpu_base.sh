@@ -248,7 +248,8 @@ else
   rm -f "$work/ready"
   cpus=($("$py" -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
   pin_prep=()
-  if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && command -v taskset > /dev/null; then  # 4 cores feed the GPU
+  # 4 cores feed the GPU (where taskset works: a sandbox may refuse to set affinities, and then nothing is pinned)
+  if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && taskset -c "${cpus[0]}" true 2> /dev/null; then
     pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:4}")")
     pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
   fi
