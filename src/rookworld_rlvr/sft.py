@@ -303,7 +303,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
             model.config.use_cache = False
         rows = (env_rows + pol_rows)[rank::world] + own  # this rank's share of the step
         batches = batches or micro_batches(rows, pad_id, cfg.loss_on)
-        n_tokens = max(1, sum(dist.all_gather_object(target_tokens(batches))))  # the whole step's
+        n_tokens = max(1, int(dist.all_reduce_sum([target_tokens(batches)])[0]))  # the whole step's
         sums = _accumulate(model, rows, pad_id, cfg.loss_on, autocast, device, cfg.distinct_coef, cfg.legal_coef,
                            batches, n_tokens)
         dist.all_reduce_grads(list(model.parameters()))  # summed: one process's gradient of the whole batch
@@ -313,8 +313,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
         drawn = rng.getstate()
         upcoming = draw() if step < cfg.steps else None  # made on the host while the device runs this step
         # the step's first wait for the device; its sums, and the own answers that repeated a move, over all ranks
-        loss, ul, legal, repeats = map(sum, zip(*dist.all_gather_object(
-            sums.tolist() + [sum(r.learn_from is None for r in own)])))
+        loss, ul, legal, repeats = dist.all_reduce_sum(sums.tolist() + [sum(r.learn_from is None for r in own)])
+        repeats = int(repeats)
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
         record = {"step": step, "loss": loss, "A_rows": len(env_rows),
