@@ -142,6 +142,13 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
                     for c in truth_completions(envs)]
     a = mt.score_completions(envs, wrong_fen, RewardScorer())["environment"]
     assert a["next_state_acc"] == 0 and 0.9 < a["nls"] < 1 and a["reward_acc"] == 1 and a["mean_reward"] < 1
+    # per transition and per slice, in order: what a paired verdict of two evaluations compares
+    half = [c if i % 2 else w for i, (c, w) in enumerate(zip(truth_completions(envs), wrong_fen))]
+    a = mt.score_completions(envs, half, RewardScorer())["environment"]
+    assert a["next_state_acc_items"] == [i % 2 for i in range(len(envs))]
+    for name, idx in mt.transition_slices([s.truth for s in envs]).items():
+        assert a["slices"][name]["next_state_acc_items"] == [i % 2 for i in idx]
+        assert a["slices"][name]["next_state_acc"] == pytest.approx(sum(i % 2 for i in idx) / len(idx))
     a = mt.score_completions(envs, wrong_reward, RewardScorer())["environment"]
     assert a["next_state_acc"] == 1 and a["reward_acc"] < 1 and a["reward_mae"] > 0
     a = mt.score_completions(envs, ["nonsense"] * len(envs), RewardScorer())["environment"]

@@ -43,6 +43,7 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     n_a, n_b = len(a.evals), len(b.evals)
     out = S.move_quality([a, b, b], ["a1a8", "e2e4", "e2e5"])  # mate, best, illegal
     assert out["n"] == 3 and out["legal"] == pytest.approx(2 / 3) and out["best"] == pytest.approx(2 / 3)
+    assert out["legal_items"] == [1, 1, 0] and out["best_items"] == [1, 1, 0]  # per position, for a paired verdict
     assert out["loss"] == 0 and out["blunder"] == 0 and out["accuracy"] == pytest.approx(S.accuracy(0))
     loss_a = (n_a - 1) * (S.win_prob(999.99) - S.win_prob(0.0)) / n_a
     loss_b = (n_b - 1) * (S.win_prob(0.3) - S.win_prob(-3.0)) / n_b
@@ -117,7 +118,7 @@ def test_puzzles_and_tactics():
     mate = S.Puzzle(BACK_RANK, ("a1a8",), "mate1")
     assert S.mating_moves(BACK_RANK) == ["a1a8"]
     out = S.puzzle_scores([mate, mate], ["a1a8", "h2h3"])
-    assert out["mate1"]["solved"] == 0.5 and out["mate1"]["legal"] == 1.0
+    assert out["mate1"]["solved"] == 0.5 and out["mate1"]["legal"] == 1.0 and out["mate1"]["solved_items"] == [1, 0]
     assert out["mate1"]["random"]["solved"] == pytest.approx(1 / len(S.legal_moves(BACK_RANK)))
     with pytest.raises(ValueError, match="every mating move"):
         S.Puzzle.from_dict({"fen": BACK_RANK, "solutions": ["h2h3"], "kind": "mate1"})

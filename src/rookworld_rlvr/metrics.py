@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rookworld_rlvr.data.io import Sample
 from rookworld_rlvr.tasks import environment as env_task
@@ -77,9 +77,16 @@ def transition_slices(truths: Sequence[env_task.EnvTruth]) -> dict[str, list[int
     return {k: out[k] for k in order if k in out}
 
 
+def items(flags: Iterable[bool]) -> list[int]:
+    """Per-item outcomes as 0/1, kept beside a share (`NAME_items`) so that two evaluations of the same
+    items can be compared item by item (`verdict`: a paired interval of the change)."""
+    return [int(bool(f)) for f in flags]
+
+
 def sliced(slices: dict[str, list[int]], name: str, flags: Sequence[bool]) -> dict[str, dict]:
-    """{slice: {n, name: share of flags over the slice}} for each non-empty slice."""
-    return {k: {"n": len(idx), name: share(flags[i] for i in idx)} for k, idx in slices.items()}
+    """{slice: {n, name: share of flags over the slice, name_items: the flags}} for each non-empty slice."""
+    return {k: {"n": len(idx), name: share(flags[i] for i in idx), f"{name}_items": items(flags[i] for i in idx)}
+            for k, idx in slices.items()}
 
 
 def _component_means(results: Sequence[RewardResult], names: Sequence[str]) -> dict[str, float | None]:
@@ -124,6 +131,7 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
     return dict(
         invalid=share(not p.valid for p in parses),
         next_state_acc=share(p.new_fen == t.new_fen for p, t in pairs),
+        next_state_acc_items=items(p.new_fen == t.new_fen for p, t in pairs),
         nls=mean([env_task.fen_similarity(p.new_fen, t.new_fen) if p.new_fen else 0.0 for p, t in pairs]),
         reward_acc=share(p.reward is not None and abs(p.reward - t.reward) < 1e-9 for p, t in pairs),
         reward_mae=mean([abs(t.reward - _predicted_reward(p)) for p, t in pairs]),

@@ -2,10 +2,12 @@
 with its 95% interval and whether the change is beyond the noise.
 
 Owns which figures open the run's final table and its report, which way is better for each,
-and the intervals: Wilson's for a share, and for a change of a share the unpaired normal
-interval of the difference (conservative: base and final answer the same positions, and the
-positive correlation of paired answers only narrows the true interval). Ratio figures that come
-with a bootstrap interval (`*_ci`) combine the two half-widths in quadrature.
+and the intervals: Wilson's for a share, and for a change of a share the paired interval where
+both evaluations kept their per-item outcomes (`NAME_items`: base and final answer the same
+held-out items, and most items keep their answer, so the noise of the change is that of the
+items that changed; Agresti and Min's interval for matched pairs), else the unpaired normal
+interval of the difference (wider: it ignores that pairing). Ratio figures that come with a
+bootstrap interval (`*_ci`) combine the two half-widths in quadrature (unpaired).
 
 Pure Python: imports no torch, no chess and nothing else of the package but `tables`.
 """
@@ -85,9 +87,29 @@ def interval(result: dict | None, h: Headline) -> tuple[float, float] | None:
     return wilson(value, int(n))
 
 
+def paired_interval(before: list, after: list) -> tuple[float, float] | None:
+    """95% interval of mean(after) - mean(before) for 0/1 outcomes of the same items, in order
+    (Agresti and Min 2005: the Wald interval of matched pairs with half a count added to each
+    of the four cells, which keeps its coverage when few items changed). None unless both are
+    0/1 lists of one positive length."""
+    n = len(before)
+    if not n or len(after) != n or not all(x in (0, 1) for x in [*before, *after]):
+        return None
+    gained = sum(1 for x, y in zip(before, after) if y > x) + 0.5
+    lost = sum(1 for x, y in zip(before, after) if x > y) + 0.5
+    m = n + 2.0  # the four cells, half a count each
+    d = (gained - lost) / m
+    half = Z95 * math.sqrt(max(0.0, (gained + lost) / m - d * d) / m)
+    return d - half, d + half
+
+
 def change_interval(base: dict | None, final: dict | None, h: Headline) -> tuple[float, float] | None:
-    """95% interval of final - base: the half-widths of the two intervals in quadrature, around
-    the change (the unpaired interval of a difference; see the module doc)."""
+    """95% interval of final - base: paired over the items where both evaluations kept them
+    (`NAME_items`), else the half-widths of the two intervals in quadrature around the change
+    (see the module doc)."""
+    before, after = get(base, h.key + "_items"), get(final, h.key + "_items")
+    if isinstance(before, list) and isinstance(after, list) and (paired := paired_interval(before, after)):
+        return paired
     a, b = number(get(base, h.key)), number(get(final, h.key))
     ia, ib = interval(base, h), interval(final, h)
     if a is None or b is None or ia is None or ib is None:

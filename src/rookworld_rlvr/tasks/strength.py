@@ -268,13 +268,17 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
     legal = [(p, m) for p, m in zip(positions, moves) if m is not None and m in p.evals]
     losses = [p.loss(m) for p, m in legal]
     rand = [random_expectation(p) for p, _ in legal]
+    legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves)]
+    best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves)]
     out = {
         "n": len(positions),
-        "legal": _mean([1.0 if m is not None and m in p.evals else 0.0 for p, m in zip(positions, moves)]),
+        "legal": _mean(legal_items),
         "loss": _mean(losses),
         "accuracy": _mean([accuracy(x) for x in losses]),
         "blunder": _mean([1.0 if x >= BLUNDER else 0.0 for x in losses]),
-        "best": _mean([1.0 if m in p.best_moves() else 0.0 for p, m in zip(positions, moves)]),
+        "best": _mean(best_items),
+        "legal_items": legal_items,  # per position, for a paired comparison of two evaluations (verdict)
+        "best_items": best_items,
         "random": {k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder", "best")},
     }
     kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
@@ -322,9 +326,11 @@ def puzzle_scores(puzzles: Sequence[Puzzle], moves: Sequence[str | None]) -> dic
         pairs = [(p, m) for p, m in zip(puzzles, moves) if p.kind == kind]
         if not pairs:
             continue
+        solved = [int(m in p.solutions) for p, m in pairs]
         out[kind] = {
             "n": len(pairs),
-            "solved": _mean([1.0 if m in p.solutions else 0.0 for p, m in pairs]),
+            "solved": _mean(solved),
+            "solved_items": solved,  # per puzzle, for a paired comparison of two evaluations (verdict)
             "legal": _mean([1.0 if is_legal(p.fen, m) else 0.0 for p, m in pairs]),
             "random": {"solved": _mean([len(p.solutions) / len(legal_moves(p.fen)) for p, _ in pairs])},
         }

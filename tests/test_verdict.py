@@ -1,0 +1,78 @@
+"""The verdict's intervals for a change: paired over the same held-out items where both evaluations
+kept their per-item outcomes, and calibrated (95% coverage) where they are."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rookworld_rlvr.verdict import HEADLINES, change_interval, judge, paired_interval
+
+CHECK = next(h for h in HEADLINES if h.key == "puzzles.check.solved")
+
+
+def check_result(items: list[int] | None, solved: float | None = None) -> dict:
+    """An evaluation's puzzles.check as evaluate writes it, with or without the per-item outcomes."""
+    n = len(items) if items is not None else 600
+    out = {"n": n, "solved": solved if solved is not None else sum(items) / n}
+    if items is not None:
+        out["solved_items"] = items
+    return {"puzzles": {"check": out}}
+
+
+def test_a_gain_on_the_same_positions_is_judged_paired_beyond_the_noise_the_unpaired_interval_misses():
+    """27.2% -> 31.3% of 600 positions in check: 35 positions gained and 10 lost, the rest kept. Paired,
+    the change is beyond the noise; the unpaired interval (what a result without items gets) is not."""
+    before = [1] * 163 + [0] * 437
+    after = before.copy()
+    for i in range(10):  # lost
+        after[i] = 0
+    for i in range(200, 235):  # gained
+        after[i] = 1
+    base, final = check_result(before), check_result(after)
+    low, high = change_interval(base, final, CHECK)
+    assert 0.0 < low < (sum(after) - sum(before)) / 600 < high
+    assert judge(base, final, CHECK) == "better"
+    unpaired = check_result(None, sum(before) / 600), check_result(None, sum(after) / 600)
+    u_low, u_high = change_interval(*unpaired, CHECK)
+    assert u_low < 0.0 < u_high and judge(*unpaired, CHECK) == "within noise"
+    assert u_high - u_low > 1.8 * (high - low)  # the pairing halves the width here
+    assert judge(final, base, CHECK) == "worse"  # and the other way round
+
+
+def test_the_paired_interval_is_agresti_and_mins_and_few_changes_stay_within_the_noise():
+    # 10 items, 3 gained, 1 lost: half a count added to each cell, m = 12, d = 2/12
+    before = [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    after = [1, 1, 0, 1, 1, 1, 0, 0, 0, 0]
+    d, var = 2 / 12, (5 / 12 - (2 / 12) ** 2) / 12
+    assert paired_interval(before, after) == pytest.approx((d - 1.959964 * var ** 0.5, d + 1.959964 * var ** 0.5))
+    # 4 gained and none lost of 600 (McNemar's exact test: p = 0.125): not beyond the noise
+    low, _ = paired_interval([0] * 600, [1] * 4 + [0] * 596)
+    assert low < 0
+    assert paired_interval([1, 0], [1]) is None and paired_interval([], []) is None
+    assert paired_interval([1, 0.5], [1, 1]) is None  # not 0/1 outcomes
+
+
+def test_items_of_other_lengths_fall_back_to_the_unpaired_interval():
+    base, final = check_result([1] * 100 + [0] * 500), check_result([1] * 130 + [0] * 470)
+    final["puzzles"]["check"]["solved_items"] = final["puzzles"]["check"]["solved_items"][:599]
+    plain = check_result(None, 100 / 600), check_result(None, 130 / 600)
+    assert change_interval(base, final, CHECK) == pytest.approx(change_interval(*plain, CHECK))
+
+
+def test_the_paired_interval_covers_the_true_change_95_percent_of_the_time():
+    """Calibrated: 2,000 draws of 600 matched items (5% gained, 2% lost, the rest kept, a third of them
+    right), the true change +0.03 inside the interval about 95% of the time."""
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(2000):
+        before, after = [], []
+        for _ in range(600):
+            u = rng.random()
+            x, y = (0, 1) if u < 0.05 else (1, 0) if u < 0.07 else ((1, 1) if rng.random() < 1 / 3 else (0, 0))
+            before.append(x)
+            after.append(y)
+        low, high = paired_interval(before, after)
+        covered += low <= 0.03 <= high
+    assert 0.935 <= covered / 2000 <= 0.965
