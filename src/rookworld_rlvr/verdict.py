@@ -6,8 +6,10 @@ and the intervals: Wilson's for a share, and for a change of a share the paired 
 both evaluations kept their per-item outcomes (`NAME_items`: base and final answer the same
 held-out items, and most items keep their answer, so the noise of the change is that of the
 items that changed; Agresti and Min's interval for matched pairs), else the unpaired normal
-interval of the difference (wider: it ignores that pairing). Ratio figures that come with a
-bootstrap interval (`*_ci`) combine the two half-widths in quadrature (unpaired).
+interval of the difference (wider: it ignores that pairing). A ratio to the random mover's
+figure (expected-score loss, blunders) changes within a bootstrap interval that resamples the
+same positions for both where both kept their per-position figures, else the two intervals'
+half-widths in quadrature (unpaired).
 
 Pure Python: imports no torch, no chess and nothing else of the package but `tables`.
 """
@@ -15,6 +17,7 @@ Pure Python: imports no torch, no chess and nothing else of the package but `tab
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +37,17 @@ class Headline:
     n_key: str | None = None
     random_key: str | None = None
     random_value: float | None = None
+    ratio_items: tuple[str, str] | None = None  # per-position model and random-mover figures of a ratio figure
 
 
 HEADLINES = (
     Headline("puzzles.check.solved", "legal best move, side to move in check", 1, "puzzles.check.n",
              random_value=1.0),
     Headline("strength.legal", "legal best move (judged positions)", 1, "strength.n", random_value=1.0),
-    Headline("strength.loss_below_random", "expected-score loss below the random mover's", 1, random_value=0.0),
-    Headline("strength.blunder_below_random", "blunders below the random mover's", 1, random_value=0.0),
+    Headline("strength.loss_below_random", "expected-score loss below the random mover's", 1, random_value=0.0,
+             ratio_items=("strength.loss_items", "strength.random_loss_items")),
+    Headline("strength.blunder_below_random", "blunders below the random mover's", 1, random_value=0.0,
+             ratio_items=("strength.blunder_items", "strength.random_blunder_items")),
     Headline("strength.best", "Stockfish's best move", 1, "strength.n", "strength.random.best"),
     Headline("puzzles.mate1.solved", "mate in one", 1, "puzzles.mate1.n", "puzzles.mate1.random.solved"),
     Headline("puzzles.tactic.solved", "tactics", 1, "puzzles.tactic.n", "puzzles.tactic.random.solved"),
@@ -103,12 +109,57 @@ def paired_interval(before: list, after: list) -> tuple[float, float] | None:
     return d - half, d + half
 
 
+def _below(model: list, random_: list, idx: list[int]) -> float | None:
+    """1 - sum(model) / sum(random_) over the positions of `idx` where the model moved (not None)."""
+    m = r = 0.0
+    for i in idx:
+        if model[i] is not None:
+            m += model[i]
+            r += random_[i]
+    return 1.0 - m / r if r else None
+
+
+def paired_ratio_interval(before: list, after: list, random_: list, resamples: int = 1000,
+                          seed: int = 0) -> tuple[float, float] | None:
+    """95% interval of the change of a ratio below the random mover (1 - model / random over the
+    positions where the model moved legally; None where it did not), from a bootstrap that
+    resamples the same positions for both evaluations (percentile, fixed seed). None unless all
+    three lists have one length of 2 or more."""
+    n = len(random_)
+    if n < 2 or len(before) != n or len(after) != n:
+        return None
+    rng = random.Random(seed)
+    changes = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        a, b = _below(before, random_, idx), _below(after, random_, idx)
+        if a is not None and b is not None:
+            changes.append(b - a)
+    if not changes:
+        return None
+    changes.sort()
+    return changes[int(0.025 * (len(changes) - 1))], changes[int(0.975 * (len(changes) - 1))]
+
+
+def _paired(base: dict | None, final: dict | None, h: Headline) -> tuple[float, float] | None:
+    """The paired interval of a headline's change where both evaluations kept its items."""
+    if h.ratio_items:
+        model, rand = h.ratio_items
+        before, after, r = get(base, model), get(final, model), get(base, rand)
+        if isinstance(before, list) and isinstance(after, list) and isinstance(r, list) and r == get(final, rand):
+            return paired_ratio_interval(before, after, r)  # the same positions: the random mover's figures agree
+        return None
+    before, after = get(base, h.key + "_items"), get(final, h.key + "_items")
+    if isinstance(before, list) and isinstance(after, list):
+        return paired_interval(before, after)
+    return None
+
+
 def change_interval(base: dict | None, final: dict | None, h: Headline) -> tuple[float, float] | None:
     """95% interval of final - base: paired over the items where both evaluations kept them
-    (`NAME_items`), else the half-widths of the two intervals in quadrature around the change
-    (see the module doc)."""
-    before, after = get(base, h.key + "_items"), get(final, h.key + "_items")
-    if isinstance(before, list) and isinstance(after, list) and (paired := paired_interval(before, after)):
+    (`NAME_items`, or a ratio's `ratio_items`), else the half-widths of the two intervals in
+    quadrature around the change (see the module doc)."""
+    if paired := _paired(base, final, h):
         return paired
     a, b = number(get(base, h.key)), number(get(final, h.key))
     ia, ib = interval(base, h), interval(final, h)

@@ -265,11 +265,12 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
     """
     if len(positions) != len(moves):
         raise ValueError(f"{len(positions)} positions but {len(moves)} moves")
-    legal = [(p, m) for p, m in zip(positions, moves) if m is not None and m in p.evals]
-    losses = [p.loss(m) for p, m in legal]
-    rand = [random_expectation(p) for p, _ in legal]
     legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves)]
     best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves)]
+    loss_items = [p.loss(m) if ok else None for p, m, ok in zip(positions, moves, legal_items)]
+    expected = [random_expectation(p) for p in positions]
+    losses = [x for x in loss_items if x is not None]
+    rand = [r for r, x in zip(expected, loss_items) if x is not None]
     out = {
         "n": len(positions),
         "legal": _mean(legal_items),
@@ -277,8 +278,14 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "accuracy": _mean([accuracy(x) for x in losses]),
         "blunder": _mean([1.0 if x >= BLUNDER else 0.0 for x in losses]),
         "best": _mean(best_items),
-        "legal_items": legal_items,  # per position, for a paired comparison of two evaluations (verdict)
+        # per position (None: an illegal move), for a paired comparison of two evaluations of the same positions
+        # (verdict); losses to 4 decimals
+        "legal_items": legal_items,
         "best_items": best_items,
+        "loss_items": [None if x is None else round(x, 4) for x in loss_items],
+        "blunder_items": [None if x is None else int(x >= BLUNDER) for x in loss_items],
+        "random_loss_items": [round(r["loss"], 4) for r in expected],
+        "random_blunder_items": [round(r["blunder"], 4) for r in expected],
         "random": {k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder", "best")},
     }
     kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
