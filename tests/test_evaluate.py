@@ -146,6 +146,8 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
     half = [c if i % 2 else w for i, (c, w) in enumerate(zip(truth_completions(envs), wrong_fen))]
     a = mt.score_completions(envs, half, RewardScorer())["environment"]
     assert a["next_state_acc_items"] == [i % 2 for i in range(len(envs))]
+    assert a["items_of"] == mt.score_completions(envs, wrong_fen, RewardScorer())["environment"]["items_of"]
+    assert a["items_of"] != mt.score_completions(envs[::-1], half[::-1], RewardScorer())["environment"]["items_of"]
     for name, idx in mt.transition_slices([s.truth for s in envs]).items():
         assert a["slices"][name]["next_state_acc_items"] == [i % 2 for i in idx]
         assert a["slices"][name]["next_state_acc"] == pytest.approx(sum(i % 2 for i in idx) / len(idx))

@@ -94,6 +94,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     rl = unpack(out / "trained", tmp_path / "trained")
     summary = json.loads((rl / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["base"] and summary["final"]
+    # base and final scored the same held-out rows, item by item: the verdict pairs them
+    before, after = summary["base"]["environment"], summary["final"]["environment"]
+    assert before["items_of"] == after["items_of"] and len(after["next_state_acc_items"]) == after["n"] > 0
     config = yaml.safe_load((rl / "config.yaml").read_text())
     assert config["model"] == str(work / "sft" / "base")
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]

@@ -44,6 +44,9 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     out = S.move_quality([a, b, b], ["a1a8", "e2e4", "e2e5"])  # mate, best, illegal
     assert out["n"] == 3 and out["legal"] == pytest.approx(2 / 3) and out["best"] == pytest.approx(2 / 3)
     assert out["legal_items"] == [1, 1, 0] and out["best_items"] == [1, 1, 0]  # per position, for a paired verdict
+    assert out["loss_items"] == [0, 0, None] and out["blunder_items"] == [0, 0, None]
+    assert out["items_of"] == S.move_quality([a, b, b], [None] * 3)["items_of"] != S.move_quality([b, a, b], [None] * 3)[
+        "items_of"]  # the positions, in order, whatever the answers
     assert out["loss"] == 0 and out["blunder"] == 0 and out["accuracy"] == pytest.approx(S.accuracy(0))
     loss_a = (n_a - 1) * (S.win_prob(999.99) - S.win_prob(0.0)) / n_a
     loss_b = (n_b - 1) * (S.win_prob(0.3) - S.win_prob(-3.0)) / n_b

@@ -7,17 +7,19 @@ import random
 
 import pytest
 
-from rookworld_rlvr.verdict import HEADLINES, change_interval, judge, paired_interval
+from rookworld_rlvr.tasks.strength import fingerprint
+from rookworld_rlvr.verdict import HEADLINES, change_interval, items_of, judge, paired_interval
 
 CHECK = next(h for h in HEADLINES if h.key == "puzzles.check.solved")
 
 
-def check_result(items: list[int] | None, solved: float | None = None) -> dict:
-    """An evaluation's puzzles.check as evaluate writes it, with or without the per-item outcomes."""
+def check_result(items: list[int] | None, solved: float | None = None, of: str = "held-out checks") -> dict:
+    """An evaluation's puzzles.check as evaluate writes it, with or without the per-item outcomes (`of`: the
+    fingerprint of the positions they are of)."""
     n = len(items) if items is not None else 600
     out = {"n": n, "solved": solved if solved is not None else sum(items) / n}
     if items is not None:
-        out["solved_items"] = items
+        out["solved_items"], out["items_of"] = items, fingerprint([of])
     return {"puzzles": {"check": out}}
 
 
@@ -39,6 +41,10 @@ def test_a_gain_on_the_same_positions_is_judged_paired_beyond_the_noise_the_unpa
     assert u_low < 0.0 < u_high and judge(*unpaired, CHECK) == "within noise"
     assert u_high - u_low > 1.8 * (high - low)  # the pairing halves the width here
     assert judge(final, base, CHECK) == "worse"  # and the other way round
+    # the same number of items, but of other positions (another held-out set): nothing is paired
+    other = check_result(after, of="other checks")
+    assert items_of(other, CHECK.key) != items_of(base, CHECK.key)
+    assert change_interval(base, other, CHECK) == pytest.approx((u_low, u_high))
 
 
 def test_the_paired_interval_is_agresti_and_mins_and_few_changes_stay_within_the_noise():
@@ -81,7 +87,7 @@ def test_the_paired_interval_covers_the_true_change_95_percent_of_the_time():
 LOSS = next(h for h in HEADLINES if h.key == "strength.loss_below_random")
 
 
-def strength_result(losses: list, random_losses: list) -> dict:
+def strength_result(losses: list, random_losses: list, of: str = "judged positions") -> dict:
     """strength as evaluate writes it: the ratio, its own bootstrap interval, and the per-position figures."""
     from rookworld_rlvr.tasks.strength import ratio_below_ci
 
@@ -89,7 +95,7 @@ def strength_result(losses: list, random_losses: list) -> dict:
     ratio = 1 - sum(x for x, _ in legal) / sum(r for _, r in legal)
     return {"strength": {"n": len(losses), "loss_below_random": ratio,
                          "loss_below_random_ci": ratio_below_ci([x for x, _ in legal], [r for _, r in legal]),
-                         "loss_items": losses, "random_loss_items": random_losses}}
+                         "loss_items": losses, "random_loss_items": random_losses, "items_of": fingerprint([of])}}
 
 
 def test_a_ratio_to_the_random_mover_changes_within_a_bootstrap_of_the_same_positions():
@@ -109,8 +115,8 @@ def test_a_ratio_to_the_random_mover_changes_within_a_bootstrap_of_the_same_posi
         del r["strength"]["loss_items"]
     u_low, u_high = change_interval(base, final, LOSS)
     assert u_low < 0 < u_high and judge(base, final, LOSS) == "within noise"
-    # other positions (the random mover's figures differ): nothing is paired
-    other = strength_result(final_losses, [round(r * 1.1, 4) for r in random_losses])
+    # other positions (another fingerprint): nothing is paired
+    other = strength_result(final_losses, random_losses, of="other positions")
     base["strength"]["loss_items"] = base_losses
     assert change_interval(base, other, LOSS) == change_interval(
         {"strength": {k: v for k, v in base["strength"].items() if k != "loss_items"}}, other, LOSS)

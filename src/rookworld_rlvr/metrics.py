@@ -132,6 +132,7 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
         invalid=share(not p.valid for p in parses),
         next_state_acc=share(p.new_fen == t.new_fen for p, t in pairs),
         next_state_acc_items=items(p.new_fen == t.new_fen for p, t in pairs),
+        items_of=strength.fingerprint(s.render("compact")[0] for s in samples),
         nls=mean([env_task.fen_similarity(p.new_fen, t.new_fen) if p.new_fen else 0.0 for p, t in pairs]),
         reward_acc=share(p.reward is not None and abs(p.reward - t.reward) < 1e-9 for p, t in pairs),
         reward_mae=mean([abs(t.reward - _predicted_reward(p)) for p, t in pairs]),

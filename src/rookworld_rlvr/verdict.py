@@ -3,10 +3,11 @@ with its 95% interval and whether the change is beyond the noise.
 
 Owns which figures open the run's final table and its report, which way is better for each,
 and the intervals: Wilson's for a share, and for a change of a share the paired interval where
-both evaluations kept their per-item outcomes (`NAME_items`: base and final answer the same
-held-out items, and most items keep their answer, so the noise of the change is that of the
-items that changed; Agresti and Min's interval for matched pairs), else the unpaired normal
-interval of the difference (wider: it ignores that pairing). A ratio to the random mover's
+both evaluations kept their per-item outcomes (`NAME_items`) of the same items (their
+`items_of` fingerprints agree): base and final answer the same held-out items and most keep
+their answer, so the noise of the change is that of the items that changed (Agresti and Min's
+interval for matched pairs); else the unpaired normal interval of the difference (wider: it
+ignores that pairing). A ratio to the random mover's
 figure (expected-score loss, blunders) changes within a bootstrap interval that resamples the
 same positions for both where both kept their per-position figures, else the two intervals'
 half-widths in quadrature (unpaired).
@@ -141,13 +142,28 @@ def paired_ratio_interval(before: list, after: list, random_: list, resamples: i
     return changes[int(0.025 * (len(changes) - 1))], changes[int(0.975 * (len(changes) - 1))]
 
 
+def items_of(result: dict | None, key: str) -> str | None:
+    """The fingerprint of the items behind a figure: the nearest `items_of` on its dotted path
+    (a slice's items are drawn from its section's, in order)."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        found = get(result, ".".join(parts[:i] + ["items_of"]))
+        if isinstance(found, str):
+            return found
+    return None
+
+
 def _paired(base: dict | None, final: dict | None, h: Headline) -> tuple[float, float] | None:
-    """The paired interval of a headline's change where both evaluations kept its items."""
+    """The paired interval of a headline's change where both evaluations kept its items and
+    scored the same items (their fingerprints agree)."""
+    of = items_of(base, h.key)
+    if of is None or of != items_of(final, h.key):
+        return None
     if h.ratio_items:
         model, rand = h.ratio_items
         before, after, r = get(base, model), get(final, model), get(base, rand)
-        if isinstance(before, list) and isinstance(after, list) and isinstance(r, list) and r == get(final, rand):
-            return paired_ratio_interval(before, after, r)  # the same positions: the random mover's figures agree
+        if isinstance(before, list) and isinstance(after, list) and isinstance(r, list):
+            return paired_ratio_interval(before, after, r)
         return None
     before, after = get(base, h.key + "_items"), get(final, h.key + "_items")
     if isinstance(before, list) and isinstance(after, list):

@@ -17,10 +17,11 @@ legal move on the same positions (its expectation is exact, over all legal moves
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import chess
 
@@ -222,6 +223,12 @@ def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_so
 # -- metrics of answers ---------------------------------------------------------------------------
 
 
+def fingerprint(keys: Iterable[str]) -> str:
+    """A short digest of the items an evaluation scored, in order (`items_of`): the verdict pairs two
+    evaluations' per-item outcomes only where it agrees, so that only the same items are paired."""
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -280,6 +287,7 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "best": _mean(best_items),
         # per position (None: an illegal move), for a paired comparison of two evaluations of the same positions
         # (verdict); losses to 4 decimals
+        "items_of": fingerprint(p.fen for p in positions),
         "legal_items": legal_items,
         "best_items": best_items,
         "loss_items": [None if x is None else round(x, 4) for x in loss_items],
@@ -338,6 +346,7 @@ def puzzle_scores(puzzles: Sequence[Puzzle], moves: Sequence[str | None]) -> dic
             "n": len(pairs),
             "solved": _mean(solved),
             "solved_items": solved,  # per puzzle, for a paired comparison of two evaluations (verdict)
+            "items_of": fingerprint(p.fen for p, _ in pairs),
             "legal": _mean([1.0 if is_legal(p.fen, m) else 0.0 for p, m in pairs]),
             "random": {"solved": _mean([len(p.solutions) / len(legal_moves(p.fen)) for p, _ in pairs])},
         }
