@@ -234,6 +234,10 @@ def test_evaluate_end_to_end_tiny_model(tiny, mixed, pool):
     assert res["selfplay"]["games"] == 1 and res["selfplay"]["mean_legal_half_moves"] >= 0
     assert len(res["examples"]["policy"]) == 1 and len(res["examples"]["environment"]) == 1
     assert "policy.best_acc" in tables.format_table(res)
+    # the per-item outcomes and their fingerprints are kept for the verdict, not printed as figures
+    assert res["strength"]["items_of"] and res["puzzles"]["mate1"]["solved_items"]
+    assert not any(k.endswith(("items_of", "_items")) for k in rows)
+    assert "items_of" not in tables.format_table(res) and "_items" not in tables.format_table(res)
 
 
 def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):

@@ -13,6 +13,7 @@ from typing import Any
 
 SECTIONS = ("strength", "puzzles", "policy", "environment", "selfplay")
 NOT_METRICS = ("examples", "meta")  # sections that the tables skip
+NOT_SHOWN = ("items_of",)  # keys that are no figures: a fingerprint of the items an evaluation scored (verdict)
 
 
 def number(v: Any) -> float | None:
@@ -48,13 +49,16 @@ def fmt_delta(d: int | float | None, missing: str = "-") -> str:
 
 
 def flatten_metrics(results: dict) -> dict[str, Any]:
-    """`section.metric` (and `section.components.name`) -> value, skipping examples and meta."""
+    """`section.metric` (and `section.components.name`) -> value, skipping examples, meta, per-item lists
+    and the items' fingerprints."""
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, d: dict) -> None:
         for k, v in d.items():
             if isinstance(v, dict):
                 walk(f"{prefix}{k}.", v)
+            elif k in NOT_SHOWN:
+                continue
             elif v is None or number(v) is not None or isinstance(v, str):
                 flat[f"{prefix}{k}"] = v
 
