@@ -7,10 +7,9 @@ both evaluations kept their per-item outcomes (`NAME_items`) of the same items (
 `items_of` fingerprints agree): base and final answer the same held-out items and most keep
 their answer, so the noise of the change is that of the items that changed (Agresti and Min's
 interval for matched pairs); else the unpaired normal interval of the difference (wider: it
-ignores that pairing). A ratio to the random mover's
-figure (expected-score loss, blunders) changes within a bootstrap interval that resamples the
-same positions for both where both kept their per-position figures, else the two intervals'
-half-widths in quadrature (unpaired).
+ignores that pairing). A ratio to the random mover's figure (expected-score loss, blunders)
+changes within a bootstrap interval that resamples the same positions for both where both kept
+their per-position figures, else the two intervals' half-widths in quadrature (unpaired).
 
 Pure Python: imports no torch, no chess and nothing else of the package but `tables`.
 """
@@ -185,14 +184,19 @@ def change_interval(base: dict | None, final: dict | None, h: Headline) -> tuple
     return b - a - half, b - a + half
 
 
-def judge(base: dict | None, final: dict | None, h: Headline) -> str:
-    """better | worse (beyond the 95% interval of the change) | within noise | '' (no interval)."""
-    ci = change_interval(base, final, h)
+def verdict_of(ci: tuple[float, float] | None, better: int) -> str:
+    """better | worse (the change's 95% interval `ci` beyond 0, `better` saying which way is
+    better) | within noise | '' (no interval)."""
     if ci is None:
         return ""
     if ci[0] > 0 or ci[1] < 0:
-        return "better" if (ci[0] > 0) == (h.better > 0) else "worse"
+        return "better" if (ci[0] > 0) == (better > 0) else "worse"
     return "within noise"
+
+
+def judge(base: dict | None, final: dict | None, h: Headline) -> str:
+    """The verdict of a headline's change from base to final (see verdict_of)."""
+    return verdict_of(change_interval(base, final, h), h.better)
 
 
 def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
@@ -203,10 +207,11 @@ def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
         if a is None and b is None:
             continue
         rand = number(get(final, h.random_key)) if h.random_key else h.random_value
+        ci = change_interval(base, final, h)  # once: a paired ratio's bootstrap takes a fraction of a second
         out.append({"key": h.key, "label": h.label, "better": h.better, "base": a, "final": b,
                     "base_ci": interval(base, h), "final_ci": interval(final, h), "random": rand,
                     "change": None if a is None or b is None else b - a,
-                    "change_ci": change_interval(base, final, h), "verdict": judge(base, final, h)})
+                    "change_ci": ci, "verdict": verdict_of(ci, h.better)})
     return out
 
 
