@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rookworld_rlvr.tasks.strength import fingerprint
-from rookworld_rlvr.verdict import HEADLINES, change_interval, items_of, judge, paired_interval
+from rookworld_rlvr.verdict import HEADLINES, change_interval, items_of, judge, paired_interval, rows, verdict_table
 
 CHECK = next(h for h in HEADLINES if h.key == "puzzles.check.solved")
 
@@ -120,3 +120,31 @@ def test_a_ratio_to_the_random_mover_changes_within_a_bootstrap_of_the_same_posi
     base["strength"]["loss_items"] = base_losses
     assert change_interval(base, other, LOSS) == change_interval(
         {"strength": {k: v for k, v in base["strength"].items() if k != "loss_items"}}, other, LOSS)
+
+
+OUT_OF_CHECK = next(h for h in HEADLINES if h.key == "strength.slices.not_in_check.legal")
+
+
+def test_legality_out_of_check_is_a_verdict_row_paired_over_the_same_positions():
+    """A run that teaches legal moves in check can cost legality elsewhere: 86.1% -> 83.0% of 552 judged positions
+    out of check (20 gained, 37 lost), as `make train` measured. The whole judged set hides it among its in-check
+    gains; its own row, paired over the same positions, shows it beyond the noise."""
+    before = [1] * 475 + [0] * 77
+    after = before.copy()
+    for i in range(37):
+        after[i] = 0
+    for i in range(475, 495):
+        after[i] = 1
+
+    def result(items: list[int]) -> dict:
+        from rookworld_rlvr.metrics import sliced
+
+        return {"strength": {"n": 600, "legal": sum(items) / 600, "items_of": fingerprint(["judged positions"]),
+                             "slices": sliced({"not_in_check": list(range(552))}, "legal", items)}}
+
+    base, final = result(before), result(after)
+    row = next(r for r in rows(base, final) if r["key"] == OUT_OF_CHECK.key)
+    assert row["base"] == pytest.approx(475 / 552) and row["change"] == pytest.approx(-17 / 552)
+    assert row["change_ci"] == pytest.approx(paired_interval(before, after))
+    assert row["verdict"] == "worse" and row["random"] == 1.0
+    assert "legal best move, judged positions out of check" in verdict_table(base, final)

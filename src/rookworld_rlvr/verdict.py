@@ -44,6 +44,8 @@ HEADLINES = (
     Headline("puzzles.check.solved", "legal best move, side to move in check", 1, "puzzles.check.n",
              random_value=1.0),
     Headline("strength.legal", "legal best move (judged positions)", 1, "strength.n", random_value=1.0),
+    Headline("strength.slices.not_in_check.legal", "legal best move, judged positions out of check", 1,
+             "strength.slices.not_in_check.n", random_value=1.0),
     Headline("strength.loss_below_random", "expected-score loss below the random mover's", 1, random_value=0.0,
              ratio_items=("strength.loss_items", "strength.random_loss_items")),
     Headline("strength.blunder_below_random", "blunders below the random mover's", 1, random_value=0.0,
