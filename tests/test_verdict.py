@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from rookworld_rlvr.metrics import sliced
 from rookworld_rlvr.tasks.strength import fingerprint
 from rookworld_rlvr.verdict import HEADLINES, change_interval, items_of, judge, paired_interval, rows, verdict_table
 
@@ -127,8 +128,8 @@ OUT_OF_CHECK = next(h for h in HEADLINES if h.key == "strength.slices.not_in_che
 
 def test_legality_out_of_check_is_a_verdict_row_paired_over_the_same_positions():
     """A run that teaches legal moves in check can cost legality elsewhere: 86.1% -> 83.0% of 552 judged positions
-    out of check (20 gained, 37 lost), as `make train` measured. The whole judged set hides it among its in-check
-    gains; its own row, paired over the same positions, shows it beyond the noise."""
+    out of check (20 gained, 37 lost), as `make train` measured: its own row, paired over the same positions, shows
+    it beyond the noise."""
     before = [1] * 475 + [0] * 77
     after = before.copy()
     for i in range(37):
@@ -136,9 +137,7 @@ def test_legality_out_of_check_is_a_verdict_row_paired_over_the_same_positions()
     for i in range(475, 495):
         after[i] = 1
 
-    def result(items: list[int]) -> dict:
-        from rookworld_rlvr.metrics import sliced
-
+    def result(items: list[int]) -> dict:  # strength as evaluate writes it, its out-of-check slice alone
         return {"strength": {"n": 600, "legal": sum(items) / 600, "items_of": fingerprint(["judged positions"]),
                              "slices": sliced({"not_in_check": list(range(552))}, "legal", items)}}
 
