@@ -54,12 +54,16 @@ def phase(fen: str) -> str:
 
 
 def position_slices(fens: Sequence[str]) -> dict[str, list[int]]:
-    """Indices of P: positions per slice: in check or not, and the phase of the game."""
+    """Indices of P: positions per slice: in check or not, out of check with a king move that would
+    step into check (a part of not_in_check), and the phase of the game."""
     out: dict[str, list[int]] = {}
     for i, fen in enumerate(fens):
         out.setdefault("in_check" if strength.in_check(fen) else "not_in_check", []).append(i)
+        if strength.king_can_step_into_check(fen):
+            out.setdefault("king_can_step_into_check", []).append(i)
         out.setdefault(phase(fen), []).append(i)
-    return {k: out[k] for k in ("in_check", "not_in_check", "opening", "middlegame", "late") if k in out}
+    names = ("in_check", "not_in_check", "king_can_step_into_check", "opening", "middlegame", "late")
+    return {k: out[k] for k in names if k in out}
 
 
 def transition_slices(truths: Sequence[env_task.EnvTruth]) -> dict[str, list[int]]:

@@ -201,6 +201,17 @@ def in_check(fen: str) -> bool:
     return chess.Board(fen).is_check()
 
 
+def king_can_step_into_check(fen: str) -> bool:
+    """Out of check, and a king move (castling aside) would step into check: where GRPO on positions
+    in check costs legality, since it teaches the policy to move its king more."""
+    board = chess.Board(fen)
+    if board.is_check():
+        return False
+    king = board.king(board.turn)
+    return any(m.from_square == king and not board.is_castling(m) and not board.is_legal(m)
+               for m in board.generate_pseudo_legal_moves())
+
+
 def check_puzzle(fen: str) -> Puzzle | None:
     """A `check` puzzle when the side to move is in check and has a legal move, else None."""
     board = chess.Board(fen)
