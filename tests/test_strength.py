@@ -170,3 +170,34 @@ def test_data_judge_builds_the_strength_set_and_puzzles_with_stockfish(tmp_path,
     assert back.best_moves() == ("a1a8",) and back.evals["a1a8"] > 999
     found = read_puzzles(puzzles)
     assert S.Puzzle(BACK_RANK, ("a1a8",), "mate1") in found
+
+
+def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_king_move_would_step_into_it(
+        tmp_path):
+    """scripts/king_positions.py, whose training set docs/grpo-experiments.md draws prompts from: the A: rows
+    and, of the P: rows, only those in check or with a king move into check, in the order of the file."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def p_row(fen: str) -> str:
+        move = next(iter(chess.Board(fen).legal_moves)).uci()
+        return json.dumps({"task": "P", "truth": {"fen": fen, "moves": [move], "evals": [0.0], "best": [move]}}) + "\n"
+
+    a_row = json.dumps({"task": "A", "truth": {
+        "fen": chess.STARTING_FEN, "move": "e2e4", "history": "e2e4",
+        "new_fen": "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "reward": 0.001, "terminated": False,
+        "truncated": False}}) + "\n"
+    safe, king, check = (p_row("4k3/8/8/8/8/8/8/4K2R b - - 0 1"), p_row("4k3/R7/8/8/8/8/8/4K3 b - - 0 1"),
+                         p_row("4k3/8/8/8/8/8/8/4R1K1 b - - 0 1"))
+    data = tmp_path / "train.jsonl"
+    data.write_text(safe + king + a_row + check + safe)
+    out = tmp_path / "king.jsonl"
+    proc = subprocess.run([sys.executable, str(repo / "scripts" / "king_positions.py"), "--data", str(data),
+                           "--out", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(repo / "src")}, check=True)
+    assert out.read_text() == a_row + king + check
+    assert "1 P: positions in check, 1 out of check where a king move would step into check, 1 A: rows" in proc.stdout
