@@ -6,6 +6,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import chess
 import pytest
@@ -16,6 +20,7 @@ from rookworld_rlvr.data.judged import read_judged, read_puzzles
 from rookworld_rlvr.tasks import policy as P
 from rookworld_rlvr.tasks import strength as S
 
+REPO = Path(__file__).resolve().parents[1]
 BACK_RANK = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # a1a8 mates
 
 
@@ -176,13 +181,6 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
         tmp_path):
     """scripts/king_positions.py, whose training set docs/grpo-experiments.md draws prompts from: the A: rows
     and, of the P: rows, only those in check or with a king move into check, in the order of the file."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-
     def p_row(fen: str) -> str:
         move = next(iter(chess.Board(fen).legal_moves)).uci()
         return json.dumps({"task": "P", "truth": {"fen": fen, "moves": [move], "evals": [0.0], "best": [move]}}) + "\n"
@@ -196,8 +194,8 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
     data = tmp_path / "train.jsonl"
     data.write_text(safe + king + a_row + check + safe)
     out = tmp_path / "king.jsonl"
-    proc = subprocess.run([sys.executable, str(repo / "scripts" / "king_positions.py"), "--data", str(data),
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "king_positions.py"), "--data", str(data),
                            "--out", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(repo / "src")}, check=True)
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
     assert out.read_text() == a_row + king + check
     assert "1 P: positions in check, 1 out of check where a king move would step into check, 1 A: rows" in proc.stdout
