@@ -289,6 +289,9 @@ ROWS = [
         lambda b, o: b == [0.0, 1.0] and o.startswith("error")),
     # -- data ----------------------------------------------------------------------------------------------
     Row("data", {"data": "EVALFILE"}, COLLECT, lambda b, o: set(b["prompts"]).isdisjoint(o["prompts"])),
+    Row("anchor_data", {"anchor_data": "EVALFILE"}, P(lambda env, over: _anchor_prompts(env, over)),
+        lambda b, o: o[1] <= o[0] and b[1] <= b[0] and b[1].isdisjoint(o[1]),  # from the training data, or its file
+        base={"anchor_coef": 1.0, "anchor_batch": 4, "mix_env_ratio": 0.0}),
     Row("eval_data", {"eval_data": "EVALFILE"}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: b is None and o["policy"]["n"] > 0),
     Row("eval_limit", {"eval_limit": 1}, P(lambda env, over: _evaluate(env, over)),
@@ -479,6 +482,18 @@ def _evaluate(env: Env, over: dict):
         return tr.evaluate()
     finally:
         pool.close()
+
+
+def _anchor_prompts(env: Env, over: dict) -> tuple[set, set]:
+    """The prompts of `anchor_data` (or of `data` where it is null), and those of the anchor's first
+    two steps in the trainer `rookworld train` builds."""
+    from rookworld_rlvr.grpo.cli import build
+
+    cfg = env.config(over)
+    tr, pool = build(cfg, log=lambda *_: None)
+    pool.close()
+    source = {s.render(cfg.layout)[0] for s in read_samples(cfg.anchor_data or cfg.data) if s.task == "A"}
+    return source, {p for _ in range(2) for p, _ in tr.anchor.pairs()}
 
 
 def _build(env: Env, over: dict):
@@ -709,6 +724,7 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"kl_coef": 0.0, "rollback_kl_factor": 2.0}, "rollback_kl_factor: kl_coef 0"),
              ({"eval_data": "", "guard_eval_drop": 0.1}, "guard_eval_drop: eval_data is empty"),
              ({"anchor_batch": 4}, "anchor_batch: anchor_coef is 0"),
+             ({"anchor_data": "other.jsonl"}, "anchor_data: anchor_coef is 0"),
              ({"lora_alpha": 8.0}, "lora_alpha: lora_r is 0"),
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),
              ({"dynamic_sampling_oversample": 2.0}, "dynamic_sampling_oversample: dynamic_sampling is 0"),

@@ -1,5 +1,7 @@
 """check-batch, overfit and --dry-run: the tools that catch silent failures early."""
 
+import json
+
 import pytest
 
 from rookworld_rlvr.cli import main
@@ -81,3 +83,19 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert f"{bad}:121" in capsys.readouterr().out
     assert main(base + ["--group-size", "1"]) == 1
     assert "group_size" in capsys.readouterr().err
+
+
+def test_dry_run_checks_the_anchors_own_data(tmp_path, tiny_model_dir, small_data, capsys):
+    only_p = tmp_path / "p.jsonl"
+    only_p.write_text("".join(x + "\n" for x in (small_data / "train.jsonl").read_text().splitlines()
+                              if json.loads(x)["task"] == "P"))
+    base = ["train", "--dry-run", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"),
+            "--eval-data", str(small_data / "eval.jsonl"), "--anchor-coef", "1", "--anchor-tasks", "PA", "--anchor-batch", "4"]
+    assert main(base + ["--anchor-data", str(only_p)]) == 1
+    assert f"anchor_data: {only_p} has no A: samples but anchor_tasks is PA" in capsys.readouterr().out
+    assert main(base + ["--anchor-data", str(small_data / "eval.jsonl")]) == 0
+    assert f"anchor_data: {small_data / 'eval.jsonl'}: P=" in capsys.readouterr().out
+    assert main(base[:4] + ["--data", str(only_p)] + base[6:]) == 1  # null: the anchor draws from data
+    assert f"data: {only_p} has no A: samples but anchor_tasks is PA" in capsys.readouterr().out
+    assert main(base + ["--anchor-data", str(tmp_path / "missing.jsonl")]) == 1
+    assert f"anchor_data: {tmp_path / 'missing.jsonl'}: no such file" in capsys.readouterr().out

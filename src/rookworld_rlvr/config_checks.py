@@ -139,7 +139,7 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
         (("kl_estimator", "kl_clamp", "ref_device"), not cfg.uses_reference,
          "no reference pass (kl_coef 0 and no KL guard)"),
         (("guard_eval_drop",), not cfg.eval_data, "eval_data is empty (no evaluation)"),
-        (("anchor_tasks", "anchor_batch", "anchor_order"), cfg.anchor_coef == 0, "anchor_coef is 0"),
+        (("anchor_tasks", "anchor_batch", "anchor_order", "anchor_data"), cfg.anchor_coef == 0, "anchor_coef is 0"),
         (("anchor_order",), "P" not in cfg.anchor_tasks, "the anchor has no P: answers (anchor_tasks)"),
         (("lora_alpha", "lora_targets"), cfg.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
         (("reward_norm_momentum",), not cfg.reward_norm, "reward_norm is off"),

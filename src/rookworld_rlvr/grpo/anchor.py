@@ -26,14 +26,18 @@ class Anchor:
         for t in cfg.anchor_tasks:  # here, not at the first step after the base evaluation
             if not by_task[t]:
                 raise ValueError(f"config field 'anchor_tasks' ({cfg.anchor_tasks}) needs {t}: samples, and the "
-                                 f"training data {cfg.data} has none (add them, or set anchor_coef 0)")
+                                 f"anchor's data {cfg.anchor_data or cfg.data} has none (add them, or set anchor_coef 0)")
         self.sampler = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """This step's (prompt, answer) texts, this rank's share, in the anchor's own order."""
+        return [s.render(self.cfg.layout, self.cfg.anchor_order) for t in self.cfg.anchor_tasks
+                for s in dist.shard(self.sampler.take(t, self.cfg.anchor_per_task))]
 
     def batch(self, model) -> AnchorBatch:
         """This step's ground-truth answers (this rank's share). Each answer ends with EOS, as the
         model must stop there; a sample longer than `model`'s context is an error."""
-        pairs = [s.render(self.cfg.layout, self.cfg.anchor_order) for t in self.cfg.anchor_tasks
-                 for s in dist.shard(self.sampler.take(t, self.cfg.anchor_per_task))]
+        pairs = self.pairs()
         encode = lambda texts: self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [ids + [self.tokenizer.eos_token_id] for ids in encode([c for _, c in pairs])]
         ids, mask, P = pad_pairs(encode([p for p, _ in pairs]), answers, self.tokenizer.pad_token_id)

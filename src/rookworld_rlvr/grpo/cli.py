@@ -48,6 +48,7 @@ def build(cfg: TrainConfig, log=print):
     train = read_samples(cfg.data, skip_invalid=cfg.skip_invalid, report=report)
     if report.invalid:
         log(f"data: skipped {report.invalid} invalid lines of {cfg.data} (first: {report.errors[0]})")
+    anchor = read_samples(cfg.anchor_data, skip_invalid=cfg.skip_invalid) if cfg.anchor_data and cfg.anchor_coef else None
     eval_samples = read_samples(cfg.eval_data, skip_invalid=cfg.skip_invalid) if cfg.eval_data else []
     puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
     judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
@@ -66,7 +67,8 @@ def build(cfg: TrainConfig, log=print):
                         puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread)
 
     try:
-        trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles)
+        trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles,
+                          anchor_samples=anchor)
     except BaseException:
         pool.close()  # no engine outlives a failed start
         raise

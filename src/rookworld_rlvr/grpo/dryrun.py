@@ -54,7 +54,8 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     out("config: valid")
     for note in cfg.inert_settings(processes=None):  # one process here; the run may have more
         out(f"warning: setting without effect: {note}")
-    for name, path in (("data", cfg.data), ("eval_data", cfg.eval_data), ("history_eval_data", cfg.history_eval_data)):
+    for name, path in (("data", cfg.data), ("anchor_data", cfg.anchor_data), ("eval_data", cfg.eval_data),
+                       ("history_eval_data", cfg.history_eval_data)):
         if not path:
             continue
         if not Path(path).exists():
@@ -71,6 +72,9 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
                 problems.append(f"data: {path} has no P: samples but mix_env_ratio < 1")
             if cfg.mix_env_ratio > 0 and not counts["A"]:
                 problems.append(f"data: {path} has no A: samples but mix_env_ratio > 0")
+        if cfg.anchor_coef and name == ("anchor_data" if cfg.anchor_data else "data"):
+            problems += [f"{name}: {path} has no {t}: samples but anchor_tasks is {cfg.anchor_tasks}"
+                         for t in cfg.anchor_tasks if not counts[t]]
     for name, path in (("puzzle_data", cfg.puzzle_data), ("strength_data", cfg.strength_data),
                        ("puzzle_eval_data", cfg.puzzle_eval_data)):
         if not path:

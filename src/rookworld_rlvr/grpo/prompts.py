@@ -14,6 +14,11 @@ import random
 from rookworld_rlvr.tasks.strength import in_check
 
 
+def split_tasks(samples) -> dict[str, list]:
+    """The samples' P: and A: rows apart, each in file order."""
+    return {t: [s for s in samples if s.task == t] for t in ("P", "A")}
+
+
 def ends_game(sample) -> bool:
     """An A: sample whose transition ends the game (terminated or truncated)."""
     return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)

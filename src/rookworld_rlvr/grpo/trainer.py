@@ -35,7 +35,7 @@ from rookworld_rlvr.grpo.lora import with_lora
 from rookworld_rlvr.grpo.monitor import SymptomMonitor
 from rookworld_rlvr.grpo.passes import Passes, task_slices
 from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record_rollout
-from rookworld_rlvr.grpo.prompts import PromptSampler
+from rookworld_rlvr.grpo.prompts import PromptSampler, split_tasks
 from rookworld_rlvr.grpo.rollout import (Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect,
                                         decode_graph, score_overlap)
 from rookworld_rlvr.grpo.runlog import (append_jsonl, best_summary, git_commit, logged_events, set_aside, step_record,
@@ -63,9 +63,9 @@ def timed(timings: dict[str, float], phase: str, device: torch.device | None = N
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn, train_samples: list, eval_fn: Callable | None = None,
-                 log: Callable[[str], None] = print, puzzles: list = ()) -> None:
-        """`train_samples` give the P: and A: prompts (and the anchor's answers); `puzzles` are P:
-        prompts without a written answer, drawn at `mix_puzzle_ratio` of the P: prompts."""
+                 log: Callable[[str], None] = print, puzzles: list = (), anchor_samples: list | None = None) -> None:
+        """`train_samples` give the P: and A: prompts (and the anchor's answers unless `anchor_samples`
+        does); `puzzles` are P: prompts without a written answer, drawn at `mix_puzzle_ratio` of the P: prompts."""
         cfg.validate()
         self.cfg, self.reward_fn, self.eval_fn = cfg, reward_fn, eval_fn
         self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
@@ -108,10 +108,11 @@ class Trainer:
         self.normalizer = RewardNormalizer(cfg.reward_norm_momentum, cfg.reward_norm)
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
-        by_task = {"P": [s for s in train_samples if s.task == "P"], "A": [s for s in train_samples if s.task == "A"]}
+        by_task = split_tasks(train_samples)
         self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles)}, cfg.seed, cfg.env_terminal_share,
                                      cfg.mix_puzzle_ratio, cfg.check_share)
-        self.anchor = Anchor(cfg, by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
+        anchor_by_task = by_task if anchor_samples is None else split_tasks(anchor_samples)
+        self.anchor = Anchor(cfg, anchor_by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step = 0
         self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)

@@ -41,7 +41,7 @@ def dry_run(space, config, base, kind, target, out: Path, log=print) -> int:
         for i, point in enumerate(space.points):
             log(f"  points[{i}]: {fmt_overrides(point)}")
     cfg = load_config(config, base)
-    for what, p in (("data", cfg.data), ("eval_data", cfg.eval_data)):
+    for what, p in (("data", cfg.data), ("anchor_data", cfg.anchor_data), ("eval_data", cfg.eval_data)):
         if p and not Path(p).exists():
             problems.append(f"{what}: {p}: no such file")
     model = Path(cfg.model)
