@@ -454,6 +454,22 @@ def test_malformed_lines_fail_dry_run_and_build_with_file_line(tmp_path, tiny_mo
         pool.close()
 
 
+def test_malformed_lines_of_the_anchors_data_stop_build_with_file_line(tmp_path, tiny_model_dir, small_data):
+    from rookworld_rlvr.grpo.cli import build
+
+    bad, bad_lines, n_good = _bad_file(small_data, tmp_path / "anchor.jsonl")
+    fields = _fields(tiny_model_dir, small_data, tmp_path / "run", anchor_data=str(bad), anchor_coef=1.0,
+                     anchor_tasks="PA", anchor_batch=4)
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}:{bad_lines[0]}: "):
+        build(load_config(None, fields))
+    logs: list[str] = []
+    trainer, pool = build(load_config(None, {**fields, "skip_invalid": True}), log=logs.append)
+    pool.close()
+    skipped = [x for x in logs if "skipped" in x]
+    assert len(skipped) == 1 and skipped[0].startswith(f"anchor_data: skipped {len(bad_lines)} invalid lines of {bad}")
+    assert sum(len(v) for v in trainer.anchor.sampler.pools.values()) == n_good
+
+
 # -- 5. collapse: a fault that does not make a NaN -----------------------------------------------------------
 # The shipped 4.85M chess model, real data rows, the real chess reward and Stockfish. Each fault is
 # transient (it stops once the guard has recovered), and the recovery factor is 1, so a recovered run

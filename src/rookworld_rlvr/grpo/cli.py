@@ -44,11 +44,15 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
-    report = ReadReport()
-    train = read_samples(cfg.data, skip_invalid=cfg.skip_invalid, report=report)
-    if report.invalid:
-        log(f"data: skipped {report.invalid} invalid lines of {cfg.data} (first: {report.errors[0]})")
-    anchor = read_samples(cfg.anchor_data, skip_invalid=cfg.skip_invalid) if cfg.anchor_data and cfg.anchor_coef else None
+    def read(field: str, path: str) -> list:
+        report = ReadReport()
+        rows = read_samples(path, skip_invalid=cfg.skip_invalid, report=report)
+        if report.invalid:
+            log(f"{field}: skipped {report.invalid} invalid lines of {path} (first: {report.errors[0]})")
+        return rows
+
+    train = read("data", cfg.data)
+    anchor = read("anchor_data", cfg.anchor_data) if cfg.anchor_data and cfg.anchor_coef else None
     eval_samples = read_samples(cfg.eval_data, skip_invalid=cfg.skip_invalid) if cfg.eval_data else []
     puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
     judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
