@@ -199,7 +199,8 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
     assert out.read_text() == a_row + king + check
     assert "1 P: positions in check, 1 out of check where a king move would step into check, 1 A: rows" in proc.stdout
-    anchor = tmp_path / "king_anchor.jsonl"  # the anchor's file: no answer in check, where GRPO is to learn
-    subprocess.run([sys.executable, str(REPO / "scripts" / "king_positions.py"), "--data", str(data), "--out",
-                    str(anchor), "--without-check"], env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
-    assert anchor.read_text() == a_row + king
+    for keep, rows in (("king", a_row + king), ("out-of-check", a_row + safe + king + safe)):
+        anchor = tmp_path / f"{keep}.jsonl"  # files for the anchor: no answer in check, where GRPO is to learn
+        subprocess.run([sys.executable, str(REPO / "scripts" / "king_positions.py"), "--data", str(data), "--out",
+                        str(anchor), "--keep", keep], env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
+        assert anchor.read_text() == rows, keep
