@@ -292,6 +292,9 @@ ROWS = [
     Row("anchor_data", {"anchor_data": "EVALFILE"}, P(lambda env, over: _anchor_prompts(env, over)),
         lambda b, o: o[1] <= o[0] and b[1] <= b[0] and b[1].isdisjoint(o[1]),  # from the training data, or its file
         base={"anchor_coef": 1.0, "anchor_batch": 4, "mix_env_ratio": 0.0}),
+    Row("anchor_positions", {"anchor_positions": "out_of_check"}, P(lambda env, over: _anchor_checks(env, over)),
+        lambda b, o: b[0] > 0 and o[0] == 0 and o[1] == b[1],  # every P: answer out of check, and only those
+        base={"anchor_coef": 1.0, "anchor_batch": 4, "anchor_tasks": "P", "mix_env_ratio": 0.0}),
     Row("eval_data", {"eval_data": "EVALFILE"}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: b is None and o["policy"]["n"] > 0),
     Row("eval_limit", {"eval_limit": 1}, P(lambda env, over: _evaluate(env, over)),
@@ -494,6 +497,14 @@ def _anchor_prompts(env: Env, over: dict) -> tuple[set, set]:
     pool.close()
     source = {s.render(cfg.layout)[0] for s in read_samples(cfg.anchor_data or cfg.data) if s.task == "A"}
     return source, {p for _ in range(2) for p, _ in tr.anchor.pairs()}
+
+
+def _anchor_checks(env: Env, over: dict) -> tuple[int, int]:
+    """Of the anchor's P: answers over 60 steps (four epochs of the 60 training positions): how many
+    distinct positions in check, and how many distinct positions out of check."""
+    tr = env.trainer(over)
+    fens = {p.split("P: ", 1)[1].strip() for _ in range(60) for p, _ in tr.anchor.pairs()}
+    return sum(map(in_check, fens)), sum(not in_check(f) for f in fens)
 
 
 def _build(env: Env, over: dict):
@@ -725,6 +736,7 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"eval_data": "", "guard_eval_drop": 0.1}, "guard_eval_drop: eval_data is empty"),
              ({"anchor_batch": 4}, "anchor_batch: anchor_coef is 0"),
              ({"anchor_data": "other.jsonl"}, "anchor_data: anchor_coef is 0"),
+             ({"anchor_coef": 1.0, "anchor_positions": "out_of_check"}, "anchor_positions: the anchor has no P:"),
              ({"lora_alpha": 8.0}, "lora_alpha: lora_r is 0"),
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),
              ({"dynamic_sampling_oversample": 2.0}, "dynamic_sampling_oversample: dynamic_sampling is 0"),

@@ -438,6 +438,19 @@ def test_anchor_without_its_tasks_samples_fails_before_any_work(tmp_path, tiny_m
         make(tmp_path, tiny_model_dir, small_data, scorer, data=str(only_p), mix_env_ratio=0.0, anchor_coef=1.0)
 
 
+def test_anchor_out_of_check_without_such_positions_fails_before_any_work(tmp_path, tiny_model_dir, small_data,
+                                                                          scorer):
+    from rookworld_rlvr.tasks.strength import in_check
+
+    lines = (small_data / "train.jsonl").read_text().splitlines()
+    checks = tmp_path / "checks.jsonl"
+    checks.write_text("".join(x + "\n" for x in lines if json.loads(x)["task"] == "A"
+                              or in_check(json.loads(x)["truth"]["fen"])))
+    with pytest.raises(ValueError, match=r"needs P: samples out of check \(anchor_positions\).*checks.jsonl has none"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, data=str(checks), mix_env_ratio=0.0, check_share=1.0,
+             anchor_coef=1.0, anchor_tasks="PA", anchor_positions="out_of_check")
+
+
 def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=4)
     tr.anchor.batch(tr.policy)  # fits the model's 320 positions

@@ -168,6 +168,8 @@ class TrainConfig:
     anchor_tasks: str = _f("A", "tasks whose ground-truth answers the anchor trains on: A, P or PA")
     anchor_data: str | None = _f(None, "the anchor's ground-truth answers, a file like data's (null = data's): prompts "
                                        "from one set of positions, the anchor holding another")
+    anchor_positions: str = _f("all", "the P: positions whose answers the anchor trains on: all | out_of_check (none in "
+                                      "check: a skill in check is then GRPO's alone, not taught by the true answers)")
     anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks)")
     anchor_order: str = _f("best-first", "P: candidate order of the anchor's answers: best-first (how the shipped base "
                                          "was trained: `rookworld sft --order best-first`) | given (as stored; upstream "

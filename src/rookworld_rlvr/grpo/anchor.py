@@ -2,8 +2,10 @@
 (InstructGPT's PPO-ptx), holding tasks the rewards would erode (by default the A: task).
 
 Its samples come in their own order (a prompt sampler seeded apart), so GRPO sees the same prompts
-with or without it. Owns the anchor's batch and loss. Imports torch and the model package;
-the samples render their own text, so nothing of chess.
+with or without it; `anchor_positions` out_of_check keeps its P: answers out of check, so that a
+skill GRPO teaches in check is not also taught by supervision. Owns the anchor's batch and loss.
+Imports torch, the model package and the prompt sampler (which tells a position in check); the
+samples render their own text.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import distributed as dist
-from rookworld_rlvr.grpo.prompts import PromptSampler
+from rookworld_rlvr.grpo.prompts import PromptSampler, out_of_check
 from rookworld_rlvr.model import token_logprobs
 from rookworld_rlvr.model.generate import autocast_context, max_positions, positions_from_mask
 from rookworld_rlvr.model.padding import pad_pairs
@@ -23,11 +25,16 @@ AnchorBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # ids, atten
 class Anchor:
     def __init__(self, cfg: TrainConfig, by_task: dict[str, list], tokenizer, device: torch.device) -> None:
         self.cfg, self.tokenizer, self.device = cfg, tokenizer, device
+        pools = {t: by_task[t] for t in cfg.anchor_tasks}
+        if "P" in pools and cfg.anchor_positions == "out_of_check":
+            pools["P"] = out_of_check(pools["P"])
         for t in cfg.anchor_tasks:  # here, not at the first step after the base evaluation
-            if not by_task[t]:
-                raise ValueError(f"config field 'anchor_tasks' ({cfg.anchor_tasks}) needs {t}: samples, and the "
-                                 f"anchor's data {cfg.anchor_data or cfg.data} has none (add them, or set anchor_coef 0)")
-        self.sampler = PromptSampler({t: by_task[t] for t in cfg.anchor_tasks}, cfg.seed + 1)
+            if not pools[t]:
+                where = " out of check (anchor_positions)" if t == "P" and by_task[t] else ""
+                raise ValueError(f"config field 'anchor_tasks' ({cfg.anchor_tasks}) needs {t}: samples{where}, and "
+                                 f"the anchor's data {cfg.anchor_data or cfg.data} has none (add them, or set "
+                                 "anchor_coef 0)")
+        self.sampler = PromptSampler(pools, cfg.seed + 1)
 
     def pairs(self) -> list[tuple[str, str]]:
         """This step's (prompt, answer) texts, this rank's share, in the anchor's own order."""

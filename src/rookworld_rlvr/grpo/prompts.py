@@ -19,6 +19,11 @@ def split_tasks(samples) -> dict[str, list]:
     return {t: [s for s in samples if s.task == t] for t in ("P", "A")}
 
 
+def out_of_check(samples) -> list:
+    """The P: samples whose position is not in check, in order."""
+    return [s for s in samples if not in_check(s.truth.fen)]
+
+
 def ends_game(sample) -> bool:
     """An A: sample whose transition ends the game (terminated or truncated)."""
     return sample.task == "A" and (sample.truth.terminated or sample.truth.truncated)
