@@ -143,8 +143,8 @@ def strength_of(slice_name: str, items: list[int]) -> dict:
 
 def test_legality_out_of_check_is_a_verdict_row_paired_over_the_same_positions():
     """A run that teaches legal moves in check can cost legality elsewhere: 86.1% -> 83.0% of 552 judged positions
-    out of check (20 gained, 37 lost), as `make train` measured: its own row, paired over the same positions, shows
-    it beyond the noise."""
+    out of check (20 gained, 37 lost), as `make train` measured with its earlier anchor: its own row, paired over
+    the same positions, shows it beyond the noise."""
     before, after = legal_before_after(552, legal=475, lost=37, gained=20)
     base, final = strength_of("not_in_check", before), strength_of("not_in_check", after)
     row = next(r for r in rows(base, final) if r["key"] == OUT_OF_CHECK.key)
@@ -158,9 +158,9 @@ KING_STEPS = next(h for h in HEADLINES if h.key == "strength.slices.king_can_ste
 
 
 def test_the_out_of_check_cost_has_a_row_of_its_own_where_a_king_move_would_step_into_check():
-    """`make train` costs legality only where a king move would step into check (263 of the 552 held-out positions
-    out of check: 84.0% -> 77.9%, 8 gained, 24 lost; the other 289: 87.9% -> 87.5%). Its row slices the judged
-    positions by the position itself and pairs base and final over that slice."""
+    """`make train` with its earlier anchor cost legality only where a king move would step into check (263 of the
+    552 held-out positions out of check: 84.0% -> 77.9%, 8 gained, 24 lost; the other 289: 87.9% -> 87.5%). Its row
+    slices the judged positions by the position itself and pairs base and final over that slice."""
     fens = ["4k3/R7/8/8/8/8/8/4K3 b - - 0 1",  # the rook holds the 7th rank: ...Kd7 would step into check
             "4k3/8/8/8/8/8/8/4K2R b - - 0 1",  # nothing guards the king's squares
             "4k3/8/8/8/8/8/8/4R1K1 b - - 0 1",  # in check: its own slice, not this one
