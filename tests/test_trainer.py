@@ -451,6 +451,12 @@ def test_anchor_out_of_check_without_such_positions_fails_before_any_work(tmp_pa
              anchor_coef=1.0, anchor_tasks="PA", anchor_positions="out_of_check")
 
 
+def test_anchor_data_without_its_samples_is_an_error_not_the_training_data(tmp_path, tiny_model_dir, small_data,
+                                                                            scorer):
+    with pytest.raises(ValueError, match=r"'anchor_data' is .*eval.jsonl: pass its samples as anchor_samples"):
+        make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_data=str(small_data / "eval.jsonl"))
+
+
 def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_batch=4)
     tr.anchor.batch(tr.policy)  # fits the model's 320 positions

@@ -111,6 +111,9 @@ class Trainer:
         by_task = split_tasks(train_samples)
         self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles)}, cfg.seed, cfg.env_terminal_share,
                                      cfg.mix_puzzle_ratio, cfg.check_share)
+        if cfg.anchor_coef and cfg.anchor_data and anchor_samples is None:  # no silent fallback to train_samples
+            raise ValueError(f"config field 'anchor_data' is {cfg.anchor_data}: pass its samples as anchor_samples "
+                             "(grpo.cli.build reads them)")
         anchor_by_task = by_task if anchor_samples is None else split_tasks(anchor_samples)
         self.anchor = Anchor(cfg, anchor_by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
