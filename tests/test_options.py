@@ -379,6 +379,8 @@ ROWS = [
     Row("std_floor_mode", {"std_floor_mode": "add"}, STEP, lambda b, o: last(o, "adv/max") < last(b, "adv/max")),
     Row("quality_advantage", {"quality_advantage": 2.0}, P(_p_advantages),  # a flat P: group learns from quality
         lambda b, o: set(b) == {0.0} and len(set(o)) > 1 and abs(sum(o)) < 1e-5),
+    Row("reward_signal", {"reward_signal": False}, P(lambda env, over: _rewards_reach_weights(env, over)),
+        lambda b, o: b and not o, base={"anchor_coef": 1.0, "anchor_batch": 4}),  # the anchor alone trains
     Row("reward_norm", {"reward_norm": True}, STEP, lambda b, o: last(o, "adv/std") != last(b, "adv/std"),
         base={"scale_rewards": "none"}),
     Row("reward_norm_momentum", {"reward_norm_momentum": 0.5}, STEP2,
@@ -497,6 +499,15 @@ def _anchor_prompts(env: Env, over: dict) -> tuple[set, set]:
     pool.close()
     source = {s.render(cfg.layout)[0] for s in read_samples(cfg.anchor_data or cfg.data) if s.task == "A"}
     return source, {p for _ in range(2) for p, _ in tr.anchor.pairs()}
+
+
+def _rewards_reach_weights(env: Env, over: dict) -> bool:
+    """Whether one step's new weights depend on the rewards: the same step (same samples) under the
+    toy reward and under its opposite."""
+    def opposite(*args):
+        return [_Result(1.0 - r.total) for r in varied_reward(*args)]
+
+    return not torch.equal(steps(env, over)["weights"], steps(env, over, reward=opposite)["weights"])
 
 
 def _anchor_checks(env: Env, over: dict) -> tuple[int, int]:
@@ -737,6 +748,8 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"anchor_batch": 4}, "anchor_batch: anchor_coef is 0"),
              ({"anchor_data": "other.jsonl"}, "anchor_data: anchor_coef is 0"),
              ({"anchor_coef": 1.0, "anchor_positions": "out_of_check"}, "anchor_positions: the anchor has no P:"),
+             ({"anchor_coef": 1.0, "reward_signal": False, "quality_advantage": 2.0},
+              "quality_advantage: reward_signal false"),
              ({"lora_alpha": 8.0}, "lora_alpha: lora_r is 0"),
              ({"std_floor_mode": "add", "scale_rewards": "none"}, "std_floor_mode: scale_rewards none"),
              ({"dynamic_sampling_oversample": 2.0}, "dynamic_sampling_oversample: dynamic_sampling is 0"),

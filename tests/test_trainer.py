@@ -425,9 +425,11 @@ def test_step_record_reports_move_quality_apart_from_legality():
 
 def test_anchor_config_is_validated():
     for over, field in (({"anchor_coef": -1.0}, "anchor_coef"), ({"anchor_tasks": "X"}, "anchor_tasks"),
-                        ({"anchor_tasks": "PA", "anchor_batch": 3}, "anchor_batch")):
+                        ({"anchor_tasks": "PA", "anchor_batch": 3}, "anchor_batch"),
+                        ({"reward_signal": False}, "reward_signal.*needs anchor_coef > 0")):
         with pytest.raises(ValueError, match=field):
             load_config(None, over)
+    load_config(None, {"reward_signal": False, "anchor_coef": 1.0})  # the control run: the anchor alone trains
 
 
 def test_anchor_without_its_tasks_samples_fails_before_any_work(tmp_path, tiny_model_dir, small_data, scorer):

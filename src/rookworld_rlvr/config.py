@@ -156,6 +156,9 @@ class TrainConfig:
     quality_advantage: float = _f(0.0, "add to each legal P: sample's advantage this x (its quality minus the mean quality "
                                        "of its group's legal samples): a signal for the better legal move that the "
                                        "legal-against-illegal spread does not drown (grpo/quality_term.py; 0 = off)")
+    reward_signal: bool = _f(True, "false: a control run, every advantage 0: sampling, scoring, logs, KL and the anchor as "
+                                   "given, and no reward reaches a weight; what a run's change owes its rewards "
+                                   "(needs anchor_coef > 0)")
     reward_norm: bool = _f(False, "divide advantages by an EMA of the reward std (needs scale_rewards none: group or batch "
                                   "scaling would cancel it)")
     reward_norm_momentum: float = _f(0.9, "EMA momentum of the reward normaliser")
@@ -295,7 +298,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first field that breaks a rule (`config_checks`)."""
         from rookworld_rlvr.config_checks import validate
-
         validate(self)
 
     @property
@@ -314,7 +316,6 @@ class TrainConfig:
         """Settings among `names` (default: every field away from its default) that cannot take effect
         under the rest of this configuration in `processes` processes, each with the reason (`config_checks`)."""
         from rookworld_rlvr.config_checks import inert_settings
-
         return inert_settings(self, names, processes)
 
     # -- io ------------------------------------------------------------------------------------

@@ -82,6 +82,8 @@ def validate(cfg: TrainConfig) -> None:
          "must be finite and >= 0")
     need(0 <= cfg.reward_norm_momentum < 1, "reward_norm_momentum", "must be in [0, 1)")
     need(cfg.anchor_coef >= 0 and math.isfinite(cfg.anchor_coef), "anchor_coef", "must be finite and >= 0")
+    need(cfg.reward_signal or cfg.anchor_coef > 0, "reward_signal",
+         "false needs anchor_coef > 0: with every advantage 0 and no anchor nothing trains (the KL holds the policy)")
     need(cfg.anchor_batch >= len(cfg.anchor_tasks) and cfg.anchor_batch % len(cfg.anchor_tasks) == 0,
          "anchor_batch", f"must be a positive multiple of the number of anchor_tasks ({len(cfg.anchor_tasks)})")
     need(cfg.kl_estimator != "k1" or (cfg.kl_coef == 0 and cfg.kl_coef_min == 0), "kl_estimator",
@@ -142,6 +144,8 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
         (("guard_eval_drop",), not cfg.eval_data, "eval_data is empty (no evaluation)"),
         (("anchor_tasks", "anchor_batch", "anchor_order", "anchor_data", "anchor_positions"), cfg.anchor_coef == 0,
          "anchor_coef is 0"),
+        (("quality_advantage", "scale_rewards", "std_floor", "std_floor_mode", "reward_norm", "reward_norm_momentum"),
+         not cfg.reward_signal, "reward_signal false: every advantage is 0"),
         (("anchor_order", "anchor_positions"), "P" not in cfg.anchor_tasks, "the anchor has no P: answers (anchor_tasks)"),
         (("lora_alpha", "lora_targets"), cfg.lora_r == 0, "lora_r is 0 (full fine-tuning)"),
         (("reward_norm_momentum",), not cfg.reward_norm, "reward_norm is off"),

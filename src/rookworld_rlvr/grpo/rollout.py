@@ -258,6 +258,8 @@ def assemble(groups: list[list[Row]], cfg: TrainConfig, normalizer: RewardNormal
         quality = dist.all_gather_tensor(torch.tensor([r.components.get("quality", 0.0) for r in rows]))
         legal = dist.all_gather_tensor(torch.tensor([float(legal_position_move(r.components)) for r in rows]))
         adv = adv + cfg.quality_advantage * legal_quality_advantages(quality, legal > 0, cfg.group_size)
+    if not cfg.reward_signal:  # a control run: the rewards are logged and reach no weight
+        adv = torch.zeros_like(adv)
     adv = dist.shard(adv)
     completion = mask[:, P:].float()
     if cfg.truncated_completions == "mask":  # still in their groups' advantages, out of the loss
