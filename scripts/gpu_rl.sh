@@ -2,7 +2,7 @@
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
-#                     [--deadline-minutes D] [--base MODEL_DIR] [--more-games RECORD]... [--more-data FILE]...
+#                     [--deadline-minutes D] [--base MODEL_DIR] [--control] [--more-games RECORD]... [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record: data/more_games.jsonl.xz,
 #    _2 and _3) and --more-data (a sample file) add training samples, as in gpu_base.sh);
@@ -22,6 +22,9 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
+# --control: the same GRPO run with `--reward-signal false` (every advantage 0: the anchor and the KL alone train),
+# the control a GRPO gain is judged against: what the anchor's true answers teach without any reward. Its own
+# WORK (default runs/gpu-rl-control); results.md says so.
 # --deadline-minutes D: the call should end D minutes after it starts (a GPU machine's time is counted). RESERVE
 # seconds (150 on the GPU) are kept for GRPO's final evaluation, the matches and the export: the base's SFT is cut
 # to be done RESERVE seconds before D (gpu_base.sh --end-by), GRPO gets what is left before D less RESERVE and is
@@ -34,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR] [--more-games RECORD]... [--more-data FILE]..."
+usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR] [--control] [--more-games RECORD]... [--more-data FILE]..."
 out=${1:?usage: $usage}
 shift
 smoke=0
@@ -44,6 +47,7 @@ preset=small
 more=()
 deadline=""
 given=""
+control=0
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
@@ -55,6 +59,7 @@ while [ $# -gt 0 ]; do
       deadline=$(awk -v s="$t_start" -v m="$2" 'BEGIN { printf "%d", s + m * 60 }'); shift ;;
     --base) given=${2:?--base needs a model folder}; shift
             [ -f "$given/config.json" ] || { echo "gpu_rl.sh: --base $given: no model there (no config.json)" >&2; exit 2; } ;;
+    --control) control=1 ;;
     --more-games) more+=(--more-games "${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
     *) echo "gpu_rl.sh: unknown option $1 (usage: $usage)" >&2; exit 2 ;;
@@ -62,7 +67,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 py=${PYTHON:-python3}
-work=${WORK:-runs/gpu-rl}
+mode=$([ $control = 1 ] && echo control || echo grpo)
+work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
 mkdir -p "$out" "$work"
 rm -rf "$out/base" "$out/trained" "$out/record.tar" "$out/results.md" "$work/skipped.txt"
 . scripts/gpu_wheels.sh
@@ -152,6 +158,12 @@ base=${given:-$work/sft/base}
   echo "gpu_rl.sh: $work holds a run from the base $(cat "$work/base_model"), not $base: set WORK to another folder" >&2
   exit 2; }
 echo "$base" > "$work/base_model"
+# ... and to one kind of run: GRPO, or its control
+[ -f "$work/mode" ] && [ "$(cat "$work/mode")" != "$mode" ] && {
+  echo "gpu_rl.sh: $work holds a $(cat "$work/mode") run, not a $mode run: set WORK to another folder" >&2
+  exit 2; }
+echo "$mode" > "$work/mode"
+[ $control = 1 ] && grpo+=(--reward-signal false)
 [ -n "$given" ] && base_args+=(--data-only)
 # with a deadline, the base is done RESERVE seconds before it (SFT cut to fit): the base comes back first
 [ -n "$deadline" ] && base_args+=(--end-by $(( deadline - reserve )))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """results.md for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
 
-The GRPO run's verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
+The GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
 intervals), the two matches, the machine, the minutes each stage took and the stages not run yet (a deadline, or a
 GRPO run not done); then a check that everything in OUT would come back from the GPU machine (at most 8 files of
 16 MiB, 64 MiB in all; exit 1 when not). Written after every stage: it reports what is done so far.
@@ -55,6 +55,9 @@ def report(work: Path) -> str:
     told = data.read_text().strip().removeprefix("gpu_base: ").removesuffix(".") if data.exists() else ""
     base = (work / "base_model").read_text().strip() if (work / "base_model").exists() else ""
     given = base and Path(base).resolve() != (work / "sft" / "base").resolve()
+    control = (work / "mode").exists() and (work / "mode").read_text().strip() == "control"
+    run = "GRPO's control (--control: reward_signal false, every advantage 0: the anchor and KL alone)" if control \
+        else "GRPO"
     lines = ["# GPU base and GRPO (scripts/gpu_rl.sh)", "", f"Machine: {machine(work)}.", "",
              *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
@@ -62,12 +65,13 @@ def report(work: Path) -> str:
     if skipped:
         lines += ["Not run in this call (the same command runs them): " + "; ".join(skipped) + ".", ""]
     if summary is None:
-        lines += ["GRPO: not run.", ""]
+        lines += [f"{run}: not run.", ""]
     else:
-        lines += [f"GRPO: {summary['steps']} steps"
+        lines += [f"{run}: {summary['steps']} steps"
                   + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")
                   + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + ".", "",
-                  "## Verdict: the base -> the trained model (held-out, greedy)", "", "```",
+                  f"## Verdict: the base -> the {'control' if control else 'trained'} model (held-out, greedy)", "",
+                  "```",
                   verdict_table(summary["base"], summary["final"]), "```", ""]
     lines += ["## Matches", ""]
     for name in ("match_trained_vs_base", "match_base_vs_board"):

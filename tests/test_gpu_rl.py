@@ -180,8 +180,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
             (slim / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, slim / name)
     env4 = {**env, "WORK": str(work4)}
-    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(out4), "--smoke", "--base", str(given)],
-                          capture_output=True, text=True, env=env4, timeout=900)
+    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(out4), "--smoke", "--base", str(given),
+                           "--control"], capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_rl: match_base skipped: models/rookworld-board is not in this tree" in proc.stdout
     assert "match_base: models/rookworld-board is not in this tree" in (out4 / "results.md").read_text()
@@ -189,8 +189,15 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert not (work4 / "sft" / "base").exists() and (work4 / "sft" / "train.jsonl.gz").exists()
     assert not (out4 / "base").exists() and {"record.tar", "results.md", "trained"} <= {p.name for p in out4.iterdir()}
     rl4 = unpack(out4 / "trained", tmp_path / "trained4")
-    assert yaml.safe_load((rl4 / "config.yaml").read_text())["model"] == str(given)
+    run4 = yaml.safe_load((rl4 / "config.yaml").read_text())
+    assert run4["model"] == str(given) and run4["reward_signal"] is False  # --control: the anchor and KL alone
     assert f"Base: {given} (--base)." in (out4 / "results.md").read_text()
+    assert "GRPO's control (--control: reward_signal false" in (out4 / "results.md").read_text()
+    assert "## Verdict: the base -> the control model" in (out4 / "results.md").read_text()
+    # a WORK holds one kind of run: GRPO's WORK refuses its control, before anything runs
+    proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), *cmd[3:], "--control"], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 2 and f"{work} holds a grpo run, not a control run" in proc.stderr
     # that WORK belongs to that base: another base is refused before anything runs
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
                           capture_output=True, text=True, env=env4, timeout=900)
