@@ -200,6 +200,33 @@ def test_out_option_and_printed_path(tmp_path, capsys):
     assert printed == str(tmp_path / "elsewhere" / "report.html") and Path(printed).exists()
 
 
+def test_a_run_is_judged_against_its_control(tmp_path, capsys):
+    """`report RUN --against CONTROL`: the run's final model against the control's, paired over the same
+    held-out items, printed and in the page; a control evaluated on other items is refused, naming the field."""
+    run, control = make_run(tmp_path, "grpo"), make_run(tmp_path, "control")
+    summary = json.loads((control / "summary.json").read_text())
+    summary["final"] = summary["base"]  # the control ends where it started: A: next state 0.5, the run's 0.8
+    (control / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run), "--against", str(control)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: control -> grpo (final against final")
+    a_row = next(line for line in out.splitlines() if line.startswith("A: next state exact"))
+    assert "0.5000" in a_row and "0.8000" in a_row and a_row.rstrip().endswith("better")
+    page = (run / "report.html").read_text()
+    section = page.split("<h2>Verdict: against control")[1].split("</section>")[0]
+    assert '<th class="num">control</th><th class="num">grpo</th>' in section
+    row = section[section.index("A: next state exact"):].split("</tr>")[0]
+    assert "0.366 .. 0.634" in row and "0.670 .. 0.888" in row and '<td class="good">better</td>' in row
+    assert "<h2>Verdict: against" not in write_report([str(run)]).read_text()  # only when asked
+    for where, items in ((run, "a1b2"), (control, "c3d4")):  # the control evaluated other positions
+        summary = json.loads((where / "summary.json").read_text())
+        summary["final"]["policy"]["items_of"] = items
+        (where / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run), "--against", str(control)]) == 1
+    err = capsys.readouterr().err
+    assert f"{run} evaluated other policy items than the control" in err and "same held-out items" in err
+
+
 def test_missing_metrics_names_the_path(tmp_path, capsys):
     empty = tmp_path / "not-a-run"
     empty.mkdir()

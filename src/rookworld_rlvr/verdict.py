@@ -226,12 +226,13 @@ def fmt_ci(value: float | None, ci: tuple[float, float] | None) -> str:
     return fmt_number(value) + (f" ({ci[0]:.3f} .. {ci[1]:.3f})" if ci else "")
 
 
-def verdict_table(base: dict | None, final: dict | None) -> str:
-    """The plain-text verdict: label | base | final | random mover | change (95% CI) | verdict."""
+def verdict_table(base: dict | None, final: dict | None, names: tuple[str, str] = ("base", "final")) -> str:
+    """The plain-text verdict: label | base | final | random mover | change (95% CI) | verdict; `names`
+    head the two evaluations' columns (a run judged against its control: the control's, the run's)."""
     body = rows(base, final)
     if not body:
         return "(no held-out figures)"
-    table = [["held-out figure (95% CI)", "base", "final", "random mover", "change", "verdict"]]
+    table = [["held-out figure (95% CI)", *names, "random mover", "change", "verdict"]]
     for r in body:
         change = "-" if r["change"] is None else f"{r['change']:+.4f}" + (
             f" ({r['change_ci'][0]:+.3f} .. {r['change_ci'][1]:+.3f})" if r["change_ci"] else "")

@@ -13,10 +13,16 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (several: overlaid in one report)")
     p.add_argument("--out", default=None, help="output directory (default: the run itself, or "
                                                "compare-<names> beside the first run)")
+    p.add_argument("--against", metavar="CONTROL", default=None,
+                   help="a control run (say `rookworld train --reward-signal false`): each RUN's final model judged "
+                        "against its final model on the same held-out items, printed and in the report")
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    from rookworld_rlvr.report.page import write_report
+    from rookworld_rlvr.report.page import against_text, load_runs, write_report
 
-    print(write_report(args.runs, args.out))
+    page = write_report(args.runs, args.out, args.against)
+    if args.against:
+        print(against_text(load_runs(args.runs), load_runs([args.against])[0]) + "\n")
+    print(page)
     return 0

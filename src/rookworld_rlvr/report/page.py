@@ -2,7 +2,8 @@
 
 Sections, the verdict first: a few held-out figures base -> final next to the random mover with
 95% intervals, each change coloured by whether it is better for that figure (`verdict`), and the
-match against the base where one was played; then the runs, their guard events, the training
+match against the base where one was played; with a control run (`--against`), each run's final model
+judged against the control's the same way; then the runs, their guard events, the training
 curves (`report.plots`) and sample completions (`report.samples`); last, folded, every held-out
 metric base -> final and the configs side by side.
 
@@ -118,35 +119,74 @@ def match_line(match: dict) -> str:
             f'{esc(fmt(match.get("score")))}, {esc(elo)}: <span class="{cls}">{verdict}</span>.</p>')
 
 
+def _verdict_html(body: list[dict], left: str, right: str) -> str:
+    """One verdict table: label, the two evaluations with their intervals, the random mover, the change
+    with its 95% interval, and whether it is beyond the noise (coloured by whether it is better)."""
+    trs = []
+    for v in body:
+        cls = {"better": "good", "worse": "bad"}.get(v["verdict"], "muted")
+        change = "–" if v["change"] is None else f'{v["change"]:+.4f}'
+        good = (v["change"] or 0) * v["better"]
+        ccls = "num" + (" good" if good > 1e-12 and v["verdict"] == "better" else
+                        " bad" if good < -1e-12 and v["verdict"] == "worse" else "")
+        trs.append(f'<tr><td>{esc(v["label"])}</td><td class="num">{esc(fmt(v["base"]))}{_ci_text(v["base_ci"])}'
+                   f'</td><td class="num">{esc(fmt(v["final"]))}{_ci_text(v["final_ci"])}</td>'
+                   f'<td class="num">{esc(fmt(v["random"]))}</td><td class="{ccls}">{esc(change)}'
+                   f'{_ci_text(v["change_ci"])}</td><td class="{cls}">{esc(v["verdict"] or "–")}</td></tr>')
+    return (f'<table class="verdict"><thead><tr><th>held-out figure</th><th class="num">{esc(left)}</th>'
+            f'<th class="num">{esc(right)}</th><th class="num">random mover</th><th class="num">change</th>'
+            f'<th>verdict</th></tr></thead><tbody>{"".join(trs)}</tbody></table>')
+
+
+VERDICT_NOTE = ('<p class="muted small">Under each figure its 95% interval; a change is better or worse only when its '
+                'interval excludes 0.</p>')
+
+
 def verdict_section(runs: Sequence[Run]) -> str:
-    """Per run: the verdict table (base, final, random mover, change with its 95% interval and
-    whether it is beyond the noise) and the match against the base."""
+    """Per run: the verdict table (base -> final) and the match against the base."""
     from rookworld_rlvr.verdict import rows as verdict_rows
 
     parts = []
     for r in runs:
         body = verdict_rows(r.base_eval, r.final_eval)
         title = f"<h3>{esc(r.name)}</h3>" if len(runs) > 1 else ""
-        if not body:
-            parts.append(f'{title}<p class="muted">No held-out evaluation yet.</p>{match_line(r.match)}')
-            continue
-        trs = []
-        for v in body:
-            cls = {"better": "good", "worse": "bad"}.get(v["verdict"], "muted")
-            change = "–" if v["change"] is None else f'{v["change"]:+.4f}'
-            good = (v["change"] or 0) * v["better"]
-            ccls = "num" + (" good" if good > 1e-12 and v["verdict"] == "better" else
-                            " bad" if good < -1e-12 and v["verdict"] == "worse" else "")
-            trs.append(f'<tr><td>{esc(v["label"])}</td><td class="num">{esc(fmt(v["base"]))}{_ci_text(v["base_ci"])}'
-                       f'</td><td class="num">{esc(fmt(v["final"]))}{_ci_text(v["final_ci"])}</td>'
-                       f'<td class="num">{esc(fmt(v["random"]))}</td><td class="{ccls}">{esc(change)}'
-                       f'{_ci_text(v["change_ci"])}</td><td class="{cls}">{esc(v["verdict"] or "–")}</td></tr>')
-        parts.append(f'{title}<table class="verdict"><thead><tr><th>held-out figure</th><th class="num">base</th>'
-                     '<th class="num">final</th><th class="num">random mover</th><th class="num">change</th>'
-                     f'<th>verdict</th></tr></thead><tbody>{"".join(trs)}</tbody></table>{match_line(r.match)}')
-    note = ('<p class="muted small">Under each figure its 95% interval; a change is better or worse only when its '
-            'interval excludes 0.</p>')
-    return "".join(parts) + note
+        table = _verdict_html(body, "base", "final") if body else '<p class="muted">No held-out evaluation yet.</p>'
+        parts.append(f"{title}{table}{match_line(r.match)}")
+    return "".join(parts) + VERDICT_NOTE
+
+
+def check_against(runs: Sequence[Run], control: Run) -> None:
+    """A run is judged against a control item by item: both need a final evaluation, and where both
+    fingerprinted a held-out section's items (`items_of`), the same items; ValueError naming the run and
+    the section otherwise."""
+    for r in (control, *runs):
+        if r.final_eval is None:
+            raise ValueError(f"report --against: {r.path} has no held-out evaluation (eval.jsonl)")
+    for r in runs:
+        for section, mine in r.final_eval.items():
+            theirs = control.final_eval.get(section)
+            if isinstance(mine, dict) and isinstance(theirs, dict) and mine.get("items_of") and \
+                    theirs.get("items_of") and mine["items_of"] != theirs["items_of"]:
+                raise ValueError(f"report --against {control.path}: {r.path} evaluated other {section} items than "
+                                 "the control (another eval_data, eval_limit, ...): a run is judged against its "
+                                 "control on the same held-out items")
+
+
+def against_section(runs: Sequence[Run], control: Run) -> str:
+    """Per run: the verdict of its final model against the control's final, paired over the same items."""
+    from rookworld_rlvr.verdict import rows as verdict_rows
+
+    parts = [f"<h3>{esc(r.name)}</h3>{_verdict_html(verdict_rows(control.final_eval, r.final_eval), control.name, r.name)}"
+             for r in runs]
+    return "".join(parts) + VERDICT_NOTE
+
+
+def against_text(runs: Sequence[Run], control: Run) -> str:
+    """The plain-text verdicts of `against_section`, for the terminal."""
+    from rookworld_rlvr.verdict import verdict_table
+
+    return "\n\n".join(f"verdict: {control.name} -> {r.name} (final against final, held-out, greedy)\n"
+                        + verdict_table(control.final_eval, r.final_eval, (control.name, r.name)) for r in runs)
 
 
 def _last_step(run: Run) -> Any:
@@ -210,11 +250,14 @@ def plots_section(plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
 
 
 
-def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir: Path) -> str:
+def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir: Path,
+                control: Run | None = None) -> str:
     names = ", ".join(r.name for r in runs)
     title = f"GRPO run {names}" if len(runs) == 1 else f"GRPO runs compared: {names}"
     sections = [
         ("Verdict: base → final, held out", verdict_section(runs)),
+        *([(f"Verdict: against {control.name} (final against final, held out)", against_section(runs, control))]
+          if control else []),
         ("Runs", runs_table(runs)),
         ("Guard events", events_table(runs)),
         ("Training curves", plots_section(plots, out_dir)),
@@ -241,18 +284,27 @@ def default_out_dir(paths: Sequence[Path], names: Sequence[str]) -> Path:
     return paths[0].resolve().parent / f"compare-{slug}"
 
 
-def write_report(run_dirs: list[str], out_dir: str | None = None) -> Path:
-    """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path."""
+def load_runs(run_dirs: Sequence[str]) -> list[Run]:
+    """The runs, named by their directories (the parent added where two share a name)."""
     if not run_dirs:
         raise ValueError("report needs at least one run directory")
     paths = [Path(p) for p in run_dirs]
-    names = unique_names(paths)
-    runs = [load_run(p, n) for p, n in zip(paths, names)]
-    out = Path(out_dir) if out_dir else default_out_dir(paths, names)
+    return [load_run(p, n) for p, n in zip(paths, unique_names(paths))]
+
+
+def write_report(run_dirs: list[str], out_dir: str | None = None, against: str | None = None) -> Path:
+    """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path. `against`: a control run
+    directory each run's final model is judged against (`against_section`)."""
+    runs = load_runs(run_dirs)
+    control = load_run(against, Path(against).resolve().name) if against else None
+    if control:
+        check_against(runs, control)
+    paths = [r.path for r in runs]
+    out = Path(out_dir) if out_dir else default_out_dir(paths, [r.name for r in runs])
     out.mkdir(parents=True, exist_ok=True)
     plots = make_plots(runs, out / "plots")
     from rookworld_rlvr.data.io import atomic_write_text
 
     page = out / "report.html"
-    atomic_write_text(page, [render_html(runs, plots, out)])
+    atomic_write_text(page, [render_html(runs, plots, out, control)])
     return page
