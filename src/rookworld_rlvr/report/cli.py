@@ -19,10 +19,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    from rookworld_rlvr.report.page import against_text, load_runs, write_report
+    from rookworld_rlvr.report.page import against_text, load_control, load_runs, write_loaded
 
-    page = write_report(args.runs, args.out, args.against)
-    if args.against:
-        print(against_text(load_runs(args.runs), load_runs([args.against])[0]) + "\n")
+    runs = load_runs(args.runs)  # read once: the page and the printed verdicts share them
+    control = load_control(args.against, runs)
+    page = write_loaded(runs, args.out, control)
+    if control:
+        print(against_text(runs, control) + "\n")
     print(page)
     return 0

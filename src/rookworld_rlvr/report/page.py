@@ -292,13 +292,24 @@ def load_runs(run_dirs: Sequence[str]) -> list[Run]:
     return [load_run(p, n) for p, n in zip(paths, unique_names(paths))]
 
 
+def load_control(against: str | None, runs: Sequence[Run]) -> Run | None:
+    """The control run `against` names, checked against `runs` (`check_against`); None without one."""
+    if not against:
+        return None
+    control = load_run(against, Path(against).resolve().name)
+    check_against(runs, control)
+    return control
+
+
 def write_report(run_dirs: list[str], out_dir: str | None = None, against: str | None = None) -> Path:
     """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path. `against`: a control run
     directory each run's final model is judged against (`against_section`)."""
     runs = load_runs(run_dirs)
-    control = load_run(against, Path(against).resolve().name) if against else None
-    if control:
-        check_against(runs, control)
+    return write_loaded(runs, out_dir, load_control(against, runs))
+
+
+def write_loaded(runs: Sequence[Run], out_dir: str | None = None, control: Run | None = None) -> Path:
+    """`write_report` of runs (and a control) already loaded."""
     paths = [r.path for r in runs]
     out = Path(out_dir) if out_dir else default_out_dir(paths, [r.name for r in runs])
     out.mkdir(parents=True, exist_ok=True)
