@@ -177,6 +177,37 @@ def test_data_judge_builds_the_strength_set_and_puzzles_with_stockfish(tmp_path,
     assert S.Puzzle(BACK_RANK, ("a1a8",), "mate1") in found
 
 
+def test_data_judge_screens_a_large_source_for_tactics_and_leaves_out_excluded_positions(tmp_path, capsys):
+    """`data judge --screen --exclude`: more held-out puzzles from a large source. Only positions whose recorded
+    evals leave room for a tactic are judged (every legal move, a real Stockfish), and a position that another
+    file holds, at any move number, is neither judged nor a puzzle."""
+    hanging_queen = "q3k3/8/8/8/8/8/8/R3K3 w - - 0 1"  # Rxa8+ wins the queen; every other move loses the rook or draws
+    assert S.could_be_tactic((9.0, 0.0, -0.2, -0.5, -5.0)) and not S.could_be_tactic((0.3, 0.2, 0.2, 0.1, 0.1))
+    assert not S.could_be_tactic((9.0, 8.9, 8.8, 0.0)) and not S.could_be_tactic((9.0,))  # three win; one move known
+    samples = [Sample("P", P.PolicyTruth(hanging_queen, ("a1a8", "e1d2"), (9.0, -5.0), ("a1a8",))),
+               Sample("P", P.PolicyTruth(chess.STARTING_FEN, ("e2e4", "d2d4", "g1f3"), (0.3, 0.3, 0.2), ("e2e4",))),
+               Sample("P", P.PolicyTruth(BACK_RANK, ("a1a8",), (999.99,), ("a1a8",)))]
+    src, known = tmp_path / "held.jsonl", tmp_path / "train.jsonl"
+    write_samples(src, samples)
+    write_samples(known, [Sample("P", P.PolicyTruth(BACK_RANK.replace("0 1", "7 40"), ("a1a8",), (999.99,), ("a1a8",)))])
+
+    def judge(*flags: str) -> tuple[dict, list[S.Puzzle]]:
+        puzzles = tmp_path / "puzzles.jsonl"
+        assert main(["data", "judge", str(src), "--out", "", "--puzzles-out", str(puzzles), "--positions", "0",
+                     "--tactic-pool", "10", "--depth", "6", "--workers", "1", "--cache", str(tmp_path / "c.sqlite"),
+                     "--quiet", *flags]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1]), read_puzzles(puzzles)
+
+    summary, found = judge("--screen", "--exclude", str(known))
+    assert summary["excluded"] == 1 and summary["candidates"] == 2 and summary["tactic_searched"] == 1
+    assert found == [S.Puzzle(hanging_queen, ("a1a8",), "tactic")]  # the back-rank mate is the known file's
+    summary, found = judge()  # unscreened: every position judged; nothing excluded, so the mate is a puzzle again
+    assert summary["excluded"] == 0 and summary["tactic_searched"] == 3
+    assert S.Puzzle(BACK_RANK, ("a1a8",), "mate1") in found and S.Puzzle(hanging_queen, ("a1a8",), "tactic") in found
+    assert main(["data", "judge", str(src), "--out", "", "--positions", "3"]) == 1
+    assert "needs a file to go to (--out)" in capsys.readouterr().err
+
+
 def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_king_move_would_step_into_it(
         tmp_path):
     """scripts/king_positions.py, whose training set docs/grpo-experiments.md draws prompts from: the A: rows

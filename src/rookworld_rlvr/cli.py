@@ -62,10 +62,11 @@ def _data(args: argparse.Namespace) -> int:
                   f"skipped {summary['invalid']} invalid, corrected {summary['labels_corrected']} B: labels")
         return 0
     if args.data_cmd == "judge":
-        from rookworld_rlvr.data.judged import judge
+        from rookworld_rlvr.data.judged import judge, positions_of
 
+        exclude = set().union(*(positions_of(f) for f in args.exclude)) if args.exclude else set()
         summary = judge(args.sources, args.out, args.puzzles_out, args.positions, args.tactic_pool, args.depth,
-                        args.workers, args.cache, progress=not args.quiet)
+                        args.workers, args.cache, progress=not args.quiet, exclude=exclude, screen=args.screen)
         print(json.dumps(summary))
         return 0
     if args.data_cmd == "checks":
@@ -193,11 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
                                       "(the strength sets `rookworld eval` and training runs report on)")
     j.add_argument("sources", nargs="+", help="held-out sample files (JSONL); their P: positions are judged")
-    j.add_argument("--out", default="data/strength.jsonl.gz", help="judged positions (JSONL)")
+    j.add_argument("--out", default="data/strength.jsonl.gz", help="judged positions (JSONL); '' = none (with "
+                                                                   "--positions 0)")
     j.add_argument("--puzzles-out", default="data/puzzles_eval.jsonl.gz",
                    help="mates in one (all source positions) and tactics (among the judged ones); '' = none")
     j.add_argument("--positions", type=int, default=600, help="positions in the strength set")
     j.add_argument("--tactic-pool", type=int, default=0, help="further positions judged only to find tactics")
+    j.add_argument("--screen", action="store_true", help="the tactic pool takes only positions whose recorded "
+                                                         "evals could make a tactic (the best keeps a win, the "
+                                                         "third best loses much): a large source, judged faster")
+    j.add_argument("--exclude", nargs="*", help="files whose positions are left out (compared without the move "
+                                                "clocks): training sets, puzzles already held out")
     j.add_argument("--depth", type=int, default=10, help="Stockfish depth of the judging search")
     j.add_argument("--workers", type=int, default=2)
     j.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")

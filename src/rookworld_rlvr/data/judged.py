@@ -21,8 +21,8 @@ from typing import Callable, Iterable, TypeVar
 import chess
 
 from rookworld_rlvr.data.io import DataError, open_text, atomic_write_text, iter_samples, json_object, read_samples
-from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, is_legal, mates, mating_moves,
-                                           tactic_of)
+from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, could_be_tactic, is_legal, mates,
+                                           mating_moves, tactic_of)
 
 T = TypeVar("T")
 
@@ -108,33 +108,44 @@ def _spread(fen: str) -> str:
     return hashlib.sha1(fen.encode()).hexdigest()
 
 
-def held_out_fens(paths: Iterable[str | Path]) -> list[str]:
-    """Distinct P: positions of the given sample files that have a legal move, in file order."""
-    seen: dict[str, None] = {}
+def held_out_positions(paths: Iterable[str | Path]) -> dict[str, tuple[float, ...]]:
+    """Distinct P: positions of the given sample files that have a legal move, in file order, each with the
+    evals its sample recorded (the generator's best moves)."""
+    seen: dict[str, tuple[float, ...]] = {}
     for path in paths:
         for s in iter_samples(path):
             if s.task == "P" and s.fen not in seen and any(chess.Board(s.fen).legal_moves):
-                seen[s.fen] = None
-    return list(seen)
+                seen[s.fen] = tuple(s.truth.evals)
+    return seen
 
 
 def mates_in_one(fens: Iterable[str]) -> list[Puzzle]:
     return [Puzzle(f, tuple(m), "mate1") for f in fens if (m := mating_moves(f))]
 
 
-def judge(sources: list[str], out: str, puzzles_out: str | None, n_positions: int, tactic_pool: int,
-          depth: int, workers: int, cache_path: str | None, progress: bool = True) -> dict:
-    """Judge `n_positions` held-out positions (the strength set) and `tactic_pool` more to find
-    tactics; write both sets. Positions are taken in hash order of their FEN."""
+def judge(sources: list[str], out: str | None, puzzles_out: str | None, n_positions: int, tactic_pool: int,
+          depth: int, workers: int, cache_path: str | None, progress: bool = True,
+          exclude: Iterable[str] = (), screen: bool = False) -> dict:
+    """Judge `n_positions` held-out positions (the strength set, written to `out`) and up to `tactic_pool`
+    more to find tactics; write both sets. Positions are taken in hash order of their FEN, none of them in
+    `exclude` (compared without the move clocks). With `screen`, the tactic pool takes only positions whose
+    recorded evals could make a tactic (`could_be_tactic`): a large source judged for its tactics alone."""
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
 
-    fens = sorted(held_out_fens(sources), key=_spread)
-    picked = fens[: n_positions + tactic_pool]
+    if n_positions and not out:
+        raise ValueError("a strength set of positions needs a file to go to (--out), or --positions 0")
+    excluded = {board_key(f) for f in exclude}
+    held = held_out_positions(sources)
+    fens = sorted((f for f in held if board_key(f) not in excluded), key=_spread)
+    pool_fens = [f for f in fens[n_positions:] if not screen or could_be_tactic(held[f])][:tactic_pool]
+    picked = fens[:n_positions] + pool_fens
     with StockfishPool(EngineConfig(depth=depth, workers=workers, cache_path=cache_path)) as pool:
         tables = pool.move_tables(picked, progress=progress)
     judged = [JudgedPosition(f, t) for f, t in zip(picked, tables)]
-    write_rows(out, (p.to_dict() for p in judged[:n_positions]))
-    summary = {"positions": min(n_positions, len(judged)), "depth": depth, "candidates": len(fens)}
+    if out:
+        write_rows(out, (p.to_dict() for p in judged[:n_positions]))
+    summary = {"positions": min(n_positions, len(judged)), "depth": depth, "candidates": len(fens),
+               "excluded": len(held) - len(fens)}
     if puzzles_out:
         tactics = [t for p in judged if (t := tactic_of(p)) is not None]
         mates = mates_in_one(fens)

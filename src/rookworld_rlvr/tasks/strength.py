@@ -28,6 +28,8 @@ import chess
 WP_SLOPE = 0.00368208  # per centipawn (Lichess)
 BLUNDER = 0.2  # expected-score loss from which a move is a blunder
 NEAR_BEST = 0.05  # a tactic's solving moves lose at most this much
+TACTIC_WIN = 0.7  # a tactic's best move keeps at least this expected score
+TACTIC_MARGIN = 0.3  # and every move that does not solve it loses at least this much
 EVAL_CAP = 1000.0  # pawns; mate scores sit at the ends of this range
 
 
@@ -219,7 +221,8 @@ def check_puzzle(fen: str) -> Puzzle | None:
     return Puzzle(fen, tuple(legal), "check") if board.is_check() and legal else None
 
 
-def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_solutions: int = 2) -> Puzzle | None:
+def tactic_of(pos: JudgedPosition, win: float = TACTIC_WIN, margin: float = TACTIC_MARGIN,
+              max_solutions: int = 2) -> Puzzle | None:
     """A tactic when the best move keeps an expected score >= `win`, at most `max_solutions` moves
     stay within NEAR_BEST of it, and every other move loses at least `margin`."""
     if win_prob(pos.best_eval) < win:
@@ -229,6 +232,19 @@ def tactic_of(pos: JudgedPosition, win: float = 0.7, margin: float = 0.3, max_so
     if len(solving) > max_solutions or not others or min(others) < margin:
         return None
     return Puzzle(pos.fen, tuple(sorted(solving)), "tactic")
+
+
+def could_be_tactic(evals: Sequence[float], win: float = TACTIC_WIN, margin: float = TACTIC_MARGIN,
+                    slack: float = 0.15) -> bool:
+    """Whether a position's best moves as the data generator recorded them (a shallower search, at most five)
+    leave room for a tactic: the best keeps nearly `win` and the third best (the second, of two) loses
+    nearly `margin`. A screen, not a verdict: it spares judging every legal move of positions that cannot be
+    one, and `slack` lets the deeper judging search disagree a little with the shallow one."""
+    if len(evals) < 2:
+        return False
+    best = max(evals)
+    losses = sorted(move_loss(best, e) for e in evals)
+    return win_prob(best) >= win - slack and losses[min(2, len(losses) - 1)] >= margin - slack
 
 
 # -- metrics of answers ---------------------------------------------------------------------------
