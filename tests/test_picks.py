@@ -154,3 +154,24 @@ def test_gpu_base_takes_the_records_picks_and_the_same_data_comes_out(tmp_path, 
     assert f"{recs[0].parent / 'games.picks.xz'} cannot be read: {recs[0]} is replayed and merged" in damaged.stdout
     assert f"{recs[1]} replayed with its picks" in damaged.stdout
     assert _lines(tmp_path / "w4" / "train.jsonl.gz") == _lines(tmp_path / "w1" / "train.jsonl.gz")
+
+
+def test_the_shipped_picks_were_made_for_the_shipped_data():
+    """scripts/gpu_base.sh takes a record's picks only where their key names the data they were made for (its
+    `keys` line: the A: cap, the shipped training set, the held-out files, the record and those before it). A
+    held-out file or the training set changed without new picks would leave the GPU machine merging for minutes:
+    remake them (`scripts/gpu_base.sh OUT --data-only --make-picks`, data/README.md)."""
+    import hashlib
+
+    held = subprocess.run(["bash", "-c", ". scripts/held_out.sh; printf '%s\\n' \"${held[@]}\""], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.split()
+    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+    records = [REPO / "data" / f"more_games{n}.jsonl.xz" for n in ("", "_2", "_3")]
+    source = sha((REPO / "data" / "train.jsonl.xz").read_bytes())
+    held_sha = sha(b"".join((REPO / f).read_bytes() for f in held))
+    recs = ""
+    for rec in records:  # the recipe gpu_base.sh runs: 200,000 A: rows shared evenly between the records
+        recs += " " + sha(rec.read_bytes())
+        key = sha(f"a_rows={200_000 // len(records)} source={source} held={held_sha} records={recs}\n".encode())[:32]
+        made_for = json.loads(lzma.open(rec.with_name(rec.name.replace(".jsonl.xz", ".picks.xz")), "rt").readline())
+        assert made_for["key"] == key, f"{rec.name}'s picks were made for other data"
