@@ -62,17 +62,17 @@ def _data(args: argparse.Namespace) -> int:
                   f"skipped {summary['invalid']} invalid, corrected {summary['labels_corrected']} B: labels")
         return 0
     if args.data_cmd == "judge":
-        from rookworld_rlvr.data.judged import judge, positions_of
+        from rookworld_rlvr.data.judged import judge, positions_of_files
 
-        exclude = set().union(*(positions_of(f) for f in args.exclude)) if args.exclude else set()
+        exclude = positions_of_files(args.exclude)
         summary = judge(args.sources, args.out, args.puzzles_out, args.positions, args.tactic_pool, args.depth,
                         args.workers, args.cache, progress=not args.quiet, exclude=exclude, screen=args.screen)
         print(json.dumps(summary))
         return 0
     if args.data_cmd == "checks":
-        from rookworld_rlvr.data.judged import check_positions, positions_of, write_rows
+        from rookworld_rlvr.data.judged import check_positions, positions_of_files, write_rows
 
-        exclude = set().union(*(positions_of(f) for f in args.exclude)) if args.exclude else set()
+        exclude = positions_of_files(args.exclude)
         puzzles = check_positions(args.sources, args.derive, exclude, args.n, args.seed)
         write_rows(args.out, (p.to_dict() for p in puzzles))
         print(json.dumps({"positions": len(puzzles), "excluded_positions": len(exclude), "out": args.out}))
@@ -103,9 +103,9 @@ def _data(args: argparse.Namespace) -> int:
     if args.data_cmd == "merge":
         from rookworld_rlvr.data.histories import on_side
         from rookworld_rlvr.data.io import merge_samples, read_samples, write_samples
-        from rookworld_rlvr.data.judged import board_key, positions_of
+        from rookworld_rlvr.data.judged import board_key, positions_of_files
 
-        held = {board_key(f) for path in args.exclude or () for f in positions_of(path)}
+        held = {board_key(f) for f in positions_of_files(args.exclude)}
         known = {s.render("compact")[0] for path in args.new_only or () for s in read_samples(path)}
 
         def keep(s) -> bool:  # the tasks and split side asked for; no position of an --exclude file, before or after

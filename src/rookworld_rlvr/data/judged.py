@@ -178,6 +178,11 @@ def positions_of(path: str | Path) -> set[str]:
     return out
 
 
+def positions_of_files(paths: Iterable[str | Path] | None) -> set[str]:
+    """Every position the files hold (`positions_of`), together: what `--exclude` leaves out."""
+    return set().union(*(positions_of(p) for p in paths or ()))
+
+
 def _fen_lines(path: Path) -> list[str]:
     """The FENs of a FEN-a-line file (comments start with #); [] when its lines hold tabs (puzzles)."""
     with open_text(path) as fh:

@@ -301,11 +301,9 @@ def load_control(against: str | None, runs: Sequence[Run]) -> Run | None:
     return control
 
 
-def write_report(run_dirs: list[str], out_dir: str | None = None, against: str | None = None) -> Path:
-    """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path. `against`: a control run
-    directory each run's final model is judged against (`against_section`)."""
-    runs = load_runs(run_dirs)
-    return write_loaded(runs, out_dir, load_control(against, runs))
+def write_report(run_dirs: list[str], out_dir: str | None = None) -> Path:
+    """Plots into `<out>/plots/` and `<out>/report.html`; returns the HTML path."""
+    return write_loaded(load_runs(run_dirs), out_dir)
 
 
 def write_loaded(runs: Sequence[Run], out_dir: str | None = None, control: Run | None = None) -> Path:
