@@ -483,3 +483,27 @@ def test_a_king_onto_its_own_rook_is_illegal_on_reading_as_in_the_environment(tm
     write_samples(path, [Sample("P", bad)])
     with pytest.raises(DataError, match=r"rows.jsonl:1: field 'truth.moves' holds moves that are not legal.*e8h8"):
         read_samples(path)
+
+
+def test_the_shipped_training_mates_are_every_mate_in_one_of_the_training_positions(tmp_path, monkeypatch):
+    """data/README.md's command for `puzzles_train.jsonl.gz`, on the training file's first rows: `data judge
+    --positions 0 --tactic-pool 0` finds exactly the shipped mates among them with python-chess alone (no
+    Stockfish there), and the shipped file keeps the training file's order (the order `make train`'s draws follow)."""
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-stockfish"))
+    from conftest import REPO
+    from rookworld_rlvr.data.judged import read_puzzles
+
+    data = REPO / "data"
+    with lzma.open(data / "train.jsonl.xz", "rt") as f:
+        head = [line for _, line in zip(range(4000), f)]
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(head))
+    p_fens = list(dict.fromkeys(json.loads(line)["truth"]["fen"] for line in head if json.loads(line)["task"] == "P"))
+    out = tmp_path / "mates.jsonl.gz"
+    assert main(["data", "judge", str(part), "--out", "", "--positions", "0", "--tactic-pool", "0",
+                 "--puzzles-out", str(out), "--quiet"]) == 0
+    found = read_puzzles(out)
+    shipped = [p for p in read_puzzles(data / "puzzles_train.jsonl.gz") if p.fen in set(p_fens)]
+    assert len(shipped) >= 30 and {p.kind for p in found} == {"mate1"}
+    assert sorted((p.fen, p.solutions) for p in found) == sorted((p.fen, p.solutions) for p in shipped)
+    assert [p.fen for p in shipped] == [f for f in p_fens if f in {p.fen for p in shipped}]  # the training file's order

@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--out", default="data/strength.jsonl.gz", help="judged positions (JSONL); '' = none (with "
                                                                    "--positions 0)")
     j.add_argument("--puzzles-out", default="data/puzzles_eval.jsonl.gz",
-                   help="mates in one (all source positions) and tactics (among the judged ones); '' = none")
+                   help="mates in one (all source positions) and tactics (among the judged ones); '' = none. "
+                        "With --positions 0 --tactic-pool 0: the mates alone, python-chess without Stockfish")
     j.add_argument("--positions", type=int, default=600, help="positions in the strength set")
     j.add_argument("--tactic-pool", type=int, default=0, help="further positions judged only to find tactics")
     j.add_argument("--screen", action="store_true", help="the tactic pool takes only positions whose recorded "

@@ -139,8 +139,10 @@ def judge(sources: list[str], out: str | None, puzzles_out: str | None, n_positi
     fens = sorted((f for f in held if board_key(f) not in excluded), key=_spread)
     pool_fens = [f for f in fens[n_positions:] if not screen or could_be_tactic(held[f])][:tactic_pool]
     picked = fens[:n_positions] + pool_fens
-    with StockfishPool(EngineConfig(depth=depth, workers=workers, cache_path=cache_path)) as pool:
-        tables = pool.move_tables(picked, progress=progress)
+    tables = []
+    if picked:  # mates in one alone (--positions 0 --tactic-pool 0) take python-chess, no engine
+        with StockfishPool(EngineConfig(depth=depth, workers=workers, cache_path=cache_path)) as pool:
+            tables = pool.move_tables(picked, progress=progress)
     judged = [JudgedPosition(f, t) for f, t in zip(picked, tables)]
     if out:
         write_rows(out, (p.to_dict() for p in judged[:n_positions]))
