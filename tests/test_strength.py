@@ -235,3 +235,32 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
         subprocess.run([sys.executable, str(REPO / "scripts" / "king_positions.py"), "--data", str(data), "--out",
                         str(anchor), "--keep", keep], env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
         assert anchor.read_text() == rows, keep
+
+
+def test_mating_moves_are_every_legal_move_that_mates_at_once():
+    """The fast search (one board, checking moves alone) finds what playing every legal move finds: on the
+    shipped training mates, training positions without one, two promotions that both mate, a bad FEN."""
+    import gzip
+    import json
+    import lzma
+
+    from conftest import REPO
+
+    def every_mate(fen: str) -> list[str]:
+        board = chess.Board(fen)
+        out = []
+        for move in board.legal_moves:
+            after = board.copy()
+            after.push(move)
+            out += [move.uci()] if after.is_checkmate() else []
+        return sorted(out)
+
+    with gzip.open(REPO / "data/puzzles_train.jsonl.gz", "rt") as f:
+        mates = [json.loads(line)["fen"] for _, line in zip(range(300), f)]
+    with lzma.open(REPO / "data/train.jsonl.xz", "rt") as f:
+        others = [json.loads(line)["truth"]["fen"] for _, line in zip(range(600), f)]
+    for fen in mates + others:
+        assert S.mating_moves(fen) == every_mate(fen), fen
+    assert all(S.mating_moves(f) for f in mates) and sum(map(bool, map(S.mating_moves, others))) < 60
+    assert S.mating_moves("7k/4P3/6K1/8/8/8/8/8 w - - 0 1") == ["e7e8q", "e7e8r"]
+    assert S.mating_moves("not a fen") == []

@@ -118,8 +118,20 @@ def mates(fen: str, move: str) -> bool:
 
 
 def mating_moves(fen: str) -> list[str]:
-    """Every move that checkmates at once, sorted."""
-    return sorted(m for m in legal_moves(fen) if mates(fen, m))
+    """Every move that checkmates at once, sorted. One board, and only checking moves are played: this runs
+    on every training position (`data judge`) and every puzzle read (their solutions are checked)."""
+    try:
+        board = chess.Board(fen)
+    except ValueError:
+        return []
+    found = []
+    for move in board.legal_moves:
+        if board.gives_check(move):
+            board.push(move)
+            if board.is_checkmate():
+                found.append(move.uci())
+            board.pop()
+    return sorted(found)
 
 
 def best_of(moves: Sequence[str], evals: Sequence[float]) -> tuple[str, ...]:
