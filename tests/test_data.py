@@ -507,3 +507,28 @@ def test_the_shipped_training_mates_are_every_mate_in_one_of_the_training_positi
     assert len(shipped) >= 30 and {p.kind for p in found} == {"mate1"}
     assert sorted((p.fen, p.solutions) for p in found) == sorted((p.fen, p.solutions) for p in shipped)
     assert [p.fen for p in shipped] == [f for f in p_fens if f in {p.fen for p in shipped}]  # the training file's order
+
+
+def test_the_gpu_recipes_training_mates_are_training_positions_and_none_held_out():
+    """`puzzles_train_gpu.jsonl.gz` (configs/gpu-grpo.yaml's `puzzle_data`): mates in one, each position once,
+    none of them (move clocks aside) a position of a held-out file, and every shipped training mate that is not
+    one among them (23 of those 2,322 are: results of held-out `A:` moves, and one held-out mate with other clocks)."""
+    from conftest import REPO
+    from rookworld_rlvr.data.judged import board_key, positions_of_files
+    from rookworld_rlvr.tasks.strength import Puzzle
+
+    data = REPO / "data"
+    with gzip.open(data / "puzzles_train_gpu.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    with gzip.open(data / "puzzles_train.jsonl.gz", "rt") as f:
+        shipped = {json.loads(line)["fen"] for line in f}
+    fens = [r["fen"] for r in rows]
+    assert len(rows) > 15_000 and {r["kind"] for r in rows} == {"mate1"} and len(set(fens)) == len(fens)
+    for r in rows[::20]:  # a twentieth read as the trainer reads them: every mating move, legal
+        Puzzle.from_dict(r)
+    held_out = positions_of_files([data / n for n in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
+                                                       "eval_histories.jsonl.gz", "openings.txt", "mate_in_one.tsv")])
+    held_out = {board_key(f) for f in held_out}
+    assert not {board_key(f) for f in fens} & held_out
+    assert {f for f in shipped if board_key(f) not in held_out} <= set(fens)
+    assert len([f for f in shipped if board_key(f) in held_out]) == 23
