@@ -28,6 +28,15 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 STRICT = os.environ.get("ROOKWORLD_TEST_STRICT") == "1"
 
 
+def held_out_files() -> list[Path]:
+    """The held-out files, as scripts/held_out.sh lists them for the GPU scripts (the one list)."""
+    import subprocess
+
+    names = subprocess.run(["bash", "-c", ". scripts/held_out.sh; printf '%s\\n' \"${held[@]}\""], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    return [REPO / n for n in names]
+
+
 def missing_tool(tool: str, install: str) -> None:
     message = f"{tool} is not installed: {install}"
     if STRICT:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REFERENCE, random_transitions
+from conftest import REFERENCE, held_out_files, random_transitions
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.importer import import_data
@@ -346,9 +346,7 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary, summary_a = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
     known = {board_key(f) for s in known_rows for f in (s.fen, *([s.truth.new_fen] if s.task == "A" else []))}
-    held = {board_key(f) for name in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
-                                      "eval_histories.jsonl.gz", "mate_in_one.tsv", "openings.txt")
-            for f in positions_of(REPO / "data" / name)}
+    held = {board_key(f) for path in held_out_files() for f in positions_of(path)}
     want = {s.render("compact") for s in shards if s.task == "P" and not is_eval_fen(s.fen, 40)
             and board_key(s.fen) not in known | held}
     got = read_samples(out / "more_p.jsonl.xz")
@@ -498,12 +496,14 @@ def test_the_shipped_training_mates_are_every_mate_in_one_of_the_training_positi
         head = [line for _, line in zip(range(4000), f)]
     part = tmp_path / "part.jsonl"
     part.write_text("".join(head))
-    p_fens = list(dict.fromkeys(json.loads(line)["truth"]["fen"] for line in head if json.loads(line)["task"] == "P"))
+    rows = [json.loads(line) for line in head]
+    p_fens = list(dict.fromkeys(r["truth"]["fen"] for r in rows if r["task"] == "P"))
     out = tmp_path / "mates.jsonl.gz"
     assert main(["data", "judge", str(part), "--out", "", "--positions", "0", "--tactic-pool", "0",
                  "--puzzles-out", str(out), "--quiet"]) == 0
     found = read_puzzles(out)
-    shipped = [p for p in read_puzzles(data / "puzzles_train.jsonl.gz") if p.fen in set(p_fens)]
+    in_part = set(p_fens)
+    shipped = [p for p in read_puzzles(data / "puzzles_train.jsonl.gz") if p.fen in in_part]
     assert len(shipped) >= 30 and {p.kind for p in found} == {"mate1"}
     assert sorted((p.fen, p.solutions) for p in found) == sorted((p.fen, p.solutions) for p in shipped)
     assert [p.fen for p in shipped] == [f for f in p_fens if f in {p.fen for p in shipped}]  # the training file's order
@@ -513,7 +513,7 @@ def test_the_gpu_recipes_training_mates_are_training_positions_and_none_held_out
     """`puzzles_train_gpu.jsonl.gz` (configs/gpu-grpo.yaml's `puzzle_data`): mates in one, each position once,
     none of them (move clocks aside) a position of a held-out file, and every shipped training mate that is not
     one among them (23 of those 2,322 are: results of held-out `A:` moves, and one held-out mate with other clocks)."""
-    from conftest import REPO
+    from conftest import REPO, held_out_files
     from rookworld_rlvr.data.judged import board_key, positions_of_files
     from rookworld_rlvr.tasks.strength import Puzzle
 
@@ -526,9 +526,7 @@ def test_the_gpu_recipes_training_mates_are_training_positions_and_none_held_out
     assert len(rows) > 15_000 and {r["kind"] for r in rows} == {"mate1"} and len(set(fens)) == len(fens)
     for r in rows[::20]:  # a twentieth read as the trainer reads them: every mating move, legal
         Puzzle.from_dict(r)
-    held_out = positions_of_files([data / n for n in ("eval.jsonl.gz", "strength.jsonl.gz", "puzzles_eval.jsonl.gz",
-                                                       "eval_histories.jsonl.gz", "openings.txt", "mate_in_one.tsv")])
-    held_out = {board_key(f) for f in held_out}
+    held_out = {board_key(f) for f in positions_of_files(held_out_files())}
     assert not {board_key(f) for f in fens} & held_out
     assert {f for f in shipped if board_key(f) not in held_out} <= set(fens)
     assert len([f for f in shipped if board_key(f) in held_out]) == 23

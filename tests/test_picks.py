@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import held_out_files
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.io import DataError
@@ -163,12 +164,11 @@ def test_the_shipped_picks_were_made_for_the_shipped_data():
     remake them (`scripts/gpu_base.sh OUT --data-only --make-picks`, data/README.md)."""
     import hashlib
 
-    held = subprocess.run(["bash", "-c", ". scripts/held_out.sh; printf '%s\\n' \"${held[@]}\""], cwd=REPO,
-                          capture_output=True, text=True, check=True).stdout.split()
+    held = held_out_files()
     sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
     records = [REPO / "data" / f"more_games{n}.jsonl.xz" for n in ("", "_2", "_3")]
     source = sha((REPO / "data" / "train.jsonl.xz").read_bytes())
-    held_sha = sha(b"".join((REPO / f).read_bytes() for f in held))
+    held_sha = sha(b"".join(f.read_bytes() for f in held))
     recs = ""
     for rec in records:  # the recipe gpu_base.sh runs: 200,000 A: rows shared evenly between the records
         recs += " " + sha(rec.read_bytes())
