@@ -344,13 +344,15 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
 
 
 @pytest.mark.parametrize("text,message", [
-    ("steps: 1.5\n", "config field 'steps' needs an integer, got 1.5"),
-    ("threads: four\n", "config field 'threads' needs an integer, got 'four'"),
-    ('policy_weights: "x"\n', "config field 'policy_weights' needs a mapping, got 'x'"),
-    ("task_sampling: {P: 5}\n", "config field 'task_sampling': P needs a mapping of sampling settings"),
-    ("curriculum: {P: 7}\n", "config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
-    ("kl_coef: yes\n", "config field 'kl_coef' needs a number, got True"),
+    ("steps: 1.5\n", "bad.yaml:1: config field 'steps' needs an integer, got 1.5"),
+    ("threads: four\n", "bad.yaml:1: config field 'threads' needs an integer, got 'four'"),
+    ('policy_weights: "x"\n', "bad.yaml:1: config field 'policy_weights' needs a mapping, got 'x'"),
+    ("task_sampling: {P: 5}\n", "bad.yaml:1: config field 'task_sampling': P needs a mapping of sampling settings"),
+    ("curriculum: {P: 7}\n", "bad.yaml:1: config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
+    ("kl_coef: yes\n", "bad.yaml:1: config field 'kl_coef' needs a number, got True"),
     ("steps: [1\nlr: 2\n", "bad.yaml:2:3: not valid YAML"),
+    ("# a preset\nsteps: 3\n\nkl_coef: -1\n", "bad.yaml:4: config field 'kl_coef' must be >= 0 (got -1.0)"),
+    ("steps: 3\npolicy_weights:\n  format: -1\n", "bad.yaml:2: reward.policy_weights: weights must be finite"),
 ])
 def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -358,6 +360,17 @@ def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
     with pytest.raises(ValueError) as e:
         load_config(str(path))
     assert message in str(e.value)
+
+
+def test_a_bad_value_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("steps: 3\nkl_coef: 0.1\n")
+    with pytest.raises(ValueError) as e:
+        load_config(str(path), {"kl_coef": "-1"})
+    assert str(e.value) == "config field 'kl_coef' must be >= 0 (got -1.0)"
+    with pytest.raises(ValueError) as e:
+        load_config(str(path), {"lr": "-1"})  # a field the file does not set
+    assert str(e.value) == "config field 'lr' must be > 0 (got -1.0)"
 
 
 def test_numbers_read_the_same_from_a_file_and_the_command_line_and_an_empty_override_is_refused(tmp_path):

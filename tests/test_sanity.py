@@ -75,8 +75,15 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     base = ["train", "--dry-run", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"),
             "--eval-data", str(small_data / "eval.jsonl")]
     assert main(base) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "data: " in out and "P=60 A=60" in out and "dry run: ok" in out
+    # without a preset the built-in defaults run, not make train's recipe: the run says so
+    assert "no --config: every field at its built-in default" in err and "configs/default.yaml" in err
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("steps: 2\n")
+    assert main(base + ["--config", str(preset)]) == 0
+    out, err = capsys.readouterr()
+    assert "\n2 steps x" in out and "no --config" not in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text((small_data / "train.jsonl").read_text() + "not json\n")
     assert main(base[:4] + ["--data", str(bad), "--eval-data", str(small_data / "eval.jsonl")]) == 1

@@ -380,8 +380,13 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ValueError(unknown_field(k))
         data[k] = coerce(k, v) if isinstance(v, str) else v
     cfg = TrainConfig(**data)
-    _check_types(cfg)
-    cfg.validate()
+    try:
+        for name in FIELDS:  # each value as its field's type
+            setattr(cfg, name, typed(name, getattr(cfg, name)))
+        cfg.validate()
+    except ValueError as e:  # name the file and line of a bad value that came from the YAML file
+        from rookworld_rlvr.config_checks import where_set
+        raise ValueError(where_set(str(e), path, set(data) - set(overrides or {}))) from None
     return cfg
 
 
@@ -421,11 +426,6 @@ def typed(name: str, v: Any) -> Any:
                 raise ValueError(f"config field 'curriculum': {task} needs a list of [step, {{component: weight}}] "
                                  f"pairs, got {stages!r}")
     return v
-
-
-def _check_types(cfg: TrainConfig) -> None:
-    for name in FIELDS:
-        setattr(cfg, name, typed(name, getattr(cfg, name)))
 
 
 def add_field_arguments(group: Any, show_defaults: bool = True) -> None:

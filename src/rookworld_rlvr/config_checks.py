@@ -9,7 +9,11 @@ checks itself (`grpo.control.CurriculumSchedule`, imported when validating).
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from typing import Iterable
+
+import yaml
 
 from rookworld_rlvr.config import FIELDS, KL_ESTIMATORS, LEVELS, LOSS_TYPES, SCALES, TrainConfig
 
@@ -121,6 +125,17 @@ def validate(cfg: TrainConfig) -> None:
         CurriculumSchedule(cfg.curriculum).check({"P": cfg.policy_weights, "A": cfg.env_weights})
     except ValueError as e:
         raise ValueError(f"config field 'curriculum': {e}") from None
+
+
+def where_set(error: str, path: str | None, from_file: set[str]) -> str:
+    """`error` led by `path:line` when the field it names was set in the YAML file at `path` (and not
+    overridden on the command line), so that a bad value in a preset is found where it was written."""
+    m = re.match(r"(?:config field '|reward\.)(\w+)", error)
+    if not path or not m or m.group(1) not in from_file:
+        return error
+    node = yaml.compose(Path(path).read_text())
+    line = next((k.start_mark.line + 1 for k, _ in node.value if k.value == m.group(1)), None)
+    return f"{path}:{line}: {error}" if line else f"{path}: {error}"
 
 
 def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, processes: int | None = 1) -> list[str]:

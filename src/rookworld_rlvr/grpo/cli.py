@@ -16,7 +16,8 @@ from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.add_argument("--config", help="YAML preset (configs/default.yaml, configs/stable.yaml, ...)")
+    p.add_argument("--config", help="YAML preset (configs/default.yaml is `make train`'s; configs/stable.yaml, ...); "
+                   "without one every field keeps the built-in default listed below")
     p.add_argument("--dry-run", action="store_true", help="validate config and data, print the plan, load nothing heavy")
     p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
     if name == "check-batch":
@@ -106,6 +107,9 @@ def _writer(cfg: TrainConfig):
 
 def run(args: argparse.Namespace, name: str) -> int:
     cfg = config_from_args(args)
+    if not args.config:  # the built-in defaults are not make train's recipe: say so rather than differ silently
+        print("no --config: every field at its built-in default (`rookworld train --help`); "
+              "`make train` runs --config configs/default.yaml", file=sys.stderr)
     if name == "train" and args.dry_run:
         from rookworld_rlvr.grpo.dryrun import dry_run
 
