@@ -19,6 +19,7 @@ from rookworld_rlvr.data.io import DataError
 from rookworld_rlvr.play import (ModelPlayer, RandomPlayer, StockfishPlayer, elo_interval, elo_of, play_match,
                                  read_openings)
 from rookworld_rlvr.uci import UCIEngine
+from rookworld_rlvr.verdict import Z95
 
 START = chess.STARTING_FEN
 OPENINGS = [START, "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"]
@@ -66,9 +67,16 @@ def test_elo_interval_from_per_game_scores():
     mean = 0.7
     se = math.sqrt(sum((x - mean) ** 2 for x in scores) / 99 / 100)
     assert elo == pytest.approx(elo_of(0.7))
-    assert lo == pytest.approx(elo_of(mean - 1.96 * se)) and hi == pytest.approx(elo_of(mean + 1.96 * se))
+    assert lo == pytest.approx(elo_of(mean - Z95 * se)) and hi == pytest.approx(elo_of(mean + Z95 * se))
     elo, lo, hi = elo_interval([1.0] * 10)  # a clean sweep stays finite
     assert math.isfinite(elo) and lo <= elo <= hi
+    # every game the same result: the games' variance is 0, and the interval is Wilson's, not a point
+    k = Z95 ** 2 / 4
+    elo, lo, hi = elo_interval([0.0] * 4)
+    assert elo == lo == pytest.approx(elo_of(0.125)) and hi == pytest.approx(elo_of(k / (1 + k)))
+    elo, lo, hi = elo_interval([0.5] * 4)  # four draws say the score is near 0.5, not exactly 0.5
+    assert elo == 0 and lo == pytest.approx(-hi) and hi > 150
+    assert elo_interval([1.0] * 10)[1] < elo_interval([1.0] * 40)[1] < elo_interval([1.0] * 40)[0]
 
 
 def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):

@@ -34,6 +34,7 @@ from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
 from rookworld_rlvr.tasks.strength import is_legal, legal_moves
+from rookworld_rlvr.verdict import Z95, wilson
 
 
 class Player(Protocol):
@@ -165,21 +166,26 @@ def elo_of(score: float) -> float:
     return -400.0 * math.log10(1.0 / score - 1.0)
 
 
-def elo_interval(scores: Sequence[float], z: float = 1.96) -> tuple[float, float, float]:
-    """Elo difference and its 95% interval from per-game scores (normal approximation on the mean
-    score; a score of 0 or 1 is moved half a game inward so the Elo stays finite)."""
+def elo_interval(scores: Sequence[float]) -> tuple[float, float, float]:
+    """Elo difference and its 95% interval from per-game scores: the normal approximation on the mean
+    score with the games' own variance. Where every game has the same result that variance is 0 and
+    says nothing, so the interval is then Wilson's (4 losses in 4 games: a score of 0 to 0.49, not 0
+    to 0). A score of 0 or 1 is moved half a game inward so the Elo stays finite."""
     n = len(scores)
     if n == 0:
         raise ValueError("no games")
     mean = sum(scores) / n
-    var = sum((x - mean) ** 2 for x in scores) / (n - 1) if n > 1 else 0.25
-    se = math.sqrt(var / n)
+    if len(set(scores)) == 1:
+        low, high = wilson(mean, n)
+    else:
+        se = math.sqrt(sum((x - mean) ** 2 for x in scores) / (n - 1) / n)
+        low, high = mean - Z95 * se, mean + Z95 * se
     edge = 0.5 / n
 
     def clamp(x: float) -> float:
         return min(1.0 - edge, max(edge, x))
 
-    return elo_of(clamp(mean)), elo_of(clamp(mean - z * se)), elo_of(clamp(mean + z * se))
+    return elo_of(clamp(mean)), elo_of(clamp(low)), elo_of(clamp(high))
 
 
 def _ended(board: chess.Board, max_plies: int, start_plies: int) -> tuple[str, str] | None:
