@@ -102,14 +102,42 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, repeats: int) -> list[dict]:
+class Results:
+    """OUT/gpu_check.json and .md, written again after every measurement, so that a call its timeout ends
+    still sends back what it finished; a measurement that would start after `deadline` (epoch seconds) is
+    left out and named under `not_measured`, so that the steps after it (TRL's run) keep their time."""
+
+    def __init__(self, out: Path, result: dict, deadline: float | None):
+        self.out, self.result, self.deadline = out, result, deadline
+        result.update(generation=[], grpo=[], sft=[], not_measured=[], complete=False)
+        self.save()
+
+    def add(self, section: str, row: dict) -> None:
+        self.result[section].append(row)
+        self.save()
+
+    def in_time(self, what: str) -> bool:
+        if self.deadline is None or time.time() < self.deadline:
+            return True
+        self.result["not_measured"].append(f"{what}: the deadline had passed")
+        self.save()
+        print(f"{what}: not measured, the deadline had passed", flush=True)
+        return False
+
+    def save(self) -> None:
+        (self.out / "gpu_check.json").write_text(json.dumps(self.result, indent=2) + "\n")
+        (self.out / "gpu_check.md").write_text(markdown(self.result))
+
+
+def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, repeats: int, res: Results) -> None:
     from rookworld_rlvr.model import load_policy
 
     prompts_all = [s.render("padded")[0] for s in read_samples(ROOT / "data" / "eval.jsonl.gz") if s.task == "P"]
-    rows = []
     for (dtype_name, dtype), graph in itertools.product((("float32", None), ("bf16", torch.bfloat16)), (False, True)):
         model, tok = load_policy(str(model_dir), device=str(device), verbose=False)
         for prompts_n, group in shapes:
+            if not res.in_time(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}"):
+                continue
             times, tokens = [], 0
             for k in range(repeats + 1):
                 sync(device)
@@ -122,16 +150,14 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
                     times.append(time.perf_counter() - t)
                     tokens = int(out.completion_mask.sum())
             sec = statistics.median(times)
-            rows.append({"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
-                         "new_tokens": new_tokens, "generated_tokens": tokens, "seconds": round(sec, 4),
-                         "tokens_per_s": round(tokens / sec, 1)})
+            res.add("generation", {"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
+                                   "new_tokens": new_tokens, "generated_tokens": tokens, "seconds": round(sec, 4),
+                                   "tokens_per_s": round(tokens / sec, 1)})
             print(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}: "
                   f"{tokens / sec:.0f} tokens/s", flush=True)
-    return rows
 
 
-def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
-    rows = []
+def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
     # (torch.compile was a setting once; config.REMOVED says why it went)
     for autocast, graph in (("none", False), ("bf16", False), ("bf16", True)):
         over = dict(model=str(model_dir), data=str(data), eval_data="",
@@ -144,36 +170,38 @@ def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: in
         if smoke:
             over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
         name = f"autocast {autocast}" + (", decode_graph" if graph else "")
+        if not res.in_time(f"grpo {name}"):
+            continue
         try:
             cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
             tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
             reset_peak(device)
             tr.train()
         except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
-            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            res.add("grpo", {"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
             print(f"grpo {name}: failed: {e}", flush=True)
             continue
         recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
         step = statistics.median(r["time/step"] for r in recs)
         phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)
                   for k in recs[0] if k.startswith("time/") and k != "time/step"}
-        rows.append({"config": name, "batch": f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}",
-                     "s_per_step": round(step, 3), "phase_share": phases,
-                     "peak_memory_gib": round(peak_memory(device), 2)})
+        res.add("grpo", {"config": name, "batch": f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}",
+                         "s_per_step": round(step, 3), "phase_share": phases,
+                         "peak_memory_gib": round(peak_memory(device), 2)})
         print(f"grpo {name}: {step:.2f} s/step, peak {peak_memory(device):.1f} GiB", flush=True)
-    return rows
 
 
-def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) -> list[dict]:
+def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
     """s/step of `rookworld sft`: the shipped base's shape and settings (tiny, batch 64, 8 own answers a step), and
     the GPU base's recipe (small, batch 256, bf16 where supported) without and with those own answers (each step
     then decodes 8 greedy answers of 30 tokens before its forward and backward)."""
     from rookworld_rlvr.sft import SFTConfig, train
 
-    rows = []
     shapes = [("tiny", 64, 8), ("small", 256, 0), ("small", 256, 8)] if not smoke else [("tiny", 4, 0), ("tiny", 4, 2)]
     for preset, batch, own in shapes:
         name = f"sft-{preset}-{batch}-{own}"
+        if not res.in_time(f"sft {preset} batch {batch} own_repeats {own}"):
+            continue
         cfg = SFTConfig(data=str(data), eval_data="", out=str(tmp / name), preset=preset, steps=steps,
                         batch_size=batch, own_repeats=own, save_every=10**6, device=str(device), autocast="auto",
                         threads=None, rows_cache=str(tmp / "sft-rows.safetensors"))  # encoded once for all three
@@ -183,12 +211,11 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool) ->
         seconds = [r["seconds"] for r in log]
         per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
         host = host_batch_seconds(cfg)
-        rows.append({"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
-                     "samples_per_s": round(batch / per_step, 1) if per_step else None,
-                     "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1)})
+        res.add("sft", {"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
+                        "samples_per_s": round(batch / per_step, 1) if per_step else None,
+                        "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1)})
         print(f"sft {preset} batch {batch} own_repeats {own}: {per_step:.3f} s/step, the host's batch "
               f"{host * 1000:.1f} ms", flush=True)
-    return rows
 
 
 def host_batch_seconds(cfg, draws: int = 20) -> float:
@@ -216,8 +243,12 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# GPU check: {m.get('gpu', m.get('cpu'))}", "",
              f"torch {m['torch']}, CUDA {m.get('cuda', '-')}, driver {m.get('driver', '-')}, device {m['device']}"
-             + (" (smoke: tiny sizes)" if result["smoke"] else ""), "",
-             "| generation | decode_graph | prompts x group x tokens | tokens/s |", "|---|---|---|---|"]
+             + (" (smoke: tiny sizes)" if result["smoke"] else ""), ""]
+    if not result.get("complete", True):
+        lines += ["**Incomplete**: below are the measurements that finished before the call ended.", ""]
+    if result.get("not_measured"):
+        lines += [f"- not measured: {what}" for what in result["not_measured"]] + [""]
+    lines += ["| generation | decode_graph | prompts x group x tokens | tokens/s |", "|---|---|---|---|"]
     lines += [f"| {r['dtype']} | {'on' if r['decode_graph'] else 'off'} | {r['prompts']} x {r['group']} x "
               f"{r['new_tokens']} | {r['tokens_per_s']} |" for r in result["generation"]]
     lines += ["", "| GRPO step (124M preset) | batch | s/step | peak GiB | phase shares |", "|---|---|---|---|---|"]
@@ -271,6 +302,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: proves the script runs (CPU)")
+    ap.add_argument("--deadline", type=float, help="epoch seconds: a measurement that would start later is left "
+                                                   "out and named (gpu_check.sh sets it from DEADLINE_S)")
     ap.add_argument("--add-trl", nargs=2, type=Path, metavar=("JSON", "LOG"),
                     help="only put benchmarks/grpo_vs_trl.py's JSON (or, if it wrote none, its log's last lines) into "
                          "OUT's gpu_check.json and gpu_check.md")
@@ -304,13 +337,13 @@ def main() -> int:
             write_samples(data, samples)
         shapes = [(2, 2)] if args.smoke else [(16, 8), (64, 8)]
         result = {"machine": machine(device), "smoke": args.smoke, "model": f"random GPT-2 {preset}, vocab {vocab}",
-                  "generation": generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3),
-                  "grpo": grpo(model_dir, data, device, tmp, 2 if args.smoke else 6, args.smoke),
-                  "sft": sft(data, device, tmp, 2 if args.smoke else 30, args.smoke),
                   "trl": "not measured yet: scripts/gpu_check.sh runs benchmarks/grpo_vs_trl.py next"}
-    result["seconds"] = round(time.time() - t0, 1)
-    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "gpu_check.md").write_text(markdown(result))
+        res = Results(args.out, result, args.deadline)
+        generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3, res)
+        grpo(model_dir, data, device, tmp, 2 if args.smoke else 6, args.smoke, res)
+        sft(data, device, tmp, 2 if args.smoke else 30, args.smoke, res)
+    result.update(seconds=round(time.time() - t0, 1), complete=True)
+    res.save()
     print(markdown(result))
     return 0
 

@@ -26,6 +26,7 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert re.fullmatch(r"\.{9,}\s+\[100%\]\n\d+ passed in [\d.]+s( \(\d+:\d\d:\d\d\))?\n", tests), tests
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["smoke"] and result["machine"]["device"] == "cpu"
+    assert result["complete"] and result["not_measured"] == []
     assert {(r["dtype"], r["decode_graph"], r["prompts"], r["group"]) for r in result["generation"]} == {
         (dtype, graph, 2, 2) for dtype in ("float32", "bf16") for graph in (False, True)}
     assert all(r["tokens_per_s"] > 0 for r in result["generation"])
@@ -49,6 +50,46 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--fast"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
+    for deadline in ("160", "8m"):
+        bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out), "--smoke"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "DEADLINE_S": deadline})
+        assert bad.returncode == 2 and f"DEADLINE_S must be a whole number of seconds above 160, got '{deadline}'" \
+            in bad.stderr
+
+
+def _check(out, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--smoke",
+                             "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_gpu_check_its_timeout_kills_still_leaves_what_it_measured(tmp_path):
+    """The device call's timeout kills what runs: the results written after each measurement come back."""
+    proc = _check(tmp_path)
+    try:
+        for line in proc.stdout:
+            if line.startswith("generation "):  # the first measurement is done
+                break
+        proc.kill()
+    finally:
+        proc.wait(timeout=60)
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert not result["complete"] and result["generation"] and result["generation"][0]["tokens_per_s"] > 0
+    assert "**Incomplete**" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_gpu_check_past_its_deadline_starts_no_measurement_and_names_each(tmp_path):
+    """gpu_check.sh's DEADLINE_S keeps TRL's run its time: past the deadline the benchmarks measure nothing
+    more and say what they left out."""
+    import time
+
+    proc = _check(tmp_path, "--deadline", str(time.time() - 1))
+    assert proc.wait(timeout=120) == 0, proc.stdout.read()
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["complete"] and result["generation"] == result["grpo"] == result["sft"] == []
+    assert len(result["not_measured"]) == 4 + 3 + 2  # generation: 2 dtypes x decode_graph off/on; GRPO; SFT
+    assert "sft tiny batch 4 own_repeats 2: the deadline had passed" in result["not_measured"]
+    assert "- not measured: grpo autocast bf16, decode_graph: the deadline had passed" in \
+        (tmp_path / "gpu_check.md").read_text()
 
 
 def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_both_samplers(tmp_path):
