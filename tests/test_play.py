@@ -16,8 +16,8 @@ import torch
 
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.io import DataError
-from rookworld_rlvr.play import (ModelPlayer, RandomPlayer, StockfishPlayer, elo_interval, elo_of, play_match,
-                                 read_openings)
+from rookworld_rlvr.play import (ModelPlayer, RandomPlayer, StockfishPlayer, elo_interval, elo_of, format_summary,
+                                 play_match, read_openings)
 from rookworld_rlvr.uci import UCIEngine
 from rookworld_rlvr.verdict import Z95
 
@@ -77,6 +77,11 @@ def test_elo_interval_from_per_game_scores():
     elo, lo, hi = elo_interval([0.5] * 4)  # four draws say the score is near 0.5, not exactly 0.5
     assert elo == 0 and lo == pytest.approx(-hi) and hi > 150
     assert elo_interval([1.0] * 10)[1] < elo_interval([1.0] * 40)[1] < elo_interval([1.0] * 40)[0]
+    # an even match reads Elo +0, never -0 (the float is -0.0 there)
+    elo, lo, hi = elo_interval([1.0] * 98 + [0.5] * 4 + [0.0] * 98)
+    line = format_summary({"a": "A", "b": "B", "games": 200, "wins": 98, "draws": 4, "losses": 98, "score": 0.5,
+                           "elo": elo, "elo_low": lo, "elo_high": hi, "mean_plies": 11.4, "terminations": {}})
+    assert "score 0.500, Elo +0 (95% CI -48 .. +48)" in line
 
 
 def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):

@@ -406,5 +406,5 @@ def run(args: argparse.Namespace, name: str) -> int:
 def format_summary(s: dict) -> str:
     ends = ", ".join(f"{k} {v}" for k, v in s["terminations"].items())
     return (f"{s['a']} vs {s['b']}: {s['games']} games, +{s['wins']} ={s['draws']} -{s['losses']}, "
-            f"score {s['score']:.3f}, Elo {s['elo']:+.0f} (95% CI {s['elo_low']:+.0f} .. {s['elo_high']:+.0f}), "
+            f"score {s['score']:.3f}, Elo {round(s['elo']):+d} (95% CI {round(s['elo_low']):+d} .. {round(s['elo_high']):+d}), "
             f"{s['mean_plies']:.1f} plies per game\nended by: {ends}")

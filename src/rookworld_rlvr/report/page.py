@@ -109,7 +109,7 @@ def match_line(match: dict) -> str:
     if not match or number(match.get("score")) is None:
         return ('<p class="muted">No match played. <code>rookworld match RUN/final BASE --games 200 --json '
                 'RUN/match.json</code> adds one here.</p>')
-    elo = (f"Elo {match['elo']:+.0f} (95% CI {match['elo_low']:+.0f} .. {match['elo_high']:+.0f})"
+    elo = (f"Elo {round(match['elo']):+d} (95% CI {round(match['elo_low']):+d} .. {round(match['elo_high']):+d})"
            if all(number(match.get(k)) is not None for k in ("elo", "elo_low", "elo_high")) else "")
     cls = "good" if (number(match.get("elo_low")) or 0) > 0 else "bad" if (number(match.get("elo_high")) or 0) < 0 \
         else "muted"
