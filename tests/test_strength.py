@@ -237,6 +237,49 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
         assert anchor.read_text() == rows, keep
 
 
+def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_training_side_only():
+    """scripts/game_positions.py, whose prompts docs/grpo-experiments.md trains on: each position of a game
+    once, in order, the last one (where an illegal move ended it) included, as the data writes FENs (the
+    en-passant square after every double step); never a held-out position, an eval-side one or a game over."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.judged import board_key
+    from rookworld_rlvr.tasks.environment import fen_of
+
+    spec = importlib.util.spec_from_file_location("game_positions", REPO / "scripts" / "game_positions.py")
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+
+    def game(moves: str, start: str = chess.STARTING_FEN) -> SimpleNamespace:
+        board = chess.Board(start)
+        for m in moves.split():
+            board.push_uci(m)
+        return SimpleNamespace(board=board)
+
+    def fens(moves: str) -> list[str]:
+        board, out = chess.Board(), [fen_of(chess.Board())]
+        for m in moves.split():
+            board.push_uci(m)
+            out.append(fen_of(board))
+        return out
+
+    line = "e2e4 e7e5 g1f3 b8c6 f1c4 g8f6"
+    every = fens(line)
+    assert "e3" in every[1].split()[3]  # written as the data writes it, though no pawn can take there
+    held = {board_key(every[2])}
+    kept = gp.game_positions([game(line), game("e2e4 e7e5 g1f3")], held)  # the second game: no new position
+    assert kept == every[:2] + every[3:]  # the last position included (all of them on the training side)
+    eval_side = fens("g1f3 c7c6")
+    assert [is_eval_fen(f, gp.EVAL_PERMILLE) for f in eval_side] == [False, False, True]
+    assert gp.game_positions([game("g1f3 c7c6")], set()) == eval_side[:2]
+    mate = game("f2f3 e7e5 g2g4 d8h4")  # the last position is mate: a game over is no prompt
+    assert fens("f2f3 e7e5 g2g4 d8h4")[-1] not in gp.game_positions([mate], set())
+    assert {board_key(f) for f in (REPO / "data" / "openings.txt").read_text().split("\n")
+            if f and not f.startswith("#")} <= gp.held_out_positions()
+
+
 def test_mating_moves_are_every_legal_move_that_mates_at_once():
     """The fast search (one board, checking moves alone) finds what playing every legal move finds: on the
     shipped training mates, training positions without one, two promotions that both mate, a bad FEN."""
