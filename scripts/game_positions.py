@@ -1,7 +1,7 @@
 """The positions a model reaches in its own greedy games: GRPO prompts from where its matches are played.
 
     python scripts/game_positions.py --openings 300 --out runs/sp/fens.txt              # 2.5 minutes on 2 cores
-    rookworld data generate --out runs/sp/gen --games 1 --workers 2 --depth 8 --positions runs/sp/fens.txt
+    rookworld data generate --out runs/sp/gen --games 0 --workers 2 --depth 8 --positions runs/sp/fens.txt
     make train ARGS="--data runs/sp/gen/train.jsonl.gz --check-share null --anchor-data data/train.jsonl.xz \\
         --output-dir runs/sp"
 

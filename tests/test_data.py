@@ -40,6 +40,32 @@ def test_generate_writes_valid_splits_without_shared_positions(generated):
     assert len(keys) == len(set(keys)), "duplicates"
 
 
+def test_generate_with_no_games_labels_the_positions_given_and_nothing_else(tmp_path, stockfish_path, capsys):
+    """`data generate --games 0 --positions F` (scripts/game_positions.py's positions): each position a P:
+    sample with Stockfish's legal top moves, on its side of the split; without positions, 0 games is refused."""
+    import chess
+
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.tasks.environment import fen_of
+
+    board, fens = chess.Board(), []
+    for move in ("g1f3", "c7c6", "e2e4"):  # after c7c6 the position is on the held-out side (eval_permille 40)
+        board.push_uci(move)
+        fens.append(fen_of(board))
+    assert [is_eval_fen(f, 40) for f in fens] == [False, True, False]
+    (tmp_path / "fens.txt").write_text("".join(f + "\n" for f in fens))
+    out = tmp_path / "gen"
+    assert main(["data", "generate", "--out", str(out), "--games", "0", "--workers", "1", "--depth", "5",
+                 "--positions", str(tmp_path / "fens.txt"), "--quiet"]) == 0
+    train, held = read_samples(out / "train.jsonl.gz"), read_samples(out / "eval.jsonl.gz")
+    assert sorted(s.fen for s in train) == sorted([fens[0], fens[2]]) and [s.fen for s in held] == [fens[1]]
+    for s in train + held:
+        assert s.task == "P" and len(s.truth.moves) == 5
+        assert all(chess.Move.from_uci(m) in chess.Board(s.fen).legal_moves for m in s.truth.moves)
+    assert main(["data", "generate", "--out", str(tmp_path / "none"), "--games", "0", "--quiet"]) == 1
+    assert "games 0 with extra_positions: those positions labelled alone" in capsys.readouterr().err
+
+
 def test_generated_a_rows_start_at_the_first_move_and_come_with_every_history_length(generated):
     """Every game's first transition is written (from the start position, a 1-move history) and kept
     on the training side; a fifth of the A: rows get a copy with a shorter history, whose answer is

@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperatures", type=float, nargs="+", default=list(gd.temperatures),
                    help="softmax temperatures (pawns) over Stockfish's top 5 that engine games draw from")
     g.add_argument("--eval-per-task", type=int, default=1000)
-    g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files")
+    g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files, each position labelled as a P: "
+                                                  "sample (with --games 0: those alone)")
     g.add_argument("--quiet", action="store_true")
     for name, about, source, out in (
             ("record", "a finished generation's Stockfish answers as a small game record (xz): `data replay` makes "

@@ -55,8 +55,9 @@ class GenerateConfig:
     cache_path: str | None = None  # engine cache; default <out_dir>/.cache/engine.sqlite
 
     def validate(self) -> None:
-        if self.games < 1 or self.games_per_shard < 1 or self.workers < 1:
-            raise ValueError("games, games_per_shard and workers must be >= 1")
+        if self.games < (0 if self.extra_positions else 1) or self.games_per_shard < 1 or self.workers < 1:
+            raise ValueError("games, games_per_shard and workers must be >= 1 (games 0 with extra_positions: "
+                             "those positions labelled alone)")
         if not 0 <= self.random_game_share <= 1 or not 0 <= self.random_move_prob <= 1:
             raise ValueError("random_game_share and random_move_prob must be in [0, 1]")
         if not 0 <= self.illegal_share < 1:
