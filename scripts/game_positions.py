@@ -18,15 +18,13 @@ them with Stockfish. One FEN a line, in the order the games reached them.
 from __future__ import annotations
 
 import argparse
-import random
 import subprocess
 from pathlib import Path
 
 import chess
 
 from rookworld_rlvr.data.generate import is_eval_fen
-from rookworld_rlvr.data.judged import board_key, positions_of_files
-from rookworld_rlvr.engine import EngineConfig, StockfishPool
+from rookworld_rlvr.data.judged import board_key, openings, positions_of_files
 from rookworld_rlvr.play import ModelPlayer, play_match
 from rookworld_rlvr.tasks.environment import fen_of
 
@@ -39,20 +37,6 @@ def held_out_positions() -> set[str]:
     names = subprocess.run(["bash", "-c", ". scripts/held_out.sh; printf '%s\\n' \"${held[@]}\""], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split()
     return {board_key(f) for f in positions_of_files([REPO / n for n in names])}
-
-
-def training_openings(n: int, seed: int, depth: int, held: set[str]) -> list[str]:
-    """`n` distinct opening FENs, 4 to 10 plies of Stockfish's top-5 moves at random, on the training side."""
-    rng, found = random.Random(seed), {}
-    with StockfishPool(EngineConfig(depth=depth, workers=1)) as pool:
-        while len(found) < n:
-            board = chess.Board()
-            for _ in range(rng.randrange(4, 11)):
-                board.push_uci(rng.choice(pool.analyse(fen_of(board)).moves))
-            fen = fen_of(board)
-            if not is_eval_fen(fen, EVAL_PERMILLE) and not board.is_game_over() and board_key(fen) not in held:
-                found[fen] = None
-    return list(found)
 
 
 def game_positions(games, held: set[str]) -> list[str]:
@@ -79,9 +63,10 @@ def main() -> None:
     from rookworld_rlvr.model import load_policy
 
     held = held_out_positions()
-    openings = training_openings(args.openings, args.seed, args.depth, held)
+    starts = openings(args.openings, args.seed, args.depth, None, EVAL_PERMILLE, max_eval=None, side="train",
+                      exclude=held)  # made as the held-out openings are, on the training side
     model, tok = load_policy(args.model, device="cpu", verbose=False)
-    result = play_match(ModelPlayer(model, tok, "white"), ModelPlayer(model, tok, "black"), openings, progress=False)
+    result = play_match(ModelPlayer(model, tok, "white"), ModelPlayer(model, tok, "black"), starts, progress=False)
     games = result.games[::2]  # a greedy game's colour-swapped twin is the same game
     fens = game_positions(games, held)
     ends: dict[str, int] = {}

@@ -389,6 +389,22 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     assert proc.returncode == 2 and f"--known {tmp_path / 'gone.jsonl'}: no such file" in proc.stderr
 
 
+def test_openings_fall_on_the_side_of_the_split_asked_for(stockfish_path):
+    """`data openings` (held-out, balanced) and scripts/game_positions.py's training-side openings: one
+    function, the side and the balance check apart; an excluded position is never one of them."""
+    import chess
+
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.judged import board_key, openings
+
+    held = openings(3, 0, 5, None)
+    assert len(set(held)) == 3 and all(is_eval_fen(f, 40) and not chess.Board(f).is_game_over() for f in held)
+    train = openings(6, 0, 5, None, max_eval=None, side="train")
+    assert len(set(train)) == 6 and not any(is_eval_fen(f, 40) for f in train)
+    again = openings(6, 0, 5, None, max_eval=None, side="train", exclude=train[:1])
+    assert board_key(train[0]) not in {board_key(f) for f in again} and again[:5] == train[1:]
+
+
 def test_positions_of_reads_the_match_openings():
     from conftest import REPO
     from rookworld_rlvr.data.judged import positions_of

@@ -240,11 +240,12 @@ def check_positions(sources: Iterable[str | Path], derive: bool, exclude: set[st
 
 
 def openings(n: int, seed: int, depth: int, cache_path: str | None, permille: int = 40,
-             max_eval: float = 1.0) -> list[str]:
-    """`n` held-out opening positions for matches: 4 to 10 plies from the start, each ply one of
-    Stockfish's top 5 moves at random; kept when the FEN falls on the eval side of the data split
-    (the same hash rule as `data generate`, so no training sample has it) and the side to move
-    is within `max_eval` pawns of equality."""
+             max_eval: float | None = 1.0, side: str = "eval", exclude: Iterable[str] = ()) -> list[str]:
+    """`n` opening positions: 4 to 10 plies from the start, each ply one of Stockfish's top 5 moves at
+    random; kept when the FEN falls on `side` of the data split (the same hash rule as `data generate`:
+    "eval", the held-out openings for matches, which no training sample has; "train" for training
+    positions), is none of `exclude` (without the move clocks), and the side to move is within
+    `max_eval` pawns of equality (None: any)."""
     import random
 
     from rookworld_rlvr.data.generate import is_eval_fen
@@ -252,6 +253,7 @@ def openings(n: int, seed: int, depth: int, cache_path: str | None, permille: in
     from rookworld_rlvr.tasks.environment import fen_of
 
     rng = random.Random(seed)
+    excluded = {board_key(f) for f in exclude}
     found: dict[str, None] = {}
     with StockfishPool(EngineConfig(depth=depth, workers=1, cache_path=cache_path)) as pool:
         while len(found) < n:
@@ -259,8 +261,9 @@ def openings(n: int, seed: int, depth: int, cache_path: str | None, permille: in
             for _ in range(rng.randrange(4, 11)):
                 board.push_uci(rng.choice(pool.analyse(fen_of(board)).moves))
             fen = fen_of(board)
-            if is_eval_fen(fen, permille) and fen not in found and not board.is_game_over():
-                top = pool.analyse(fen).evals
-                if top and abs(top[0]) <= max_eval:
+            if (is_eval_fen(fen, permille) == (side == "eval") and fen not in found and not board.is_game_over()
+                    and board_key(fen) not in excluded):
+                top = pool.analyse(fen).evals if max_eval is not None else None
+                if max_eval is None or (top and abs(top[0]) <= max_eval):
                     found[fen] = None
     return list(found)
