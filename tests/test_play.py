@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import random
 import sys
 
 import chess
@@ -19,7 +20,7 @@ from rookworld_rlvr.data.io import DataError
 from rookworld_rlvr.play import (ModelPlayer, RandomPlayer, StockfishPlayer, elo_interval, elo_of, format_summary,
                                  play_match, read_openings)
 from rookworld_rlvr.uci import UCIEngine
-from rookworld_rlvr.verdict import Z95
+from rookworld_rlvr.verdict import Z95, score_interval, wilson
 
 START = chess.STARTING_FEN
 OPENINGS = [START, "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"]
@@ -64,10 +65,15 @@ def test_elo_interval_from_per_game_scores():
     assert elo_of(0.5) == 0 and elo_of(0.75) == pytest.approx(-400 * math.log10(1 / 0.75 - 1))
     scores = [1.0] * 60 + [0.5] * 20 + [0.0] * 20
     elo, lo, hi = elo_interval(scores)
-    mean = 0.7
-    se = math.sqrt(sum((x - mean) ** 2 for x in scores) / 99 / 100)
     assert elo == pytest.approx(elo_of(0.7))
-    assert lo == pytest.approx(elo_of(mean - Z95 * se)) and hi == pytest.approx(elo_of(mean + Z95 * se))
+    # each end is a true score q at which the observed 0.7 lies 1.96 standard errors away, a game's
+    # variance at q being q (1 - q) - draws / 4
+    for end in (lo, hi):
+        q = 1 / (1 + 10 ** (-end / 400))
+        assert (0.7 - q) ** 2 == pytest.approx(Z95 ** 2 * (q * (1 - q) - 0.2 / 4) / 100)
+    assert lo < elo_of(0.7) < hi
+    # without draws it is Wilson's interval
+    assert score_interval(0.8, 0.0, 10) == pytest.approx(wilson(0.8, 10))
     elo, lo, hi = elo_interval([1.0] * 10)  # a clean sweep stays finite
     assert math.isfinite(elo) and lo <= elo <= hi
     # every game the same result: the games' variance is 0, and the interval is Wilson's, not a point
@@ -82,6 +88,25 @@ def test_elo_interval_from_per_game_scores():
     line = format_summary({"a": "A", "b": "B", "games": 200, "wins": 98, "draws": 4, "losses": 98, "score": 0.5,
                            "elo": elo, "elo_low": lo, "elo_high": hi, "mean_plies": 11.4, "terminations": {}})
     assert "score 0.500, Elo +0 (95% CI -48 .. +48)" in line
+
+
+def test_a_short_match_is_not_called_won_on_luck():
+    """8 wins in 10 games happen 5.5% of the time between equal sides: not a win beyond the noise (the
+    normal approximation on the games' own variance called it one: Elo +27 .. +512). Over matches
+    drawn at random, the interval holds the true score about 95% of the time at 10 and 20 games
+    (that approximation: 80-89% at 10 games)."""
+    elo, lo, hi = elo_interval([1.0] * 8 + [0.0] * 2)
+    assert lo < 0 < elo < hi
+    rng = random.Random(0)
+    for n in (10, 20):
+        for win, draw in ((0.5, 0.0), (0.7, 0.1), (0.8, 0.0), (0.85, 0.1)):
+            true = win + draw / 2
+            held = 0
+            for _ in range(2000):
+                scores = [1.0 if (u := rng.random()) < win else 0.5 if u < win + draw else 0.0 for _ in range(n)]
+                low, high = score_interval(sum(scores) / n, scores.count(0.5) / n, n)
+                held += low <= true <= high
+            assert held / 2000 >= 0.92, (n, win, draw, held / 2000)
 
 
 def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):

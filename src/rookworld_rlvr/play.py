@@ -6,8 +6,8 @@ cannot play). Games end by checkmate, stalemate, insufficient material, the 75-m
 fivefold repetition, a claimable draw (threefold, fifty moves) or a ply limit (a draw). All
 games advance together: each ply, every model move of that ply is one batched generation.
 
-The result is the score of A, the Elo difference with a 95% confidence interval (normal
-approximation on the per-game scores), how the games ended, and the games as PGN.
+The result is the score of A, the Elo difference with a 95% confidence interval (Wilson's score
+interval, draws taken into its variance), how the games ended, and the games as PGN.
 
 Also self-play for the evaluation (`selfplay_metrics`: the model against itself from the start
 position, ended at its first unreadable or illegal move). Owns games and their referee; the
@@ -34,7 +34,7 @@ from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
 from rookworld_rlvr.tasks.strength import is_legal, legal_moves
-from rookworld_rlvr.verdict import Z95, wilson
+from rookworld_rlvr.verdict import score_interval
 
 
 class Player(Protocol):
@@ -167,19 +167,14 @@ def elo_of(score: float) -> float:
 
 
 def elo_interval(scores: Sequence[float]) -> tuple[float, float, float]:
-    """Elo difference and its 95% interval from per-game scores: the normal approximation on the mean
-    score with the games' own variance. Where every game has the same result that variance is 0 and
-    says nothing, so the interval is then Wilson's (4 losses in 4 games: a score of 0 to 0.49, not 0
-    to 0). A score of 0 or 1 is moved half a game inward so the Elo stays finite."""
+    """Elo difference and its 95% interval from per-game scores (1, 1/2, 0): the score interval of
+    `verdict.score_interval`, Wilson's with the draws' share of the variance taken out. A score of 0
+    or 1 is moved half a game inward so the Elo stays finite."""
     n = len(scores)
     if n == 0:
         raise ValueError("no games")
     mean = sum(scores) / n
-    if len(set(scores)) == 1:
-        low, high = wilson(mean, n)
-    else:
-        se = math.sqrt(sum((x - mean) ** 2 for x in scores) / (n - 1) / n)
-        low, high = mean - Z95 * se, mean + Z95 * se
+    low, high = score_interval(mean, sum(1 for x in scores if x == 0.5) / n, n)
     edge = 0.5 / n
 
     def clamp(x: float) -> float:
