@@ -9,8 +9,8 @@
 about 11 plies, so a match measures legality in early game positions. This script makes openings
 the way `rookworld data openings` does (4 to 10 plies of Stockfish's top-5 moves at random), but on
 the training side of the FEN-hash split; the model plays each greedily against itself, and every
-position of every game is kept, the one where it ended included (where the illegal move was
-written): on the training side, not game over, and none a position of a held-out file
+position of every game is kept (with `--last N`, each game's last N: where it was decided), the one
+where it ended included (where the illegal move was written): on the training side, not game over, and none a position of a held-out file
 (`scripts/held_out.sh`, compared without the move clocks). `data generate --positions` then labels
 them with Stockfish. One FEN a line, in the order the games reached them.
 """
@@ -39,15 +39,18 @@ def held_out_positions() -> set[str]:
     return {board_key(f) for f in positions_of_files([REPO / n for n in names])}
 
 
-def game_positions(games, held: set[str]) -> list[str]:
-    """Every position of the games, the last one included, kept as the docstring says, in order, once each."""
+def game_positions(games, held: set[str], last: int = 0) -> list[str]:
+    """Every position of the games (or each game's `last` ones; 0 = all), the last one included, kept
+    as the docstring says, in order, once each."""
     found: dict[str, None] = {}
     for game in games:
         board = game.board.root()
+        fens = []
         for move in game.board.move_stack:
-            found[fen_of(board)] = None
+            fens.append(fen_of(board))
             board.push(move)
-        found[fen_of(board)] = None
+        fens.append(fen_of(board))
+        found.update(dict.fromkeys(fens[-last:] if last else fens))
     return [f for f in found if not is_eval_fen(f, EVAL_PERMILLE) and board_key(f) not in held
             and not chess.Board(f).is_game_over()]
 
@@ -58,6 +61,7 @@ def main() -> None:
     ap.add_argument("--openings", type=int, default=300, help="games: one greedy self-play game from each opening")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--depth", type=int, default=8, help="Stockfish depth that picks the opening moves")
+    ap.add_argument("--last", type=int, default=0, help="keep each game's last N positions (0 = all)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
     from rookworld_rlvr.model import load_policy
@@ -68,7 +72,7 @@ def main() -> None:
     model, tok = load_policy(args.model, device="cpu", verbose=False)
     result = play_match(ModelPlayer(model, tok, "white"), ModelPlayer(model, tok, "black"), starts, progress=False)
     games = result.games[::2]  # a greedy game's colour-swapped twin is the same game
-    fens = game_positions(games, held)
+    fens = game_positions(games, held, args.last)
     ends: dict[str, int] = {}
     for g in games:
         ends[g.termination] = ends.get(g.termination, 0) + 1

@@ -271,6 +271,8 @@ def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_
     held = {board_key(every[2])}
     kept = gp.game_positions([game(line), game("e2e4 e7e5 g1f3")], held)  # the second game: no new position
     assert kept == every[:2] + every[3:]  # the last position included (all of them on the training side)
+    # each game's last 2 (--last 2): the first game's, then the second's but the held-out one
+    assert gp.game_positions([game(line), game("e2e4 e7e5 g1f3")], held, last=2) == every[5:7] + every[3:4]
     eval_side = fens("g1f3 c7c6")
     assert [is_eval_fen(f, gp.EVAL_PERMILLE) for f in eval_side] == [False, False, True]
     assert gp.game_positions([game("g1f3 c7c6")], set()) == eval_side[:2]
