@@ -21,7 +21,7 @@ from rookworld_rlvr.model import (
     tiny_config,
 )
 
-from conftest import REFERENCE, build_bpe_tokenizer, random_transitions  # noqa: E402
+from conftest import REFERENCE, REPO, build_bpe_tokenizer, random_transitions  # noqa: E402
 from numerics import assert_rounding_close, logprob_terms  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
@@ -373,9 +373,45 @@ def test_load_policy_ignores_benign_attn_bias_buffer(checkpoint):
     assert not model.training
 
 
-def test_load_policy_bad_path(tmp_path):
-    with pytest.raises(ModelLoadError, match="not a model directory"):
+def test_a_mistyped_model_path_is_named_with_the_models_beside_it_before_any_hub_call(tmp_path, monkeypatch, capsys):
+    """`models/rookworld-bord` is owner/name to the Hub, which offline retries for a minute and then
+    talks of internet connections. Where `models/` is a directory here it is a path: the error says
+    so at once and names the models that are there; a run directory names the models in it."""
+    import transformers
+
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.model.load import local_model_problem
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(REPO / "data")  # the commands' default data, as in the repository
+    for d in ("models/board", "runs/r/final", "runs/r/checkpoints/step_000020"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "config.json").write_text("{}")
+    (tmp_path / "runs/r/config.yaml").write_text("steps: 1\n")
+    with pytest.raises(ModelLoadError, match=r"no such model directory: models/bord \(read as a path, not a Hub id: "
+                                             r"models/ is a directory here\); models in models: models/board$"):
+        load_policy("models/bord", device="cpu")
+    with pytest.raises(ModelLoadError, match=r"runs/r is a directory without a model \(no config.json\); models in "
+                                             r"it: runs/r/final, runs/r/checkpoints/step_000020$"):
+        load_policy("runs/r", device="cpu")
+    with pytest.raises(ModelLoadError, match="runs/r/config.yaml is a file, not a model directory"):
+        load_policy("runs/r/config.yaml", device="cpu")
+    with pytest.raises(ModelLoadError, match=r"no such model directory: \S*nope/model \(not a Hub id"):
         load_policy(str(tmp_path / "nope" / "model"), device="cpu")
+    assert local_model_problem("jrahn/RookWorld-LM-124M") is None and local_model_problem("gpt2") is None
+    assert local_model_problem("models/board") is None
+    # each command says it in one line, no traceback
+    for argv in (["train", "--model", "models/bord", "--steps", "1", "--output-dir", "out"],
+                 ["train", "--model", "models/bord", "--dry-run", "--data", "data/eval.jsonl.gz"],
+                 ["match", "models/bord", "random", "--games", "2", "--quiet"],
+                 ["eval", "--model", "models/bord", "--data", "data/eval.jsonl.gz", "--limit", "1"]):
+        assert main(argv) == 1, argv
+        said = capsys.readouterr()
+        assert "no such model directory: models/bord" in said.out + said.err and "Traceback" not in said.err, argv
 
 
 def test_pad_puts_each_row_flush_left_or_right_with_its_mask():

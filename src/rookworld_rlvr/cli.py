@@ -306,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # user-facing errors: one clear line, no traceback, unless asked
         from rookworld_rlvr.data.io import DataError
         from rookworld_rlvr.engine import EngineError, StockfishNotFound
+        from rookworld_rlvr.model.load import ModelLoadError
 
-        if isinstance(e, (DataError, StockfishNotFound, EngineError, ValueError, FileNotFoundError)) and \
+        if isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, ValueError, FileNotFoundError)) and \
                 not getattr(args, "traceback", False):
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -327,7 +327,7 @@ def _started(spec: str, args: argparse.Namespace, seed: int) -> Player:
 
     try:
         return make_player(spec, args, seed)
-    except (*ENGINE_FAILURES, ModelLoadError) as e:
+    except (*ENGINE_FAILURES, ModelLoadError, OSError) as e:  # OSError: a Hub id that could not be fetched
         raise ValueError(f"player {spec!r} did not start: {type(e).__name__}: {str(e) or 'no answer in time'}") from None
 
 

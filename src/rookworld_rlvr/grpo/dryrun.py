@@ -89,18 +89,17 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         kinds = "" if name == "strength_data" else " (" + ", ".join(
             f"{k} {sum(p.kind == k for p in rows)}" for k in sorted({p.kind for p in rows})) + ")"
         out(f"{name}: {path}: {len(rows)} {'positions' if name == 'strength_data' else 'puzzles'}{kinds}")
+    from rookworld_rlvr.model.load import local_model_problem
+
     model = Path(cfg.model)
-    if model.exists():
-        if not (model / "config.json").exists():
-            problems.append(f"model: {cfg.model} is a directory without config.json")
-        else:
-            cfg_json = json.loads((model / "config.json").read_text())
-            out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "
-                f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
-    elif cfg.model.count("/") == 1 and not cfg.model.startswith((".", "/")):
-        out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
+    if problem := local_model_problem(cfg.model):
+        problems.append(f"model: {problem}")
+    elif model.is_dir():
+        cfg_json = json.loads((model / "config.json").read_text())
+        out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "
+            f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
     else:
-        problems.append(f"model: {cfg.model}: no such directory")
+        out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
     for line in plan(cfg):
         out(line)
     if problems:

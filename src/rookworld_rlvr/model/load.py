@@ -156,6 +156,38 @@ def fuse_activations(model: torch.nn.Module) -> int:
     return swapped
 
 
+def _models_in(directory: Path) -> str:
+    """The model directories (with a config.json) one level below `directory`, then two, for a
+    message: at most four named, then how many more."""
+    found = [str(c.parent) for depth in ("*/config.json", "*/*/config.json")
+             for c in sorted(directory.glob(depth)) if not any(p.startswith(".") for p in c.parent.parts[-2:])]
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+
+
+def local_model_problem(name_or_path: str) -> str | None:
+    """Why `name_or_path` is neither a model directory nor a Hub id, or None. Hub ids are "name" or
+    "owner/name"; a name whose first part is a directory here is a path (a typo'd local path must
+    not wait on the Hub, offline for a minute of retries, to say so)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        inside = _models_in(path)
+        return f"{name_or_path} is a directory without a model (no config.json)" + (
+            f"; models in it: {inside}" if inside else "")
+    if path.exists():
+        return f"{name_or_path} is a file, not a model directory"
+    parts = name_or_path.split("/")
+    if name_or_path.startswith((".", "/", "~")) or len(parts) > 2:
+        why = "not a Hub id like owner/name either"
+    elif len(parts) == 2 and Path(parts[0]).is_dir():
+        why = f"read as a path, not a Hub id: {parts[0]}/ is a directory here"
+    else:
+        return None
+    inside = _models_in(path.parent) if path.parent.is_dir() and str(path.parent) != "." else ""
+    return f"no such model directory: {name_or_path} ({why})" + (f"; models in {path.parent}: {inside}" if inside else "")
+
+
 def load_policy(
     name_or_path: str,
     *,
@@ -170,12 +202,10 @@ def load_policy(
     the tokenizer pads on the left with eos as pad. Raises ModelLoadError when any
     weight is missing, unexpected or mis-shaped.
     """
+    if problem := local_model_problem(name_or_path):
+        raise ModelLoadError(problem)
     path = Path(name_or_path).expanduser()
     is_local = path.is_dir()
-    # Hub ids are "name" or "owner/name"; anything else that is not a directory is a typo'd path.
-    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-    if not is_local and (looks_like_path or path.exists()):
-        raise ModelLoadError(f"{name_or_path!r} is not a model directory (and not a Hub id like owner/name)")
     source = str(path.resolve()) if is_local else name_or_path
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
