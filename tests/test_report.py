@@ -230,10 +230,12 @@ def test_a_run_is_judged_against_its_control(tmp_path, capsys):
 def test_missing_metrics_names_the_path(tmp_path, capsys):
     empty = tmp_path / "not-a-run"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=str(empty / "metrics.jsonl")):
+    with pytest.raises(FileNotFoundError, match=f"{empty}: no metrics.jsonl"):
         write_report([str(empty)])
     assert main(["report", str(empty)]) == 1
-    assert str(empty / "metrics.jsonl") in capsys.readouterr().err
+    assert f"{empty}: no metrics.jsonl (not a training run directory?)" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "no-run")]) == 1  # a typo: the directory, not a file in it
+    assert f"error: {tmp_path / 'no-run'}: no such run directory\n" == capsys.readouterr().err
 
 
 def test_undrawable_fen_leaves_out_only_the_board():

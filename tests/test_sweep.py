@@ -202,6 +202,9 @@ def test_unknown_or_invalid_params_are_clear_errors_naming_the_file(tmp_path, ca
         run_sweep(write_space(tmp_path / "v.yaml", params={"group_size": {"choices": [1, 4]}}), out=tmp_path / "v",
                   log=QUIET)
     assert not (tmp_path / "v").exists()
+    typo = write_space(tmp_path / "m.yaml", base={"model": str(tmp_path / "no-model")}, params={"lr": {"choices": [1e-5]}})
+    assert sweep_main(["--space", str(typo), "--out", str(tmp_path / "m"), "--dry-run"]) == 1
+    assert f"problem: model: no such model directory: {tmp_path / 'no-model'}" in capsys.readouterr().out
 
 
 def test_the_stability_preset_covers_every_value_in_at_least_24_valid_configurations(monkeypatch):

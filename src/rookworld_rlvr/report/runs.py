@@ -87,8 +87,9 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     path = Path(path)
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.is_file():
-        what = "no such directory" if not path.is_dir() else "no metrics.jsonl (not a training run directory?)"
-        raise FileNotFoundError(f"{metrics_path}: {what}")
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such run directory")
+        raise FileNotFoundError(f"{path}: no metrics.jsonl (not a training run directory?)")
     return Run(path=path, name=name or path.resolve().name, metrics=_read_jsonl(metrics_path),
                evals=_read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
                summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"),

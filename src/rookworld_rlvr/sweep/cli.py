@@ -44,9 +44,10 @@ def dry_run(space, config, base, kind, target, out: Path, log=print) -> int:
     for what, p in (("data", cfg.data), ("anchor_data", cfg.anchor_data), ("eval_data", cfg.eval_data)):
         if p and not Path(p).exists():
             problems.append(f"{what}: {p}: no such file")
-    model = Path(cfg.model)
-    if not model.exists() and (cfg.model.startswith((".", "/")) or model.parent.is_dir()):
-        problems.append(f"model: {cfg.model}: no such directory")
+    from rookworld_rlvr.model.load import local_model_problem
+
+    if problem := local_model_problem(cfg.model):
+        problems.append(f"model: {problem}")
     for p in problems:
         log(f"problem: {p}")
     log("dry run: ok" if not problems else f"dry run: {len(problems)} problem(s)")
