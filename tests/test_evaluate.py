@@ -403,3 +403,6 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--device", "tpu"])
     err = capsys.readouterr().err
     assert rc == 1 and "cannot load model" in err and "unknown device 'tpu'" in err
+    rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--limit", "0"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"--limit 0 takes no sample of {data_file}, and no other set was asked for" in err

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace, name: str) -> int:
     if not ok:
         return 1
     if not samples and not args.puzzles and not args.strength and not args.selfplay:
-        return _fail(f"no samples in {args.data}")
+        took = f"--limit 0 takes no sample of {args.data}" if args.limit == 0 else f"no samples in {args.data}"
+        return _fail(f"{took}, and no other set was asked for (--strength, --puzzles, --selfplay)")
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
 
     judged = puzzles = None
