@@ -184,7 +184,8 @@ def local_model_problem(name_or_path: str) -> str | None:
         why = f"read as a path, not a Hub id: {parts[0]}/ is a directory here"
     else:
         return None
-    inside = _models_in(path.parent) if path.parent.is_dir() and str(path.parent) != "." else ""
+    listed = path.parent.is_dir() and str(path.parent) != "." and path.parent != path.parent.parent  # not "/"
+    inside = _models_in(path.parent) if listed else ""
     return f"no such model directory: {name_or_path} ({why})" + (f"; models in {path.parent}: {inside}" if inside else "")
 
 
