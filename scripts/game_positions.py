@@ -9,9 +9,10 @@
 about 11 plies, so a match measures legality in early game positions. This script makes openings
 the way `rookworld data openings` does (4 to 10 plies of Stockfish's top-5 moves at random), but on
 the training side of the FEN-hash split; the model plays each greedily against itself, and every
-position of every game is kept (with `--last N`, each game's last N: where it was decided), the one
-where it ended included (where the illegal move was written): on the training side, not game over, and none a position of a held-out file
-(`scripts/held_out.sh`, compared without the move clocks). `data generate --positions` then labels
+position of every game is kept (with `--last N`, each game's last N: where it was decided; with
+`--but-last N`, the others), the one where it ended included (where the illegal move was written):
+on the training side, not game over, and none a position of a held-out file (`scripts/held_out.sh`)
+or of an `--exclude` file (compared without the move clocks). `data generate --positions` then labels
 them with Stockfish. One FEN a line, in the order the games reached them.
 """
 
@@ -39,9 +40,14 @@ def held_out_positions() -> set[str]:
     return {board_key(f) for f in positions_of_files([REPO / n for n in names])}
 
 
-def game_positions(games, held: set[str], last: int = 0) -> list[str]:
-    """Every position of the games (or each game's `last` ones; 0 = all), the last one included, kept
-    as the docstring says, in order, once each."""
+def listed_positions(paths: list[Path]) -> set[str]:
+    """The positions of FEN files (one a line), without their move clocks: what --exclude leaves out."""
+    return {board_key(f) for path in paths for f in path.read_text().split("\n") if f.strip()}
+
+
+def game_positions(games, held: set[str], last: int = 0, but_last: int = 0) -> list[str]:
+    """Every position of the games (or each game's `last` ones; 0 = all; then without its `but_last`
+    ones), the last one included, kept as the docstring says, in order, once each."""
     found: dict[str, None] = {}
     for game in games:
         board = game.board.root()
@@ -50,7 +56,8 @@ def game_positions(games, held: set[str], last: int = 0) -> list[str]:
             fens.append(fen_of(board))
             board.push(move)
         fens.append(fen_of(board))
-        found.update(dict.fromkeys(fens[-last:] if last else fens))
+        fens = fens[-last:] if last else fens
+        found.update(dict.fromkeys(fens[:-but_last] if but_last else fens))
     return [f for f in found if not is_eval_fen(f, EVAL_PERMILLE) and board_key(f) not in held
             and not chess.Board(f).is_game_over()]
 
@@ -62,17 +69,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--depth", type=int, default=8, help="Stockfish depth that picks the opening moves")
     ap.add_argument("--last", type=int, default=0, help="keep each game's last N positions (0 = all)")
+    ap.add_argument("--but-last", type=int, default=0, help="leave out each game's last N positions")
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="a file of FENs (one a line) to leave out, as the held-out ones are; repeatable")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
     from rookworld_rlvr.model import load_policy
 
     held = held_out_positions()
+    held |= listed_positions(args.exclude)
     starts = openings(args.openings, args.seed, args.depth, None, EVAL_PERMILLE, max_eval=None, side="train",
                       exclude=held)  # made as the held-out openings are, on the training side
     model, tok = load_policy(args.model, device="cpu", verbose=False)
     result = play_match(ModelPlayer(model, tok, "white"), ModelPlayer(model, tok, "black"), starts, progress=False)
     games = result.games[::2]  # a greedy game's colour-swapped twin is the same game
-    fens = game_positions(games, held, args.last)
+    fens = game_positions(games, held, args.last, args.but_last)
     ends: dict[str, int] = {}
     for g in games:
         ends[g.termination] = ends.get(g.termination, 0) + 1

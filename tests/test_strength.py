@@ -237,7 +237,7 @@ def test_king_positions_keeps_the_a_rows_and_the_positions_in_check_or_where_a_k
         assert anchor.read_text() == rows, keep
 
 
-def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_training_side_only():
+def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_training_side_only(tmp_path):
     """scripts/game_positions.py, whose prompts docs/grpo-experiments.md trains on: each position of a game
     once, in order, the last one (where an illegal move ended it) included, as the data writes FENs (the
     en-passant square after every double step); never a held-out position, an eval-side one or a game over."""
@@ -273,6 +273,13 @@ def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_
     assert kept == every[:2] + every[3:]  # the last position included (all of them on the training side)
     # each game's last 2 (--last 2): the first game's, then the second's but the held-out one
     assert gp.game_positions([game(line), game("e2e4 e7e5 g1f3")], held, last=2) == every[5:7] + every[3:4]
+    # --but-last 2: the others; with --last 4, the first two of each game's last four
+    assert gp.game_positions([game(line)], held, but_last=2) == every[:2] + every[3:5]
+    assert gp.game_positions([game(line)], set(), last=4, but_last=2) == every[3:5]
+    # --exclude FILE: its positions left out as the held-out ones are, whatever their move clocks
+    listed = tmp_path / "seen.txt"
+    listed.write_text(every[4].rsplit(" ", 2)[0] + " 7 30\n\n")
+    assert gp.game_positions([game(line)], gp.listed_positions([listed]), last=4) == [every[3]] + every[5:]
     eval_side = fens("g1f3 c7c6")
     assert [is_eval_fen(f, gp.EVAL_PERMILLE) for f in eval_side] == [False, False, True]
     assert gp.game_positions([game("g1f3 c7c6")], set()) == eval_side[:2]
