@@ -404,6 +404,9 @@ def test_a_mistyped_model_path_is_named_with_the_models_beside_it_before_any_hub
         load_policy(str(tmp_path / "nope" / "model"), device="cpu")
     assert local_model_problem("jrahn/RookWorld-LM-124M") is None and local_model_problem("gpt2") is None
     assert local_model_problem("models/board") is None
+    (tmp_path / "models/adapter").mkdir()
+    (tmp_path / "models/adapter/adapter_config.json").write_text("{}")
+    assert local_model_problem("models/adapter") is None  # a PEFT adapter: transformers loads its base with it
     # each command says it in one line, no traceback
     for argv in (["train", "--model", "models/bord", "--steps", "1", "--output-dir", "out"],
                  ["train", "--model", "models/bord", "--dry-run", "--data", "data/eval.jsonl.gz"],

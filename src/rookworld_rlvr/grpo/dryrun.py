@@ -94,6 +94,8 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     model = Path(cfg.model)
     if problem := local_model_problem(cfg.model):
         problems.append(f"model: {problem}")
+    elif (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
+        out(f"model: {cfg.model} (a PEFT adapter: its base model loads with it)")
     elif model.is_dir():
         cfg_json = json.loads((model / "config.json").read_text())
         out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "

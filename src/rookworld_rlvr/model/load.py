@@ -170,7 +170,7 @@ def local_model_problem(name_or_path: str) -> str | None:
     not wait on the Hub, offline for a minute of retries, to say so)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():  # a model, or a PEFT adapter
             return None
         inside = _models_in(path)
         return f"{name_or_path} is a directory without a model (no config.json)" + (
