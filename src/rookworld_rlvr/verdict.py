@@ -79,11 +79,19 @@ def get(result: dict | None, key: str) -> Any:
     return node
 
 
+def _score_test_interval(score: float, draw_share: float, n: int) -> tuple[float, float]:
+    """The true scores q with (score - q)^2 <= Z95^2 (q (1 - q) - draw_share / 4) / n: Wilson's test
+    inverted, a game's variance at q with a share `draw_share` of draws (0: a share of n items)."""
+    k = Z95 ** 2 / n
+    a, b, c = 1 + k, -(2 * score + k), score * score + k * draw_share / 4
+    half = math.sqrt(max(0.0, b * b - 4 * a * c)) / (2 * a)
+    centre = -b / (2 * a)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def wilson(p: float, n: int) -> tuple[float, float]:
     """Wilson's 95% interval of a share p observed on n items."""
-    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return _score_test_interval(p, 0.0, n)
 
 
 def score_interval(score: float, draw_share: float, n: int) -> tuple[float, float]:
@@ -92,13 +100,7 @@ def score_interval(score: float, draw_share: float, n: int) -> tuple[float, floa
     (the draws held at their observed share). Without draws it is Wilson's interval; unlike the
     normal approximation it stays honest near a sweep (8 wins in 10 is no proof of the better side).
     Every game drawn leaves no variance to invert, so that case is Wilson's at the score."""
-    if draw_share >= 1.0:
-        return wilson(score, n)
-    k = Z95 ** 2 / n  # the roots of (score - q)^2 = k (q (1 - q) - draw_share / 4)
-    a, b, c = 1 + k, -(2 * score + k), score * score + k * draw_share / 4
-    half = math.sqrt(max(0.0, b * b - 4 * a * c)) / (2 * a)
-    centre = -b / (2 * a)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return wilson(score, n) if draw_share >= 1.0 else _score_test_interval(score, draw_share, n)
 
 
 def interval(result: dict | None, h: Headline) -> tuple[float, float] | None:
