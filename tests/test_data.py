@@ -389,13 +389,14 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     assert proc.returncode == 2 and f"--known {tmp_path / 'gone.jsonl'}: no such file" in proc.stderr
 
 
-def test_openings_fall_on_the_side_of_the_split_asked_for(stockfish_path):
+def test_openings_fall_on_the_side_of_the_split_asked_for(stockfish_path, tmp_path):
     """`data openings` (held-out, balanced) and scripts/game_positions.py's training-side openings: one
     function, the side and the balance check apart; an excluded position is never one of them."""
     import chess
 
     from rookworld_rlvr.data.generate import is_eval_fen
     from rookworld_rlvr.data.judged import board_key, openings
+    from rookworld_rlvr.play import read_openings
 
     held = openings(3, 0, 5, None)
     assert len(set(held)) == 3 and all(is_eval_fen(f, 40) and not chess.Board(f).is_game_over() for f in held)
@@ -403,6 +404,15 @@ def test_openings_fall_on_the_side_of_the_split_asked_for(stockfish_path):
     assert len(set(train)) == 6 and not any(is_eval_fen(f, 40) for f in train)
     again = openings(6, 0, 5, None, max_eval=None, side="train", exclude=train[:1])
     assert board_key(train[0]) not in {board_key(f) for f in again} and again[:5] == train[1:]
+    # `rookworld data openings --exclude`: openings no earlier match used, the others in the order they came
+    first, excluded = tmp_path / "first.txt", tmp_path / "excluded.txt"
+    args = ["data", "openings", "--n", "3", "--seed", "0", "--depth", "5", "--cache", str(tmp_path / "cache.sqlite")]
+    assert main([*args, "--out", str(first)]) == 0
+    excluded.write_text(first.read_text().split("\n", 2)[1] + "\n")  # below the header: the first opening
+    out = tmp_path / "fresh.txt"
+    assert main([*args, "--exclude", str(excluded), "--out", str(out)]) == 0
+    fresh, before = read_openings(out), read_openings(first)
+    assert before == held and len(fresh) == 3 and fresh[:2] == held[1:] and held[0] not in fresh
 
 
 def test_positions_of_reads_the_match_openings():

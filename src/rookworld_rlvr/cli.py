@@ -93,9 +93,9 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if args.data_cmd == "openings":
         from rookworld_rlvr.data.io import atomic_write_text
-        from rookworld_rlvr.data.judged import openings
+        from rookworld_rlvr.data.judged import openings, positions_of_files
 
-        fens = openings(args.n, args.seed, args.depth, args.cache)
+        fens = openings(args.n, args.seed, args.depth, args.cache, exclude=positions_of_files(args.exclude))
         atomic_write_text(args.out, ["# held-out openings for `rookworld match` (rookworld data openings)\n"] +
                           [f + "\n" for f in fens])
         print(json.dumps({"openings": len(fens), "out": args.out}))
@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--depth", type=int, default=6, help="Stockfish depth that picks the moves and checks balance")
     o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
+    o.add_argument("--exclude", nargs="*", default=[], metavar="FILE", help="leave out the positions of these files "
+                   "(openings, FEN lists, samples, puzzles; without the move clocks): openings no earlier match used")
     m = dsub.add_parser("merge", help="sample files -> one shuffled training set, each prompt once (the first "
                                       "file's sample wins)")
     m.add_argument("sources", nargs="+", help="our JSONL(.gz/.xz) files, in order of precedence")
