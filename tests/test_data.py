@@ -582,3 +582,30 @@ def test_the_gpu_recipes_training_mates_are_training_positions_and_none_held_out
     assert not {board_key(f) for f in fens} & held_out
     assert {f for f in shipped if board_key(f) not in held_out} <= set(fens)
     assert len([f for f in shipped if board_key(f) in held_out]) == 23
+
+
+def test_the_game_positions_preset_trains_on_training_positions_of_the_bases_games():
+    """configs/game-positions.yaml: its prompts (data/game_positions.jsonl.xz, the last four positions of the base's
+    own greedy games, labelled by Stockfish) are training-side positions, each FEN once, none (move clocks aside) a
+    position of a held-out file, each with five legal candidates (fewer where fewer are legal) and a legal best move; its anchor is the shipped
+    training set, as make train's, and every file it names is shipped."""
+    import chess
+
+    from conftest import REPO
+    from rookworld_rlvr.config import load_config
+    from rookworld_rlvr.data.generate import is_eval_fen
+    from rookworld_rlvr.data.judged import board_key, positions_of_files
+
+    cfg = load_config(str(REPO / "configs" / "game-positions.yaml"))
+    assert cfg.data == "data/game_positions.jsonl.xz" and cfg.check_share is None
+    assert cfg.anchor_data == "data/train.jsonl.xz"
+    assert all((REPO / f).is_file() for f in (cfg.data, cfg.anchor_data, cfg.eval_data, cfg.puzzle_data))
+    rows = read_samples(REPO / cfg.data)
+    fens = [s.truth.fen for s in rows]
+    assert len(rows) == 4055 and {s.task for s in rows} == {"P"} and len(set(fens)) == len(fens)
+    assert not any(is_eval_fen(f, 40) for f in fens)
+    assert not {board_key(f) for f in fens} & {board_key(f) for f in positions_of_files(held_out_files())}
+    for s in rows:
+        board = chess.Board(s.truth.fen)
+        assert len(s.truth.moves) == min(5, board.legal_moves.count())  # fewer where fewer moves are legal
+        assert all(chess.Move.from_uci(m) in board.legal_moves for m in s.truth.moves + s.truth.best)
