@@ -41,8 +41,9 @@ def held_out_positions() -> set[str]:
 
 
 def listed_positions(paths: list[Path]) -> set[str]:
-    """The positions of FEN files (one a line), without their move clocks: what --exclude leaves out."""
-    return {board_key(f) for path in paths for f in path.read_text().split("\n") if f.strip()}
+    """The positions of the files (FEN lists, openings, samples, puzzles: `positions_of_files`), without
+    their move clocks: what --exclude leaves out."""
+    return {board_key(f) for f in positions_of_files(paths)}
 
 
 def game_positions(games, held: set[str], last: int = 0, but_last: int = 0) -> list[str]:
@@ -71,7 +72,8 @@ def main() -> None:
     ap.add_argument("--last", type=int, default=0, help="keep each game's last N positions (0 = all)")
     ap.add_argument("--but-last", type=int, default=0, help="leave out each game's last N positions")
     ap.add_argument("--exclude", type=Path, action="append", default=[],
-                    help="a file of FENs (one a line) to leave out, as the held-out ones are; repeatable")
+                    help="a file of positions to leave out, as the held-out ones are (FENs one a line, openings, "
+                    "samples, puzzles); repeatable")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
     from rookworld_rlvr.model import load_policy
