@@ -587,8 +587,8 @@ def test_the_gpu_recipes_training_mates_are_training_positions_and_none_held_out
 def test_the_game_positions_preset_trains_on_training_positions_of_the_bases_games():
     """configs/game-positions.yaml: its prompts (data/game_positions.jsonl.xz, the last four positions of the base's
     own greedy games, labelled by Stockfish) are training-side positions, each FEN once, none (move clocks aside) a
-    position of a held-out file, each with five legal candidates (fewer where fewer are legal) and a legal best move; its anchor is the shipped
-    training set, as make train's, and every file it names is shipped."""
+    position of a held-out file, each with five legal candidates (fewer where fewer are legal) and a legal best move; it trains without an anchor
+    of true answers (the base is its control), and every file it names is shipped."""
     import chess
 
     from conftest import REPO
@@ -598,8 +598,8 @@ def test_the_game_positions_preset_trains_on_training_positions_of_the_bases_gam
 
     cfg = load_config(str(REPO / "configs" / "game-positions.yaml"))
     assert cfg.data == "data/game_positions.jsonl.xz" and cfg.check_share is None
-    assert cfg.anchor_data == "data/train.jsonl.xz"
-    assert all((REPO / f).is_file() for f in (cfg.data, cfg.anchor_data, cfg.eval_data, cfg.puzzle_data))
+    assert cfg.anchor_coef == 0 and cfg.anchor_data is None
+    assert all((REPO / f).is_file() for f in (cfg.data, cfg.eval_data, cfg.puzzle_data))
     rows = read_samples(REPO / cfg.data)
     fens = [s.truth.fen for s in rows]
     assert len(rows) == 4055 and {s.task for s in rows} == {"P"} and len(set(fens)) == len(fens)
