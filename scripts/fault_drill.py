@@ -81,7 +81,10 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool
             "--history-eval-data", "", "--strength-data", "", "--puzzle-eval-data", "",
             "--steps", "4" if smoke else "12", "--batch-positions", "2", "--group-size", "4",
             "--anchor-batch", "4", "--eval-every", "2" if smoke else "4", "--save-every", "2", "--keep-last", "2",
-            "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out)]
+            "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out),
+            # float32, not auto: auto times a bf16 product at each start, and a busy CPU can read it slow, so two
+            # runs compared bit for bit could differ in precision (a resume keeps its run's choice; a new run not)
+            "--backward-dtype", "float32"]
 
 
 def ddp_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool = False) -> list[str]:
