@@ -787,7 +787,6 @@ def test_filter_logits():
     assert torch.equal(filter_logits(logits), logits)
 
 
-@pytest.mark.slow
 def test_draw_samples_each_row_from_its_distribution_and_never_a_filtered_token():
     """The sampler's inverse-CDF draw: token frequencies within 5 standard errors of each row's
     probabilities (filtered tokens first, in the middle and last; a one-hot row; a row spread over
@@ -814,11 +813,11 @@ def test_draw_samples_each_row_from_its_distribution_and_never_a_filtered_token(
     big = torch.zeros(3, 50257)
     big[0, [0, 50256]] = 0.5  # the first and the last token only
     big[1, 50256] = 1.0
-    big[2] = torch.randn(50257, generator=torch.Generator().manual_seed(0)).mul(4).softmax(-1)
+    big[2] = torch.randn(50257, generator=torch.Generator().manual_seed(0)).softmax(-1)
     big[2, ::2] = 0.0  # every even token filtered out of a spread row (not renormalised: the draw scales u)
-    tokens = draw(big.repeat_interleave(2_000, 0), torch.Generator().manual_seed(3)).view(3, -1)
+    tokens = draw(big.repeat_interleave(500, 0), torch.Generator().manual_seed(3)).view(3, -1)
     assert set(tokens[0].tolist()) == {0, 50256} and (tokens[1] == 50256).all()
-    assert (tokens[2] % 2 == 1).all() and len(set(tokens[2].tolist())) > 100
+    assert (tokens[2] % 2 == 1).all() and len(set(tokens[2].tolist())) > 400  # ~25k odd tokens alike: few repeats
 
 
 def test_packed_projections_score_like_the_modules_and_hand_them_back(rig):
