@@ -290,23 +290,43 @@ def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_
 
 
 def test_mating_moves_are_every_legal_move_that_mates_at_once():
-    """The fast search (one board, checking moves alone) finds what playing every legal move finds: on the
-    shipped training mates, training positions without one, two promotions that both mate, a bad FEN."""
+    """The fast search (one board; only moves that may give check, by bitboards, are played) finds what
+    playing every legal move finds: on the shipped training mates, training positions without one, the
+    positions of random games (castling, en passant and promotions on the way), mates by castling, by en
+    passant, by a king that uncovers a slider and by a rook along the edge, two promotions that both mate,
+    a bad FEN."""
     import gzip
     import json
     import lzma
+    import random
 
     from conftest import REPO
 
     def every_mate(fen: str) -> list[str]:  # every legal move played
-        return sorted(m for m in S.legal_moves(fen) if S.mates(fen, m))
+        board, found = chess.Board(fen), []
+        for move in board.legal_moves:
+            board.push(move)
+            found += [move.uci()] if board.is_checkmate() else []
+            board.pop()
+        return sorted(found)
 
     with gzip.open(REPO / "data/puzzles_train.jsonl.gz", "rt") as f:
         mates = [json.loads(line)["fen"] for _, line in zip(range(300), f)]
     with lzma.open(REPO / "data/train.jsonl.xz", "rt") as f:
         others = [json.loads(line)["truth"]["fen"] for _, line in zip(range(600), f)]
-    for fen in mates + others:
+    rng, played = random.Random(0), []
+    for _ in range(15):
+        board = chess.Board()
+        while len(board.move_stack) < 150 and not board.is_game_over():
+            board.push(rng.choice(list(board.legal_moves)))
+            played.append(board.fen())
+    for fen in mates + others + played:
         assert S.mating_moves(fen) == every_mate(fen), fen
     assert all(S.mating_moves(f) for f in mates) and sum(map(bool, map(S.mating_moves, others))) < 60
     assert S.mating_moves("7k/4P3/6K1/8/8/8/8/8 w - - 0 1") == ["e7e8q", "e7e8r"]
+    for fen, mate in (("1nb4N/r3n1p1/pq3p2/1pp1p2p/1P1k1PP1/4p2P/P1Q1P1R1/R3KB2 w Q - 0 31", "e1c1"),
+                      ("rn2k1nr/p2p3p/b1p2pp1/2b3N1/1pPPp1P1/1N2P3/PP1BKPB1/1R1Q3q b kq c3 0 17", "b4c3"),
+                      ("4q3/r3Nkr1/p1pp3B/4Q3/P7/3P4/1P3KBR/5RN1 w - - 3 36", "f2e3"),
+                      ("8/8/8/5k1K/8/8/4p1q1/8 b - - 17 73", "g2h1")):
+        assert mate in S.mating_moves(fen) and S.mating_moves(fen) == every_mate(fen), fen
     assert S.mating_moves("not a fen") == []

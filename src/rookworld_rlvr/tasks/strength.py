@@ -117,21 +117,50 @@ def mates(fen: str, move: str) -> bool:
     return board.is_checkmate()
 
 
-def mating_moves(fen: str) -> list[str]:
-    """Every move that checkmates at once, sorted. One board, and only checking moves are played: this runs
-    on every training position (`data judge`) and every puzzle read (their solutions are checked)."""
-    try:
-        board = chess.Board(fen)
-    except ValueError:
-        return []
-    found = []
-    for move in board.legal_moves:
-        if board.gives_check(move):
+def mating_moves(position: str | chess.Board, moves: Iterable[chess.Move] | None = None) -> list[str]:
+    """Every move that checkmates at once (among `moves`, default every legal move), sorted. Only a move
+    that may give check (`_checking_squares`) is played out: this runs on every training position (`data
+    judge`) and every puzzle read (their solutions are checked), and reading the GPU recipe's 19,576 mates
+    took 7.7 s on 2 CPU cores playing every legal move, 3.9 s so."""
+    if isinstance(position, str):
+        try:
+            position = chess.Board(position)
+        except ValueError:
+            return []
+    board, found = position.copy(stack=False), []
+    uncover, reach = _checking_squares(board)
+    for move in board.legal_moves if moves is None else moves:
+        if (chess.BB_SQUARES[move.from_square] & uncover or move.promotion
+                or reach[board.piece_type_at(move.from_square)] & chess.BB_SQUARES[move.to_square]):
             board.push(move)
             if board.is_checkmate():
                 found.append(move.uci())
             board.pop()
     return sorted(found)
+
+
+def _checking_squares(board: chess.Board) -> tuple[int, dict[int, int]]:
+    """Where a move of the side to move may give check, by bitboards that ignore what blocks a line: the
+    squares it may uncover a slider of its own from (between the other king and such a slider on its line),
+    and, for each piece type, the squares from which that piece attacks the king. A move neither from an
+    uncovering square nor to a reaching one gives no check. Castling and en passant move a second piece, so
+    every move of a king on its back rank while castling rights remain, and every pawn move where en
+    passant is possible, counts as uncovering; so does every move where the other king is missing."""
+    king = board.king(not board.turn)
+    if king is None:
+        return chess.BB_ALL, {}
+    diagonals = chess.BB_DIAG_ATTACKS[king][0]  # a bishop's and a rook's reach from the king on an empty board
+    lines = chess.BB_RANK_ATTACKS[king][0] | chess.BB_FILE_ATTACKS[king][0]
+    ours = board.occupied_co[board.turn]
+    uncover = board.kings & ours & (chess.BB_RANK_1 | chess.BB_RANK_8) if board.castling_rights else 0
+    if board.ep_square is not None:
+        uncover |= board.pawns & ours
+    for slider in chess.scan_forward(((board.bishops | board.queens) & ours & diagonals)
+                                     | ((board.rooks | board.queens) & ours & lines)):
+        uncover |= chess.between(king, slider)
+    return uncover, {chess.PAWN: chess.BB_PAWN_ATTACKS[not board.turn][king], chess.KING: 0,
+                     chess.KNIGHT: chess.BB_KNIGHT_ATTACKS[king], chess.BISHOP: diagonals, chess.ROOK: lines,
+                     chess.QUEEN: diagonals | lines}
 
 
 def best_of(moves: Sequence[str], evals: Sequence[float]) -> tuple[str, ...]:
@@ -196,11 +225,16 @@ class Puzzle:
         if kind not in PUZZLE_KINDS:
             raise ValueError(f"field 'kind' must be one of {PUZZLE_KINDS}, got {kind!r}")
         fen, solutions = d["fen"], tuple(d["solutions"])
-        legal = legal_moves(fen)
+        try:
+            board = chess.Board(fen)
+        except ValueError:
+            board = None
+        moves = list(board.legal_moves) if board else []
+        legal = {m.uci() for m in moves}
         if not solutions or not set(solutions) <= legal:
             raise ValueError(f"field 'solutions' must be legal moves of {fen!r}, got {list(solutions)}")
-        if kind == "mate1" and set(solutions) != set(mating_moves(fen)):
-            raise ValueError(f"field 'solutions' must be every mating move of {fen!r}: {mating_moves(fen)}")
+        if kind == "mate1" and set(solutions) != set(mates := mating_moves(board, moves)):
+            raise ValueError(f"field 'solutions' must be every mating move of {fen!r}: {mates}")
         if kind == "check" and (not chess.Board(fen).is_check() or set(solutions) != legal):
             raise ValueError(f"a check puzzle's side to move must be in check and its 'solutions' every legal move "
                              f"of {fen!r}")
