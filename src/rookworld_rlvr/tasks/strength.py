@@ -229,13 +229,13 @@ class Puzzle:
             board = chess.Board(fen)
         except ValueError:
             board = None
-        moves = list(board.legal_moves) if board else []
+        moves = list(board.legal_moves) if board is not None else []
         legal = {m.uci() for m in moves}
         if not solutions or not set(solutions) <= legal:
             raise ValueError(f"field 'solutions' must be legal moves of {fen!r}, got {list(solutions)}")
         if kind == "mate1" and set(solutions) != set(mates := mating_moves(board, moves)):
             raise ValueError(f"field 'solutions' must be every mating move of {fen!r}: {mates}")
-        if kind == "check" and (not chess.Board(fen).is_check() or set(solutions) != legal):
+        if kind == "check" and (not board.is_check() or set(solutions) != legal):
             raise ValueError(f"a check puzzle's side to move must be in check and its 'solutions' every legal move "
                              f"of {fen!r}")
         return cls(fen, solutions, kind)
