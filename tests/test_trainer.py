@@ -781,6 +781,34 @@ def test_check_share_draws_positions_in_check_beside_puzzles_and_resumes_exactly
         PromptSampler({"P": [s for s in pol if not in_check(s.fen)]}, seed=0, check_share=0.3)
 
 
+def test_positions_in_check_are_told_apart_in_forked_workers_as_in_one_process(monkeypatch):
+    """From PARALLEL_ROWS positions on (a GPU base's million P: rows), in_check_flags spreads them over forked
+    workers: the same flags in the same order, so `check_share`'s pools and the anchor's `out_of_check` rows
+    are those of one process."""
+    import lzma
+
+    from conftest import REPO
+    from rookworld_rlvr.data import io as data_io
+    from rookworld_rlvr.grpo import prompts
+    from rookworld_rlvr.grpo.prompts import PromptSampler, in_check_flags, out_of_check
+    from rookworld_rlvr.tasks.strength import in_check
+
+    with lzma.open(REPO / "data" / "train.jsonl.xz", "rt") as fh:
+        rows = [data_io.sample_from_row(json.loads(line)) for _, line in zip(range(6000), fh)]
+    pol = [s for s in rows if s.task == "P"]
+    serial = [in_check(s.fen) for s in pol]
+    assert 0 < sum(serial) < len(pol) and in_check_flags(pol) == serial  # under PARALLEL_ROWS: one process
+    forks = []
+    real = data_io.mp.get_context
+    monkeypatch.setattr(data_io.mp, "get_context", lambda method: forks.append(method) or real(method))
+    monkeypatch.setattr(data_io, "PARALLEL_ROWS", 1000)
+    monkeypatch.setattr(prompts.os, "cpu_count", lambda: 2)  # the default workers, on any machine
+    assert in_check_flags(pol, workers=2) == serial and forks == ["fork"]
+    assert out_of_check(pol) == [s for s, check in zip(pol, serial) if not check] and len(forks) == 2
+    split = PromptSampler({"P": pol}, seed=0, check_share=0.5).pools
+    assert split["P_check"] == [s for s, check in zip(pol, serial) if check] and len(forks) == 3
+
+
 def test_schedule_step_follows_the_larger_of_steps_and_time():
     from rookworld_rlvr.grpo.control import schedule_step
 

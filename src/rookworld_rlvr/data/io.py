@@ -234,6 +234,18 @@ def parse_lines(path: str | Path, lines: list[tuple[int, str]]) -> list[Sample]:
     return samples
 
 
+def forked_map(fn: Callable, items: list, workers: int) -> list:
+    """`fn` over `items` in `workers` forked processes, in order. Fork, as torch's own DataLoader workers: the
+    workers run python-chess alone, never torch, so a parent that has used torch (or CUDA) may fork them."""
+    with mp.get_context("fork").Pool(workers) as pool:
+        return pool.map(fn, items, chunksize=-(-len(items) // (workers * 4)) or 1)
+
+
+def can_fork(workers: int, n: int) -> bool:
+    """Whether `n` items are worth `workers` forked processes: from PARALLEL_ROWS on, where fork exists."""
+    return workers > 1 and n >= PARALLEL_ROWS and "fork" in mp.get_all_start_methods()
+
+
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
                  workers: int | None = None) -> list[Sample]:
     """Every sample of a file, as iter_samples gives them. Validating a row costs ~0.1 ms (python-chess
@@ -244,14 +256,10 @@ def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     report = report if report is not None else ReadReport()
     workers = workers or min(8, os.cpu_count() or 1)
     lines = list(data_lines(path))
-    parallel = workers > 1 and len(lines) >= PARALLEL_ROWS and "fork" in mp.get_all_start_methods()
+    parallel = can_fork(workers, len(lines))
     size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
     chunks = [(path, is_jsonl(path), skip_invalid, lines[i:i + size]) for i in range(0, len(lines), size)]
-    if parallel:  # fork: the workers run python-chess alone, never torch (as torch's own DataLoader workers)
-        with mp.get_context("fork").Pool(workers) as pool:
-            parts = pool.map(_parse_chunk, chunks)
-    else:
-        parts = [_parse_chunk(c) for c in chunks]
+    parts = forked_map(_parse_chunk, chunks, workers) if parallel else [_parse_chunk(c) for c in chunks]
     samples: list[Sample] = []
     for part, counts, error in parts:
         report.read += counts.read

@@ -11,6 +11,9 @@ import copy
 import math
 import random
 
+import os
+
+from rookworld_rlvr.data.io import can_fork, forked_map
 from rookworld_rlvr.tasks.strength import in_check
 
 
@@ -19,9 +22,18 @@ def split_tasks(samples) -> dict[str, list]:
     return {t: [s for s in samples if s.task == t] for t in ("P", "A")}
 
 
+def in_check_flags(samples, workers: int | None = None) -> list[bool]:
+    """Whether each P: sample's position is in check, in order. python-chess parses each FEN (about 35 us),
+    so a GPU base's million positions (`check_share` and the anchor's `out_of_check` each ask) are spread
+    over `workers` forked processes (default: the cores, at most 8), as `read_samples` spreads its rows."""
+    fens = [s.truth.fen for s in samples]
+    workers = workers or min(8, os.cpu_count() or 1)
+    return forked_map(in_check, fens, workers) if can_fork(workers, len(fens)) else [in_check(f) for f in fens]
+
+
 def out_of_check(samples) -> list:
     """The P: samples whose position is not in check, in order."""
-    return [s for s in samples if not in_check(s.truth.fen)]
+    return [s for s, check in zip(samples, in_check_flags(samples)) if not check]
 
 
 def ends_game(sample) -> bool:
@@ -48,14 +60,14 @@ class PromptSampler:
         self.puzzle_share = puzzle_share
         self.check_share = check_share
         if check_share is not None:
-            self._split("P", "P_check", check_share, lambda x: in_check(x.truth.fen),
+            self._split("P", "P_check", check_share, in_check_flags,
                         f"check_share is {check_share} but no P: position of the training data is in check: set it "
                         "to null", f"check_share is {check_share} but every P: position of the training data is in "
                         "check: set it to 1 or null")
         if puzzle_share > 0 and not self.pools.get("P_puzzle"):
             raise ValueError(f"mix_puzzle_ratio is {puzzle_share} but there are no training puzzles: set puzzle_data")
         if terminal_share is not None:
-            self._split("A", "A_end", terminal_share, ends_game,
+            self._split("A", "A_end", terminal_share, lambda rows: [ends_game(x) for x in rows],
                         f"env_terminal_share is {terminal_share} but the training data has no game-ending A: "
                         "transitions (terminated or truncated): set it to null",
                         f"env_terminal_share is {terminal_share} but every A: transition of the training data ends "
@@ -70,10 +82,10 @@ class PromptSampler:
         self._perm: dict[str, tuple[int, list[int]]] = {}
 
     def _split(self, task: str, other: str, share: float, belongs, if_none: str, if_all: str) -> None:
-        """Move the samples of `task` for which `belongs` holds into pool `other` (tested once each);
+        """Move the samples of `task` for which `belongs` (rows -> a flag each) holds into pool `other`;
         a share that needs a pool left empty is a ValueError (`if_none`: none belongs; `if_all`: all do)."""
         rows = self.pools.get(task, [])
-        flags = [belongs(x) for x in rows]
+        flags = belongs(rows)
         self.pools[task] = [x for x, f in zip(rows, flags) if not f]
         self.pools[other] = [x for x, f in zip(rows, flags) if f]
         if rows and share > 0 and not self.pools[other]:
