@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
-import random
-
 import os
+import random
 
 from rookworld_rlvr.data.io import can_fork, forked_map
 from rookworld_rlvr.tasks.strength import in_check
