@@ -88,6 +88,8 @@ def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_mod
                  "--save-every", "1", "--tensorboard", "false", "--report", "false", "--progress", "false"])
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
+    verdict = out.out.index("verdict: base -> final")  # the verdict ends the run's output, after every metric
+    assert out.out.index("every held-out metric") < verdict and "| within noise" in out.out[verdict:]
     config = (run / "config.yaml").read_text()
     for line in ("layout: padded", "autocast: bf16", "guard_kl_mean: 0.5", "lr: 1.0e-06"):
         assert line in config, line  # the preset's own settings ran

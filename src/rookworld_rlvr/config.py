@@ -81,7 +81,7 @@ class TrainConfig:
     # -- data ----------------------------------------------------------------------------------
     data: str = _f("data/train.jsonl.xz", "training prompts: our JSONL (.gz, .xz) or upstream RookWorld text lines")
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
-    eval_limit: int = _f(200, "held-out samples per task in each evaluation (0 = all)")
+    eval_limit: int = _f(200, "eval_data samples per task per evaluation (0 = all); the other held-out sets run whole")
     skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")
     layout: str = _f("compact", "P: prompt layout: compact | padded (upstream columns; use for RookWorld-LM)")
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")

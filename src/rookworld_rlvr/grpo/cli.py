@@ -170,10 +170,10 @@ def _train_here(cfg: TrainConfig) -> int:
     if summary["base"] and summary["final"]:
         from rookworld_rlvr.verdict import verdict_table
 
+        print("\nevery held-out metric, base -> final")  # first, so that the verdict ends what a terminal shows
+        print(compare_table(summary["base"], summary["final"]))
         print("\nverdict: base -> final (held-out, greedy; a change is better or worse only beyond its 95% interval)")
         print(verdict_table(summary["base"], summary["final"]))
-        print("\nevery held-out metric, base -> final")
-        print(compare_table(summary["base"], summary["final"]))
     if cfg.report:
         try:
             import matplotlib  # noqa: F401
