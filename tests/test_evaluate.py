@@ -390,9 +390,26 @@ def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys, torch_th
     assert "policy.best_acc" in capsys.readouterr().out
 
 
+def test_a_hub_model_out_of_reach_is_one_clear_line(data_file):
+    """A Hub id that cannot be fetched (offline here, as on a GPU machine without network) stops with one
+    line naming the model, the Hub and what to do, not transformers' traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "nobody/no-such-model", "--data",
+                          str(data_file), "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: cannot load the model: model nobody/no-such-model could not be loaded from the "
+                           "Hugging Face Hub: ") and "pass a local model directory" in line, line
+
+
 def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     rc = main(["eval", "--model", str(tmp_path / "nope"), "--data", str(data_file), "--device", "cpu"])
-    assert rc == 1 and "cannot load model" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 1 and "cannot load the model: no such model directory" in err and str(tmp_path / "nope") in err
     bad = tmp_path / "bad.txt"
     bad.write_text("P: not a sample\n")
     rc = main(["eval", "--model", str(saved_model), "--data", str(bad), "--device", "cpu"])
@@ -402,7 +419,7 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     assert rc == 1 and "no such file" in capsys.readouterr().err
     rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--device", "tpu"])
     err = capsys.readouterr().err
-    assert rc == 1 and "cannot load model" in err and "unknown device 'tpu'" in err
+    assert rc == 1 and "cannot load the model" in err and "unknown device 'tpu'" in err
     rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--limit", "0"])
     err = capsys.readouterr().err
     assert rc == 1 and f"--limit 0 takes no sample of {data_file}, and no other set was asked for" in err

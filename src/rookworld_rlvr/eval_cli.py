@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, name: str) -> int:
             device = dist.local_device(resolve_device(args.device))
             return load_policy(args.model, device=str(device), dtype=args.dtype, verbose=main)
 
-        ok, loaded = _guarded(args, f"load model {args.model}", load)
+        ok, loaded = _guarded(args, "load the model", load)  # its errors name it
         if not ok:
             return 1
         model, tokenizer = loaded

@@ -211,20 +211,26 @@ def load_policy(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
 
-    model, info = AutoModelForCausalLM.from_pretrained(
-        source,
-        dtype=torch_dtype,
-        trust_remote_code=trust_remote_code,
-        output_loading_info=True,
-        # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
-        ignore_mismatched_sizes=True,
-    )
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
+            ignore_mismatched_sizes=True,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
+        hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
+                                    "directory)")
+        where = "" if is_local else " from the Hugging Face Hub"
+        raise ModelLoadError(f"model {name_or_path} could not be loaded{where}: {str(e).splitlines()[0]}{hint}") from e
     _check_loading_info(info, model, source)
     fuse_activations(model)
     model.to(dev)
     model.eval()
 
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
