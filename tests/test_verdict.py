@@ -176,3 +176,47 @@ def test_the_out_of_check_cost_has_a_row_of_its_own_where_a_king_move_would_step
     assert row["base"] == pytest.approx(221 / 263) and row["change"] == pytest.approx(-16 / 263)
     assert row["change_ci"] == pytest.approx(paired_interval(before, after))
     assert row["verdict"] == "worse" and row["base_ci"] == pytest.approx(wilson(221 / 263, 263))
+
+
+def judged(losses: list, random_losses: list, of: str = "judged positions") -> dict:
+    """`strength` as evaluate writes it, with the per-position losses and blunders of the model and the random mover."""
+    out = strength_result(losses, random_losses, of)
+    blunders = [None if x is None else int(x >= 0.2) for x in losses]
+    legal = [(b, r >= 0.2) for b, r in zip(blunders, random_losses) if b is not None]
+    out["strength"].update(blunder_items=blunders, random_blunder_items=[float(r >= 0.2) for r in random_losses],
+                           blunder_below_random=1 - sum(b for b, _ in legal) / sum(r for _, r in legal))
+    return out
+
+
+def both_legal(base: dict, final: dict) -> dict[str, dict]:
+    return {r["key"].rsplit(".", 1)[1]: r for r in rows(base, final) if r["key"].startswith("strength.both_legal.")}
+
+
+def test_move_quality_is_also_judged_where_both_moved_legally_so_legal_moves_in_hard_positions_cost_nothing():
+    """The ratio rows count each model's own legal moves. A final that plays exactly the base's moves and also
+    turns its 200 illegal moves into legal ones in hard positions (losing as much as a random mover there) blunders
+    more by those rows; where both moved legally (the same 400 positions) nothing changed. A final that loses 0.05
+    more on each of them is worse there, beyond the noise."""
+    rng = random.Random(3)
+    random_losses = [round(rng.uniform(0.05, 0.6), 4) for _ in range(600)]
+    base_losses = [round(r * rng.uniform(0.2, 0.8), 4) if i % 3 else None for i, r in enumerate(random_losses)]
+    fixed = [r if x is None else x for x, r in zip(base_losses, random_losses)]
+    base, final = judged(base_losses, random_losses), judged(fixed, random_losses)
+    assert final["strength"]["blunder_below_random"] < base["strength"]["blunder_below_random"] - 0.1
+    same = both_legal(base, final)
+    assert set(same) == {"loss", "blunder"} and all(r["change"] == 0 for r in same.values())
+    assert all(r["verdict"] == "within noise" and r["label"].endswith("(400 judged positions)") for r in same.values())
+    mean_random = sum(r for x, r in zip(base_losses, random_losses) if x is not None) / 400
+    assert same["loss"]["random"] == pytest.approx(mean_random)
+    assert "where both moved legally (400 judged positions)" in verdict_table(base, final)
+
+    worse = judged([None if x is None else round(x + 0.05, 4) for x in base_losses], random_losses)
+    rows_ = both_legal(base, worse)
+    assert rows_["loss"]["change"] == pytest.approx(0.05) and rows_["loss"]["verdict"] == "worse"
+    assert rows_["blunder"]["change"] > 0 and rows_["blunder"]["verdict"] == "worse"
+    assert rows_["blunder"]["change_ci"] == pytest.approx(paired_interval(
+        [int(x >= 0.2) for x in base_losses if x is not None], [int(x + 0.05 >= 0.2) for x in base_losses if x is not None]))
+    # other positions (another fingerprint), or no per-position figures: no such rows
+    assert both_legal(base, judged(fixed, random_losses, of="other positions")) == {}
+    del final["strength"]["blunder_items"]
+    assert both_legal(base, final) == {}

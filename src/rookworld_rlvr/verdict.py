@@ -9,7 +9,9 @@ their answer, so the noise of the change is that of the items that changed (Agre
 interval for matched pairs); else the unpaired normal interval of the difference (wider: it
 ignores that pairing). A ratio to the random mover's figure (expected-score loss, blunders)
 changes within a bootstrap interval that resamples the same positions for both where both kept
-their per-position figures, else the two intervals' half-widths in quadrature (unpaired).
+their per-position figures, else the two intervals' half-widths in quadrature (unpaired). Those
+ratios count each model's own legal moves; two more rows judge move quality on the positions where
+both moved legally, so that a change in which positions are counted is not read as better or worse moves.
 
 Pure Python: imports no torch, no chess and nothing else of the package but `tables`.
 """
@@ -221,6 +223,51 @@ def judge(base: dict | None, final: dict | None, h: Headline) -> str:
     return verdict_of(change_interval(base, final, h), h.better)
 
 
+def _mean_interval(xs: list[float]) -> tuple[float, float]:
+    """The normal 95% interval of a mean."""
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / max(1, len(xs) - 1))
+    return m - Z95 * sd / math.sqrt(len(xs)), m + Z95 * sd / math.sqrt(len(xs))
+
+
+def _paired_mean_interval(before: list[float], after: list[float], resamples: int = 1000,
+                          seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95% interval of mean(after) - mean(before) over the same items (percentile, fixed seed)."""
+    rng, n = random.Random(seed), len(before)
+    changes = sorted(sum(after[i] - before[i] for i in idx) / n
+                     for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(resamples)))
+    return changes[int(0.025 * (resamples - 1))], changes[int(0.975 * (resamples - 1))]
+
+
+def both_legal_rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
+    """Move quality on the judged positions where both evaluations moved legally, with the random
+    mover's on the same positions. The ratio rows count each model's own legal moves, so a model that
+    turns hard positions legal is judged on harder ones (and one that plays illegally there, on easier
+    ones); these rows compare the two on the same positions, paired."""
+    figures = (("expected-score loss per move", "loss"), ("blunders (a loss of 0.2 or more)", "blunder"))
+    key = "strength.loss_items"
+    if items_of(base, key) is None or items_of(base, key) != items_of(final, key):
+        return []
+    lists = {(who, f, w): get(ev, f"strength.{w}{f}_items") for who, ev in (("base", base), ("final", final))
+             for _, f in figures for w in ("", "random_")}
+    if not all(isinstance(x, list) for x in lists.values()) or len({len(x) for x in lists.values()}) != 1:
+        return []
+    before, after = lists["base", "loss", ""], lists["final", "loss", ""]
+    idx = [i for i, (b, a) in enumerate(zip(before, after)) if b is not None and a is not None]
+    if len(idx) < 2:
+        return []
+    out = []
+    for label, f in figures:
+        b, a, rand = ([lists[who, f, w][i] for i in idx] for who, w in (("base", ""), ("final", ""), ("base", "random_")))
+        ci_of = _mean_interval if f == "loss" else (lambda xs: wilson(sum(xs) / len(xs), len(xs)))
+        ci = _paired_mean_interval(b, a) if f == "loss" else paired_interval(b, a)
+        out.append({"key": f"strength.both_legal.{f}", "label": f"{label}, where both moved legally ({len(idx)} "
+                    "judged positions)", "better": -1, "base": sum(b) / len(b), "final": sum(a) / len(a),
+                    "base_ci": ci_of(b), "final_ci": ci_of(a), "random": sum(rand) / len(rand),
+                    "change": (sum(a) - sum(b)) / len(b), "change_ci": ci, "verdict": verdict_of(ci, -1)})
+    return out
+
+
 def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
     """The verdict rows present in either evaluation, as plain values (for tables and HTML)."""
     out = []
@@ -234,6 +281,8 @@ def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
                     "base_ci": interval(base, h), "final_ci": interval(final, h), "random": rand,
                     "change": None if a is None or b is None else b - a,
                     "change_ci": ci, "verdict": verdict_of(ci, h.better)})
+        if h.key == "strength.blunder_below_random":
+            out += both_legal_rows(base, final)
     return out
 
 
