@@ -3,7 +3,7 @@
 
 The GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
 intervals), the two matches, the machine, the minutes each stage took and the stages not run yet (a deadline, or a
-GRPO run not done); then a check that everything in OUT would come back from the GPU machine (at most 8 files of
+GRPO run not done), and the issue's goals for the base and for GRPO, each met or not; then a check that everything in OUT would come back from the GPU machine (at most 8 files of
 16 MiB, 64 MiB in all; exit 1 when not). Written after every stage: it reports what is done so far.
 """
 
@@ -43,6 +43,62 @@ def minutes(times: list[list[str]]) -> str:
     return text + (f" ({', '.join(at_once)} at once)" if at_once else "")
 
 
+# The GPU base's goals, each judged on the base's held-out evaluation at the start of GRPO: (figure, at least, label)
+BASE_GOALS = (
+    ("strength.legal", 0.97, "legal best move (judged positions)"),
+    ("puzzles.mate1.solved", 0.32, "mate in one (RookWorld-LM-124M: 32.1%)"),
+    ("strength.best", 0.20, "Stockfish's best move"),
+    ("strength.loss_below_random", 0.50, "expected-score loss below the random mover's"),
+    ("environment.next_state_acc", 0.97, "A: next state"),
+    ("histories.slices.history_1.next_state_acc", 0.97, "A: next state, game starts (1-move history)"),
+    ("histories.slices.history_2_9.next_state_acc", 0.97, "A: next state, short histories (2-9 moves)"),
+    ("environment.slices.ordinary.next_state_acc", 0.97, "A: next state, ordinary moves"),
+    ("environment.slices.game_ending.next_state_acc", 0.97, "A: next state, game-ending moves"),
+    ("environment.slices.illegal.next_state_acc", 0.97, "A: next state, illegal moves"),
+)
+# GRPO's goals against its base: (verdict row, the verdict it needs, or None: anything but "worse")
+GRPO_GOALS = (
+    ("strength.loss_below_random", "better"), ("strength.blunder_below_random", "better"),
+    ("strength.both_legal.loss", "better"), ("strength.both_legal.blunder", "better"),
+    ("puzzles.mate1.solved", None), ("puzzles.tactic.solved", None), ("environment.next_state_acc", None),
+)
+
+
+def _match_row(label: str, match: dict | None) -> str:
+    """A goal row for a match that must be won: the 95% interval of its Elo above 0."""
+    if match is None:
+        return f"| {label} | won | not played | - |"
+    return (f"| {label} | won | +{match['wins']} ={match['draws']} -{match['losses']}, Elo {round(match['elo']):+d} "
+            f"({round(match['elo_low']):+d} .. {round(match['elo_high']):+d}) | {'yes' if match['elo_low'] > 0 else 'no'} |")
+
+
+def goals(summary: dict | None, matches: dict[str, dict | None], selfplay: float | None) -> list[str]:
+    """The issue's goals as a table each: the base's (needs GRPO's start evaluation, the base's self-play
+    game and its match against models/rookworld-board), then GRPO's against its base."""
+    from rookworld_rlvr.verdict import get, rows
+
+    base = summary["base"] if summary else None
+    lines = ["## Goals", "", "| the base | needed | reached | met |", "|---|---|---|---|"]
+    for key, least, label in BASE_GOALS:
+        value = get(base, key)
+        lines.append(f"| {label} | {least:.0%} | " + ("not measured | - |" if value is None else
+                                                     f"{value:.1%} | {'yes' if value >= least else 'no'} |"))
+    lines.append("| self-play from the start, legal half-moves | 60 | " + (
+        "not played | - |" if selfplay is None else f"{selfplay:.0f} | {'yes' if selfplay >= 60 else 'no'} |"))
+    lines.append(_match_row("match against models/rookworld-board", matches["match_base_vs_board"]))
+    lines += ["", "| GRPO against its base | needed | reached | met |", "|---|---|---|---|",
+              _match_row("200-game match", matches["match_trained_vs_base"])]
+    verdicts = {r["key"]: r for r in rows(base, summary["final"])} if summary else {}
+    for key, needed in GRPO_GOALS:
+        r = verdicts.get(key)
+        got = "not measured | -" if r is None or r["change"] is None else (
+            f"{r['change']:+.3f}, {r['verdict'] or 'no interval'} | "
+            + ("yes" if (r["verdict"] == needed if needed else r["verdict"] not in ("worse", "")) else "no"))
+        label = r["label"] if r else key
+        lines.append(f"| {label} | {needed + ' beyond the noise' if needed else 'not worse'} | {got} |")
+    return lines + [""]
+
+
 def report(work: Path) -> str:
     from rookworld_rlvr.play import format_summary
     from rookworld_rlvr.verdict import verdict_table
@@ -73,11 +129,11 @@ def report(work: Path) -> str:
                   f"## Verdict: the base -> the {'control' if control else 'trained'} model (held-out, greedy)", "",
                   "```",
                   verdict_table(summary["base"], summary["final"]), "```", ""]
+    matches = {name: json.loads((work / f"{name}.json").read_text()) if (work / f"{name}.json").exists() else None
+               for name in ("match_trained_vs_base", "match_base_vs_board")}
     lines += ["## Matches", ""]
-    for name in ("match_trained_vs_base", "match_base_vs_board"):
-        path = work / f"{name}.json"
-        lines += (["```", format_summary(json.loads(path.read_text())), "```", ""] if path.exists()
-                  else [f"{name}: not played", ""])
+    for name, match in matches.items():
+        lines += ["```", format_summary(match), "```", ""] if match else [f"{name}: not played", ""]
     lines += ["## Self-play from the start (greedy, one game)", ""]
     for name in ("base", "trained"):
         path = work / f"selfplay_{name}.json"
@@ -88,7 +144,9 @@ def report(work: Path) -> str:
         end = next(k.removeprefix("ended_").replace("_", " ") for k in ("ended_illegal", "ended_game_over",
                                                                         "ended_max_plies") if sp[k])
         lines.append(f"- {name}: {sp['mean_legal_half_moves']:.0f} legal half-moves (ended by: {end})")
-    return "\n".join(lines)
+    path = work / "selfplay_base.json"
+    plies = json.loads(path.read_text())["selfplay"]["mean_legal_half_moves"] if path.exists() else None
+    return "\n".join(lines + ["", *goals(summary, matches, plies)])
 
 
 def main(argv: list[str] | None = None) -> int:

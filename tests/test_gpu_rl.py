@@ -134,6 +134,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
     assert (work / "sft" / "train.used").read_text().strip() == str(work / "sft" / "train.jsonl.gz")
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
+    assert f"| self-play from the start, legal half-moves | 60 | {plies['base']} | " in text.split("## Goals")[1]
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same
     again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:]], capture_output=True, text=True, env=env,
@@ -299,3 +300,47 @@ def test_the_tree_leaves_room_on_the_gpu_machine_for_the_carried_stockfish():
     largest = sorted(sizes, key=sizes.get)[-3:]
     assert total <= TREE_BUDGET_MIB, (f"the tracked files come to {total:.1f} MiB, over the {TREE_BUDGET_MIB} MiB "
                                       f"that leave room for Stockfish on a GPU machine; the largest: {largest}")
+
+
+def test_results_md_judges_each_goal_of_the_gpu_base_and_of_grpo():
+    """results.md ends with the goals: each of the base's held-out figures against its bar (97% legal, 32% mate
+    in one, ...), its self-play game and its match, then GRPO's against its base: a match won, expected-score loss
+    and blunders better beyond the noise, mate in one, tactics and A: not worse. What has not run is said."""
+    spec = importlib.util.spec_from_file_location("gpu_rl_report", REPO / "scripts" / "gpu_rl_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def share(solved: list[int]) -> dict:
+        return {"n": len(solved), "solved": sum(solved) / len(solved), "solved_items": solved, "items_of": "x"}
+
+    def evaluation(mate1: list[int], tactic: list[int], loss_below: float) -> dict:
+        return {"strength": {"n": 600, "legal": 0.975, "best": 0.19, "loss_below_random": loss_below,
+                             "loss_below_random_ci": {"low": loss_below - 0.01, "high": loss_below + 0.01}},
+                "puzzles": {"mate1": share(mate1), "tactic": share(tactic)},
+                "environment": {"n": 1000, "next_state_acc": 0.99, "slices": {
+                    "ordinary": {"n": 800, "next_state_acc": 0.985}, "game_ending": {"n": 96, "next_state_acc": 0.96}}}}
+
+    base = evaluation([1] * 33 + [0] * 67, [1] * 50 + [0] * 50, 0.55)
+    final = evaluation([1] * 33 + [0] * 67, [0] * 20 + [1] * 30 + [0] * 50, 0.60)  # tactics: 20 of 100 lost
+    match = {"games": 200, "wins": 120, "draws": 4, "losses": 76, "score": 0.61, "elo": 77.0, "elo_low": 28.0,
+             "elo_high": 128.0}
+    drawn = {**match, "wins": 100, "losses": 96, "elo": 7.0, "elo_low": -41.0, "elo_high": 55.0}
+    text = "\n".join(module.goals({"base": base, "final": final}, {"match_base_vs_board": match,
+                                                                   "match_trained_vs_base": drawn}, 61.0))
+    assert "| legal best move (judged positions) | 97% | 97.5% | yes |" in text
+    assert "| mate in one (RookWorld-LM-124M: 32.1%) | 32% | 33.0% | yes |" in text
+    assert "| Stockfish's best move | 20% | 19.0% | no |" in text
+    assert "| expected-score loss below the random mover's | 50% | 55.0% | yes |" in text
+    assert "| A: next state, ordinary moves | 97% | 98.5% | yes |" in text
+    assert "| A: next state, game-ending moves | 97% | 96.0% | no |" in text
+    assert "| A: next state, game starts (1-move history) | 97% | not measured | - |" in text
+    assert "| self-play from the start, legal half-moves | 60 | 61 | yes |" in text
+    assert "| match against models/rookworld-board | won | +120 =4 -76, Elo +77 (+28 .. +128) | yes |" in text
+    assert "| 200-game match | won | +100 =4 -96, Elo +7 (-41 .. +55) | no |" in text
+    assert "| expected-score loss below the random mover's | better beyond the noise | +0.050, better | yes |" in text
+    assert "| mate in one | not worse | +0.000, within noise | yes |" in text
+    assert "| tactics | not worse | -0.200, worse | no |" in text
+    assert "| strength.both_legal.blunder | better beyond the noise | not measured | - |" in text
+    nothing = "\n".join(module.goals(None, {"match_base_vs_board": None, "match_trained_vs_base": None}, None))
+    assert nothing.count("not measured | - |") == len(module.BASE_GOALS) + len(module.GRPO_GOALS)
+    assert nothing.count("not played | - |") == 3
