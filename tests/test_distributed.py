@@ -91,7 +91,30 @@ def _train_and_resume(model_dir: Path, data_dir: Path, out: Path) -> dict:
             "eval_rewards": [e["policy"]["mean_reward"] for e in straight.history_eval], **shared,
             **_eval_command(model_dir, data_dir, out),
             "devices": [str(dist.local_device(torch.device(d))) for d in ("cuda", "cuda:0", "cpu")],
-            **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out)}
+            **_nan_on_rank_1(model_dir, data_dir, out), **_guarded(model_dir, data_dir, out),
+            **_interrupted(model_dir, data_dir, out)}
+
+
+def _interrupted(model_dir: Path, data_dir: Path, out: Path) -> dict:
+    """Rank 1 alone gets SIGTERM during step 1 (torchrun passes its own on to every rank; one rank alone is the
+    harder case): where each rank stopped, then the weights of the run resumed from there."""
+    from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
+
+    def reward(prompts, completions, truths, weights):
+        if dist.rank() == 1 and tr.step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return varied_reward(prompts, completions, truths, weights)
+
+    tr = make(out / "interrupted", model_dir, data_dir, None, reward, **SMALL)
+    caught = None
+    try:
+        with StopOnSignal(verbose=False) as tr.stop:
+            tr.train()
+    except Interrupted as e:
+        caught = (e.step, e.signum, ckpt.latest_checkpoint(tr.run_dir) == ckpt.checkpoint_dir(tr.run_dir, e.step))
+    resumed = _make(out / "interrupted", model_dir, data_dir, resume=True)
+    resumed.train()
+    return {"interrupted": caught, "interrupted_resumed": _weights(resumed)}
 
 
 def evaluate_held_out(tr, data_dir: Path, spread=None) -> dict:
@@ -506,6 +529,17 @@ def test_resume_under_two_ranks_equals_the_straight_run(two_ranks):
                 for x in (run / "metrics.jsonl").read_text().splitlines()]
 
     assert metrics(out / "resumed" / "run") == metrics(out / "straight" / "run")
+
+
+@pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
+def test_a_signal_on_one_rank_stops_every_rank_after_that_step_and_the_resumed_run_ends_as_the_straight_one(two_ranks):
+    """SIGTERM on rank 1 alone during step 1: both ranks stop after step 1, with its checkpoint (rank 0, which got
+    no signal, names torchrun's SIGTERM), and the run resumed from it ends with the straight run's weights."""
+    _, (r0, r1) = two_ranks
+    assert r0["interrupted"] == r1["interrupted"] == (1, signal.SIGTERM, True)
+    for k in r0["straight"]:
+        assert torch.equal(r0["interrupted_resumed"][k], r0["straight"][k]), k
+        assert torch.equal(r1["interrupted_resumed"][k], r0["straight"][k]), k
 
 
 @pytest.mark.slow

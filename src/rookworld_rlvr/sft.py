@@ -113,12 +113,13 @@ def target_tokens(batches: list[MicroBatch]) -> int:
     return sum(int((b.labels[:, 1:] != -100).sum()) for b in batches)
 
 
-def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
+def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt=None) -> dict:
     """Train (or --resume) the run `cfg` describes; its last held-out metrics. Under torchrun (the
     process group up, as `rookworld sft` sets it) every rank draws the same global batch and takes
     its share of the rows (row i on rank i % world); the gradients are summed and the loss is the
     token mean over the whole batch, so an update is one process's on the same batch. Evaluations
-    are shared out; rank 0 alone prints, logs and saves."""
+    are shared out; rank 0 alone prints, logs and saves. `interrupt` (`interrupt.StopOnSignal`, rank 0's):
+    once it is asked, the run pauses after the step it is in, as `stop_after_minutes` pauses it."""
     import torch
     from tqdm import tqdm
 
@@ -269,9 +270,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True) -> dict:
 
     def paused() -> bool:  # this invocation ends (stop_after_minutes, stop_when); the run itself goes on
         return ((cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60)
-                or (cfg.stop_when is not None and Path(cfg.stop_when).exists()))
+                or (cfg.stop_when is not None and Path(cfg.stop_when).exists())
+                or (interrupt is not None and interrupt.asked is not None))
 
-    timed = bool(budget or cfg.stop_after_minutes is not None or cfg.stop_when)
+    timed = bool(budget or cfg.stop_after_minutes is not None or cfg.stop_when or interrupt is not None)
 
     def reading() -> tuple[float, bool]:  # the progress and whether to pause: rank 0's, so every rank agrees
         here = (progress_frac(), paused())

@@ -75,11 +75,13 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.model import resolve_device
 
     from rookworld_rlvr.grpo import distributed as dist
+    from rookworld_rlvr.interrupt import StopOnSignal
 
     cfg.validate()
     with dist.joined(cfg.device, cfg.step_timeout_minutes):  # under torchrun: the ranks train one run
         note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
         if note and dist.is_main():
             print(f"sft: {note}")
-        train(cfg, resume=args.resume, progress=not args.quiet)
-    return 0
+        with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM: paused and saved after this step
+            train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
+    return 128 + stop.asked if stop.asked else 0

@@ -153,16 +153,22 @@ def _train_here(cfg: TrainConfig) -> int:
     from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.guards import TrainingStopped
+    from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
 
     t0 = time.time()
     main = dist.is_main()
     trainer, pool = build(cfg, log=print if main else (lambda *_: None))
     try:
-        summary = trainer.train(writer=_writer(cfg) if main else None)
+        with StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM: saved at the next step boundary
+            summary = trainer.train(writer=_writer(cfg) if main else None)
     except TrainingStopped as e:  # every rank took the same decision
         if main:
             print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
         return 3
+    except Interrupted as e:
+        if main:
+            print(f"train: {e}", file=sys.stderr)
+        return e.exit_code
     finally:
         pool.close()
     if not main:

@@ -4,7 +4,8 @@ A state is everything a resumed run needs to continue exactly: the step, optimiz
 guards, data cursors, sampling streams and RNGs, the evaluations so far, and (LoRA) the adapters
 or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `save` writes a
 checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
-one. Owns the state's contents. Imports torch; nothing of chess.
+one; `stop_if_asked` saves and stops where a signal asked (`interrupt`). Owns the state's contents. Imports
+torch; nothing of chess.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.guards import TrainingStopped
 from rookworld_rlvr.grpo.lora import adapter_state, load_adapter_state
 from rookworld_rlvr.grpo.runlog import truncate_logs
+from rookworld_rlvr.interrupt import Interrupted
 from rookworld_rlvr.model import load_policy
 
 if TYPE_CHECKING:
@@ -105,6 +107,18 @@ def save(tr: Trainer) -> Path:
     tr.snapshots = {s: v for s, v in tr.snapshots.items() if s >= tr.step}
     dist.barrier()
     return path
+
+
+def stop_if_asked(tr: Trainer) -> None:
+    """Between steps: where `tr.stop` (set by `rookworld train`: `interrupt.StopOnSignal`) was asked to
+    stop on any rank, a checkpoint at this step, then Interrupted on every rank alike. Without a `tr.stop`
+    (a library caller's run) nothing, and no collective."""
+    if tr.stop is None:
+        return
+    asked = tr.stop.asked
+    if dist.all_reduce_sum([float(asked or 0)])[0]:
+        save(tr)
+        raise Interrupted(asked or 15, tr.step)  # a rank that got no signal itself names SIGTERM, torchrun's
 
 
 def snapshot(tr: Trainer) -> None:

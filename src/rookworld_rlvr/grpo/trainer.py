@@ -117,7 +117,7 @@ class Trainer:
         anchor_by_task = by_task if anchor_samples is None else split_tasks(anchor_samples)
         self.anchor = Anchor(cfg, anchor_by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
-        self.step = 0
+        self.step, self.stop = 0, None  # stop: asked to stop between steps (rookworld train's signal handler)
         self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)
         self.events_logged = 0  # events.jsonl's records: a checkpoint keeps the count, a resume cuts back to it
         self.collect_stats: dict[str, float] = {}
@@ -293,6 +293,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
                    dynamic_ncols=True)
         while self.step < cfg.steps and not self.out_of_time():
+            state.stop_if_asked(self)
             record = self.train_step()
             self._tick()
             if record is None:  # a guard rolled back: the steps since the restored state are redone

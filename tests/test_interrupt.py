@@ -1,0 +1,131 @@
+"""Ctrl-C and SIGTERM (a scheduler, a timeout, torchrun passing its own on) end a run at the next step boundary
+with a checkpoint there, so --resume continues from that step and ends where the uninterrupted run ends; a second
+signal stops at once. Real signals, sent to this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rookworld_rlvr.config import load_config
+from rookworld_rlvr.data.io import read_samples
+from rookworld_rlvr.grpo import checkpoint as ckpt
+from rookworld_rlvr.grpo.trainer import Trainer
+from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
+from rookworld_rlvr.sft import SFTConfig, train as sft_train
+from test_faults import _fields, _records, varied_reward
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_back():
+    before = {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS}
+    with StopOnSignal(verbose=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.asked == signal.SIGTERM  # asked, nothing raised: the job decides where to stop
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the second: the handler found on entry (Python's: KeyboardInterrupt)
+    assert {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS} == before
+    assert Interrupted(signal.SIGINT, 7).exit_code == 130 and "stopped at step 7 on SIGINT" in str(Interrupted(2, 7))
+
+
+def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_the_straight_run(
+        tmp_path, tiny_model_dir, small_data):
+    """SIGTERM while step 3 scores its rewards: the step finishes, a checkpoint of step 3 is written (the
+    periodic ones come every 4), the run raises Interrupted; --resume runs steps 4-6 and ends with the straight
+    run's weights and log records."""
+    def trainer(path, reward=varied_reward, resume=False):
+        cfg = load_config(None, _fields(tiny_model_dir, small_data, path / "run", steps=6, save_every=4,
+                                        resume=resume))
+        return Trainer(cfg, reward, read_samples(cfg.data), None, log=lambda *_: None)
+
+    straight = trainer(tmp_path / "a")
+    straight.train()
+
+    def reward(prompts, completions, truths, weights):
+        if stopped.step == 2:  # step 3's rewards
+            os.kill(os.getpid(), signal.SIGTERM)
+        return varied_reward(prompts, completions, truths, weights)
+
+    stopped = trainer(tmp_path / "b", reward)
+    with pytest.raises(Interrupted) as e, StopOnSignal(verbose=False) as stopped.stop:
+        stopped.train()
+    assert e.value.step == 3 and e.value.signum == signal.SIGTERM and e.value.exit_code == 143
+    assert ckpt.latest_checkpoint(tmp_path / "b" / "run") == ckpt.checkpoint_dir(tmp_path / "b" / "run", 3)
+    assert [r["step"] for r in _records(tmp_path / "b" / "run")] == [1, 2, 3]
+    resumed = trainer(tmp_path / "b", resume=True)
+    with StopOnSignal(verbose=False) as resumed.stop:
+        resumed.train()
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(_records(tmp_path / "b" / "run")) == strip(_records(tmp_path / "a" / "run"))
+    assert all(torch.equal(p, q) for p, q in zip(resumed.policy.parameters(), straight.policy.parameters()))
+
+
+def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run(tmp_path, small_data, monkeypatch,
+                                                                                  capsys):
+    import rookworld_rlvr.sft as sft
+
+    def run(name, resume=False, interrupt=None):
+        cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), steps=5,
+                        batch_size=4, own_repeats=0, lr=1e-3, warmup_steps=1, save_every=100, device="cpu", threads=1)
+        sft_train(cfg, resume=resume, progress=False, interrupt=interrupt)
+        return [json.loads(x) for x in (tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()]
+
+    straight = run("straight")
+    real, calls = sft._accumulate, []
+
+    def signal_in_step_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "_accumulate", signal_in_step_two)
+    with StopOnSignal(verbose=False) as stop:
+        assert [r["step"] for r in run("split", interrupt=stop)] == [1, 2]
+    assert stop.asked == signal.SIGINT and "paused, --resume continues to step 5" in capsys.readouterr().out
+    monkeypatch.setattr(sft, "_accumulate", real)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("minutes", "seconds")} for r in rows]  # noqa: E731
+    assert strip(run("split", resume=True)) == strip(straight)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, tiny_model_dir, small_data):
+    """The command a user runs: SIGINT once its first step is logged; it says where it stopped and how to go on,
+    exits 130 with the checkpoint of its last logged step, and --resume continues from the step after it."""
+    run = tmp_path / "run"
+    fields = _fields(tiny_model_dir, small_data, run, steps=10_000, save_every=1000)
+    args = [sys.executable, "-m", "rookworld_rlvr", "train", "--engine-cache", "null"] + [
+        a for k, v in fields.items() if k != "engine_cache" for a in (f"--{k.replace('_', '-')}", str(v))]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    last = _records(run)[-1]["step"]
+    assert f"train: stopped at step {last} on SIGINT: checkpoint saved, --resume continues from it" in err
+    assert "SIGINT: stopping after this step with a checkpoint" in err
+    assert ckpt.latest_checkpoint(run) == ckpt.checkpoint_dir(run, last)
+    again = subprocess.Popen(args + ["--resume", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while len(_records(run)) <= last:
+        assert again.poll() is None and time.time() < deadline + 120, again.communicate()[1][-2000:]
+        time.sleep(0.2)
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=120) == 143
+    steps = [r["step"] for r in _records(run)]
+    assert steps == list(range(1, len(steps) + 1)), steps  # continued from the step after the checkpoint
