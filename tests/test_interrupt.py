@@ -32,7 +32,18 @@ def _restore_torch_threads():
 
 def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_back():
     before = {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS}
+    with pytest.raises(KeyboardInterrupt), StopOnSignal(verbose=False) as stop:
+        signal.raise_signal(signal.SIGINT)  # not armed yet (reading data, before the first step): at once
+    assert stop.asked is None and {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS} == before
     with StopOnSignal(verbose=False) as stop:
+        stop.armed = True  # the job's first step
+        pid = os.fork()
+        if pid == 0:  # a forked worker inherits the handler, not the job: SIGTERM ends it as before
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.asked == signal.SIGTERM  # asked, nothing raised: the job decides where to stop
         with pytest.raises(KeyboardInterrupt):

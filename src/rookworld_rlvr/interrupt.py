@@ -28,19 +28,25 @@ class Interrupted(Exception):
 
 
 class StopOnSignal:
-    """While entered (in the main thread), the first SIGINT or SIGTERM only sets `asked` to its number
-    and says so on stderr; the job checks `asked` between steps. A second signal restores the handlers
-    found on entry and delivers itself to them (Ctrl-C raises KeyboardInterrupt, SIGTERM ends the process)."""
+    """While entered (in the main thread) and once the job has `armed` it (at its first step: reading data
+    or encoding it there is no step to end, and no checkpoint to save), the first SIGINT or SIGTERM only
+    sets `asked` to its number and says so on stderr; the job checks `asked` between steps. Otherwise, and
+    at a second signal, the handlers found on entry take the signal as they would have (Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks (they inherit the
+    handler, not the job's steps)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, verbose: bool = True) -> None:
         self.asked: int | None = None
+        self.armed = False
         self.verbose = verbose
         self._previous: dict[int, object] = {}
+        self._pid = os.getpid()
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
+            self._pid = os.getpid()
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
@@ -53,7 +59,7 @@ class StopOnSignal:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
-        if self.asked is not None:
+        if self.asked is not None or not self.armed or os.getpid() != self._pid:
             self._restore()
             signal.raise_signal(signum)
             return

@@ -287,6 +287,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         return env_rows, pol_rows, None if own_answers else micro_batches(mine, pad_id, cfg.loss_on)
 
     upcoming, drawn = None, rng.getstate()  # drawn: the rng after this step's draw, what a checkpoint keeps
+    if interrupt is not None:  # from here a signal pauses the run after its step (before, it acts at once)
+        interrupt.armed = True
     frac, stop = reading()
     while step < cfg.steps and frac < 1.0 and not stop:
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress

@@ -115,6 +115,7 @@ def stop_if_asked(tr: Trainer) -> None:
     (a library caller's run) nothing, and no collective."""
     if tr.stop is None:
         return
+    tr.stop.armed = True  # from the first step on: before it a signal acts at once, with no step to end
     asked = tr.stop.asked
     if dist.all_reduce_sum([float(asked or 0)])[0]:
         save(tr)
