@@ -30,7 +30,21 @@ def _restore_torch_threads():
     torch.set_num_threads(n)
 
 
-def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_back():
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt), whatever the test runner set (xdist's workers ignore it)."""
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, found)
+
+
+def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_back(python_sigint):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored where the job started (nohup, `&`): it stays ignored
+    with StopOnSignal(verbose=False) as stop:
+        stop.armed = True
+        signal.raise_signal(signal.SIGINT)
+    assert stop.asked is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS}
     with pytest.raises(KeyboardInterrupt), StopOnSignal(verbose=False) as stop:
         signal.raise_signal(signal.SIGINT)  # not armed yet (reading data, before the first step): at once
@@ -85,7 +99,7 @@ def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_t
 
 
 def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run(tmp_path, small_data, monkeypatch,
-                                                                                  capsys):
+                                                                                  capsys, python_sigint):
     import rookworld_rlvr.sft as sft
 
     def run(name, resume=False, interrupt=None):
@@ -120,7 +134,10 @@ def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, ti
     fields = _fields(tiny_model_dir, small_data, run, steps=10_000, save_every=1000)
     args = [sys.executable, "-m", "rookworld_rlvr", "train", "--engine-cache", "null"] + [
         a for k, v in fields.items() if k != "engine_cache" for a in (f"--{k.replace('_', '-')}", str(v))]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: SIGINT not ignored (a test runner's worker may ignore it, and a child inherits that)
+    terminal = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(args, **terminal)
     deadline = time.time() + 240
     while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
@@ -132,7 +149,7 @@ def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, ti
     assert f"train: stopped at step {last} on SIGINT: checkpoint saved, --resume continues from it" in err
     assert "SIGINT: stopping after this step with a checkpoint" in err
     assert ckpt.latest_checkpoint(run) == ckpt.checkpoint_dir(run, last)
-    again = subprocess.Popen(args + ["--resume", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    again = subprocess.Popen(args + ["--resume", "true"], **terminal)
     while len(_records(run)) <= last:
         assert again.poll() is None and time.time() < deadline + 120, again.communicate()[1][-2000:]
         time.sleep(0.2)

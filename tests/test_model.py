@@ -267,17 +267,23 @@ def test_save_replaces_existing_checkpoint(tmp_path):
     assert config["padding_side"] == "left"
 
 
-def test_saves_print_no_progress_bar(tmp_path, capfd):
-    """A bar per checkpoint buried the training run's own progress output."""
+def test_saves_and_loads_print_no_progress_bar(tmp_path, capfd):
+    """A bar per checkpoint buried the training run's own progress output, and one per load ("Loading
+    weights") a match's; transformers' bars are as they were after."""
+    from transformers.utils import logging as hf_logging
+
     from rookworld_rlvr.grpo.checkpoint import save_checkpoint
 
     tok = build_chess_tokenizer()
     model = tiny_gpt2(len(tok), seed=0)
     save_pretrained_atomic(model, tok, tmp_path / "final")
     save_checkpoint(tmp_path, 1, model, tok, {"step": 1})
+    assert hf_logging.is_progress_bar_enabled()
+    load_policy(str(tmp_path / "final"), device="cpu", verbose=False)
     err = capfd.readouterr().err
-    assert "Writing model shards" not in err and "%|" not in err
+    assert "Writing model shards" not in err and "Loading weights" not in err and "%|" not in err
     assert (tmp_path / "checkpoints" / "step_000001" / "model.safetensors").exists()
+    assert hf_logging.is_progress_bar_enabled()
 
 
 def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):

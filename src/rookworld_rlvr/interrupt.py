@@ -47,7 +47,8 @@ class StopOnSignal:
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             self._pid = os.getpid()
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
+                              if signal.getsignal(s) is not signal.SIG_IGN}  # ignored (nohup, `&`): left so
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -212,14 +213,15 @@ def load_policy(
     torch_dtype = resolve_dtype(dtype)
 
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
-            ignore_mismatched_sizes=True,
-        )
+        with _no_bars():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=torch_dtype,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
+                ignore_mismatched_sizes=True,
+            )
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
         hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
@@ -246,16 +248,23 @@ def load_policy(
     return model, tokenizer
 
 
-def write_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
-    """Model (safetensors) and tokenizer into an existing directory, quietly: a "Writing model
-    shards" bar per checkpoint would bury the run's own progress output."""
+@contextmanager
+def _no_bars():
+    """transformers' progress bars off ("Loading weights", "Writing model shards": one per load or
+    checkpoint would bury the command's own output), as they were after."""
     bars_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(directory)  # safetensors is the default serialization
+        yield
     finally:
         if bars_on:
             hf_logging.enable_progress_bar()
+
+
+def write_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Model (safetensors) and tokenizer into an existing directory, quietly (`_no_bars`)."""
+    with _no_bars():
+        model.save_pretrained(directory)  # safetensors is the default serialization
     tokenizer.save_pretrained(directory)
     _portable_tokenizer_class(directory)
     if not list(directory.glob("*.safetensors")):
