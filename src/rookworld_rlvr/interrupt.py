@@ -48,7 +48,8 @@ class StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             self._pid = os.getpid()
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
-                              if signal.getsignal(s) is not signal.SIG_IGN}  # ignored (nohup, `&`): left so
+                              if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
+            # set outside Python (None: it could not be restored): left as it is
         return self
 
     def __exit__(self, *exc) -> None:
