@@ -453,6 +453,22 @@ def test_anchor_out_of_check_without_such_positions_fails_before_any_work(tmp_pa
              anchor_coef=1.0, anchor_tasks="PA", anchor_positions="out_of_check")
 
 
+def test_positions_are_told_apart_by_check_once_for_the_sampler_and_the_anchor(tmp_path, tiny_model_dir, small_data,
+                                                                               scorer, monkeypatch):
+    """`check_share` splits the training P: rows by check; the anchor out of check takes the sampler's rows out of
+    check (the same rows, in the same order) instead of parsing a GPU base's million positions again."""
+    from rookworld_rlvr.grpo import prompts
+    from rookworld_rlvr.grpo.prompts import out_of_check, split_tasks
+
+    calls, real = [], prompts.in_check_flags
+    monkeypatch.setattr(prompts, "in_check_flags", lambda rows, *a: calls.append(len(rows)) or real(rows, *a))
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, mix_env_ratio=0.5, check_share=0.25, anchor_coef=1.0,
+              anchor_tasks="PA", anchor_positions="out_of_check")
+    rows = split_tasks(read_samples(str(small_data / "train.jsonl")))["P"]
+    assert calls == [len(rows)]
+    assert tr.anchor.sampler.pools["P"] == out_of_check(rows) == tr.prompts.pools["P"] and len(calls) == 2
+
+
 def test_anchor_data_without_its_samples_is_an_error_not_the_training_data(tmp_path, tiny_model_dir, small_data,
                                                                             scorer):
     with pytest.raises(ValueError, match=r"'anchor_data' is .*eval.jsonl: pass its samples as anchor_samples"):

@@ -23,11 +23,14 @@ AnchorBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # ids, atten
 
 
 class Anchor:
-    def __init__(self, cfg: TrainConfig, by_task: dict[str, list], tokenizer, device: torch.device) -> None:
+    def __init__(self, cfg: TrainConfig, by_task: dict[str, list], tokenizer, device: torch.device,
+                 out_of_check_rows: list | None = None) -> None:
+        """`out_of_check_rows`: `out_of_check(by_task["P"])` where the caller has it (the prompt sampler's
+        split of the same rows), so that a million positions are not told apart twice."""
         self.cfg, self.tokenizer, self.device = cfg, tokenizer, device
         pools = {t: by_task[t] for t in cfg.anchor_tasks}
         if "P" in pools and cfg.anchor_positions == "out_of_check":
-            pools["P"] = out_of_check(pools["P"])
+            pools["P"] = out_of_check(pools["P"]) if out_of_check_rows is None else out_of_check_rows
         for t in cfg.anchor_tasks:  # here, not at the first step after the base evaluation
             if not pools[t]:
                 where = " out of check (anchor_positions)" if t == "P" and by_task[t] else ""

@@ -114,8 +114,9 @@ class Trainer:
         if cfg.anchor_coef and cfg.anchor_data and anchor_samples is None:  # no silent fallback to train_samples
             raise ValueError(f"config field 'anchor_data' is {cfg.anchor_data}: pass its samples as anchor_samples "
                              "(grpo.cli.build reads them)")
-        anchor_by_task = by_task if anchor_samples is None else split_tasks(anchor_samples)
-        self.anchor = Anchor(cfg, anchor_by_task, self.tokenizer, self.device) if cfg.anchor_coef else None
+        split = anchor_samples is None and cfg.check_share is not None  # the sampler's "P": these rows out of check
+        self.anchor = Anchor(cfg, by_task if anchor_samples is None else split_tasks(anchor_samples), self.tokenizer,
+                             self.device, self.prompts.pools["P"] if split else None) if cfg.anchor_coef else None
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + dist.rank())  # own samples per rank
         self.step, self.stop = 0, None  # stop: asked to stop between steps (rookworld train's signal handler)
         self.events: list[dict] = []  # guard events of this process's run (events.jsonl has every one)
