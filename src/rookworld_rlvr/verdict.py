@@ -244,21 +244,23 @@ def both_legal_rows(base: dict | None, final: dict | None) -> list[dict[str, Any
     mover's on the same positions. The ratio rows count each model's own legal moves, so a model that
     turns hard positions legal is judged on harder ones (and one that plays illegally there, on easier
     ones); these rows compare the two on the same positions, paired."""
-    figures = (("expected-score loss per move", "loss"), ("blunders (a loss of 0.2 or more)", "blunder"))
     key = "strength.loss_items"
     if items_of(base, key) is None or items_of(base, key) != items_of(final, key):
         return []
-    lists = {(who, f, w): get(ev, f"strength.{w}{f}_items") for who, ev in (("base", base), ("final", final))
-             for _, f in figures for w in ("", "random_")}
-    if not all(isinstance(x, list) for x in lists.values()) or len({len(x) for x in lists.values()}) != 1:
+    names = ("loss", "blunder", "random_loss", "random_blunder")  # per position; the random mover's from base's
+    mine = {(n, who): get(ev, f"strength.{n}_items")
+            for n in names[:2] for who, ev in (("base", base), ("final", final))}
+    theirs = {n: get(base, f"strength.{n}_items") for n in names[2:]}
+    lists = [*mine.values(), *theirs.values()]
+    if not all(isinstance(x, list) for x in lists) or len({len(x) for x in lists}) != 1:
         return []
-    before, after = lists["base", "loss", ""], lists["final", "loss", ""]
-    idx = [i for i, (b, a) in enumerate(zip(before, after)) if b is not None and a is not None]
+    idx = [i for i, (b, a) in enumerate(zip(mine["loss", "base"], mine["loss", "final"]))
+           if b is not None and a is not None]
     if len(idx) < 2:
         return []
     out = []
-    for label, f in figures:
-        b, a, rand = ([lists[who, f, w][i] for i in idx] for who, w in (("base", ""), ("final", ""), ("base", "random_")))
+    for f, label in (("loss", "expected-score loss per move"), ("blunder", "blunders (a loss of 0.2 or more)")):
+        b, a, rand = ([x[i] for i in idx] for x in (mine[f, "base"], mine[f, "final"], theirs[f"random_{f}"]))
         ci_of = _mean_interval if f == "loss" else (lambda xs: wilson(sum(xs) / len(xs), len(xs)))
         ci = _paired_mean_interval(b, a) if f == "loss" else paired_interval(b, a)
         out.append({"key": f"strength.both_legal.{f}", "label": f"{label}, where both moved legally ({len(idx)} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import random
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,7 +120,7 @@ def stop_if_asked(tr: Trainer) -> None:
     asked = tr.stop.asked
     if dist.all_reduce_sum([float(asked or 0)])[0]:
         save(tr)
-        raise Interrupted(asked or 15, tr.step)  # a rank that got no signal itself names SIGTERM, torchrun's
+        raise Interrupted(asked or signal.SIGTERM, tr.step)  # a rank that got none itself names torchrun's
 
 
 def snapshot(tr: Trainer) -> None:
