@@ -276,14 +276,19 @@ def test_saves_and_loads_print_no_progress_bar(tmp_path, capfd):
 
     tok = build_chess_tokenizer()
     model = tiny_gpt2(len(tok), seed=0)
-    save_pretrained_atomic(model, tok, tmp_path / "final")
-    save_checkpoint(tmp_path, 1, model, tok, {"step": 1})
-    assert hf_logging.is_progress_bar_enabled()
-    load_policy(str(tmp_path / "final"), device="cpu", verbose=False)
+    was_on = hf_logging.is_progress_bar_enabled()  # another test may have turned them off
+    hf_logging.enable_progress_bar()
+    try:
+        save_pretrained_atomic(model, tok, tmp_path / "final")
+        save_checkpoint(tmp_path, 1, model, tok, {"step": 1})
+        load_policy(str(tmp_path / "final"), device="cpu", verbose=False)
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        if not was_on:
+            hf_logging.disable_progress_bar()
     err = capfd.readouterr().err
     assert "Writing model shards" not in err and "Loading weights" not in err and "%|" not in err
     assert (tmp_path / "checkpoints" / "step_000001" / "model.safetensors").exists()
-    assert hf_logging.is_progress_bar_enabled()
 
 
 def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
