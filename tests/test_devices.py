@@ -11,6 +11,7 @@ from test_trainer import make, varied_reward
 
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype
+from rookworld_rlvr.grpo.runlog import banner
 from rookworld_rlvr.model import load_policy, resolve_device
 
 
@@ -20,7 +21,7 @@ def test_a_reference_on_its_own_device_is_frozen_and_a_resume_reloads_it_from_th
     offload next to a GPU policy would be); step 0 has KL 0; after a resume the reference is the base
     model again, not the trained policy the run resumes."""
     tr = make(tmp_path, tiny_model_dir, small_data, None, varied_reward, ref_device="cpu", kl_coef=0.1, steps=1)
-    assert tr.ref_device == torch.device("cpu") and tr.ref is not tr.policy and "reference on cpu" in tr.banner()
+    assert tr.ref_device == torch.device("cpu") and tr.ref is not tr.policy and "reference on cpu" in banner(tr)
     assert not any(p.requires_grad for p in tr.ref.parameters()) and not tr.ref.training
     tr.train()
     assert tr.step == 1

@@ -41,16 +41,19 @@ def python_sigint():
 def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_back(python_sigint):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored where the job started (nohup, `&`): it stays ignored
     with StopOnSignal(verbose=False) as stop:
-        stop.armed = True
+        stop.arm()
         signal.raise_signal(signal.SIGINT)
     assert stop.asked is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS}
     with pytest.raises(KeyboardInterrupt), StopOnSignal(verbose=False) as stop:
-        signal.raise_signal(signal.SIGINT)  # not armed yet (reading data, before the first step): at once
+        # not armed yet (reading data, before the first step): no handler of its own, so the workers a data read
+        # forks take SIGTERM's default action even in their first instant (a Python handler loses it there)
+        assert {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS} == before
+        signal.raise_signal(signal.SIGINT)
     assert stop.asked is None and {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS} == before
     with StopOnSignal(verbose=False) as stop:
-        stop.armed = True  # the job's first step
+        stop.arm()  # the job's first step
         pid = os.fork()
         if pid == 0:  # a forked worker inherits the handler, not the job: SIGTERM ends it as before
             os.kill(os.getpid(), signal.SIGTERM)
@@ -98,13 +101,67 @@ def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_t
     assert all(torch.equal(p, q) for p, q in zip(resumed.policy.parameters(), straight.policy.parameters()))
 
 
+@pytest.mark.parametrize("fault", ["signal", "crash"])
+def test_a_signal_or_crash_during_an_evaluation_loses_no_step_and_resume_evaluates_first(
+        tmp_path, tiny_model_dir, small_data, fault):
+    """Evaluations at steps 2, 4 and 5 (eval_every 2, the end), periodic checkpoints never (save_every 100).
+    SIGTERM during step 4's evaluation stops the run there at once, not when the evaluation ends; a crash
+    there ends it. Either way the checkpoint of step 4 is on disk, saying its evaluation is owed; --resume
+    evaluates step 4 first and ends with the straight run's weights, log records and evaluations."""
+    def eval_fn(model, tokenizer):  # a score of the weights: an evaluation of other weights would differ
+        if signal_at == tr.step:
+            if fault == "signal":
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(60)  # an evaluation minutes long: the signal must not wait for its end
+                raise AssertionError("the signal waited for the evaluation")
+            raise RuntimeError("the evaluation crashed")
+        score = float(sum(p.detach().double().sum() for p in model.parameters()))
+        return {"policy": {"n": 1, "mean_reward": score}, "environment": {"n": 0}}
+
+    def trainer(path, resume=False):
+        cfg = load_config(None, _fields(tiny_model_dir, small_data, path / "run", steps=5, save_every=100,
+                                        eval_every=2, eval_data="x", resume=resume))
+        return Trainer(cfg, varied_reward, read_samples(cfg.data), eval_fn, log=lambda *_: None)
+
+    def evals(path):
+        return [{k: v for k, v in json.loads(x).items() if k != "seconds"}
+                for x in (path / "run" / "eval.jsonl").read_text().splitlines()]
+
+    signal_at = None
+    tr = straight = trainer(tmp_path / "a")
+    straight.train()
+    assert [e["step"] for e in evals(tmp_path / "a")] == [0, 2, 4, 5]
+    assert ckpt.load_state(ckpt.checkpoint_dir(tmp_path / "a" / "run", 2))["eval_owed"] is False  # saved after it
+
+    signal_at, tr = 4, trainer(tmp_path / "b")
+    t0 = time.time()
+    with pytest.raises(Interrupted if fault == "signal" else RuntimeError) as e, \
+            StopOnSignal(verbose=False) as tr.stop:
+        tr.train()
+    assert time.time() - t0 < 50  # 5 tiny steps and 3 evaluations; the stopped one would have slept 60 s
+    if fault == "signal":
+        assert e.value.step == 4 and e.value.exit_code == 143
+    run = tmp_path / "b" / "run"
+    assert ckpt.latest_checkpoint(run) == ckpt.checkpoint_dir(run, 4)
+    assert ckpt.load_state(ckpt.checkpoint_dir(run, 4))["eval_owed"] is True
+    assert [e["step"] for e in evals(tmp_path / "b")] == [0, 2]
+    signal_at, tr = None, trainer(tmp_path / "b", resume=True)
+    with StopOnSignal(verbose=False) as tr.stop:
+        tr.train()
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(_records(run)) == strip(_records(tmp_path / "a" / "run"))
+    assert evals(tmp_path / "b") == evals(tmp_path / "a")
+    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
+
+
 def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run(tmp_path, small_data, monkeypatch,
                                                                                   capsys, python_sigint):
     import rookworld_rlvr.sft as sft
 
     def run(name, resume=False, interrupt=None):
-        cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), steps=5,
-                        batch_size=4, own_repeats=0, lr=1e-3, warmup_steps=1, save_every=100, device="cpu", threads=1)
+        cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
+                        eval_samples=0, out=str(tmp_path / name), steps=5, batch_size=4, own_repeats=0, lr=1e-3,
+                        warmup_steps=1, save_every=100, device="cpu", threads=1)
         sft_train(cfg, resume=resume, progress=False, interrupt=interrupt)
         return [json.loads(x) for x in (tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()]
 
@@ -119,7 +176,9 @@ def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run
 
     monkeypatch.setattr(sft, "_accumulate", signal_in_step_two)
     with StopOnSignal(verbose=False) as stop:
-        assert [r["step"] for r in run("split", interrupt=stop)] == [1, 2]
+        paused = run("split", interrupt=stop)
+    assert [r["step"] for r in paused] == [1, 2] and "eval_loss_P" in straight[-1]
+    assert "eval_loss_P" not in paused[-1]  # a pause on a signal saves at once: no held-out evaluation first
     assert stop.asked == signal.SIGINT and "paused, --resume continues to step 5" in capsys.readouterr().out
     monkeypatch.setattr(sft, "_accumulate", real)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("minutes", "seconds")} for r in rows]  # noqa: E731

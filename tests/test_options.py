@@ -23,6 +23,7 @@ from rookworld_rlvr.data.io import DataError, read_samples
 from rookworld_rlvr.grpo.state import save
 from rookworld_rlvr.grpo.passes import task_slices
 from rookworld_rlvr.grpo.prompts import ends_game
+from rookworld_rlvr.grpo.runlog import banner
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 from rookworld_rlvr.tasks.strength import in_check
 
@@ -572,8 +573,8 @@ def _overlap(env: Env, over: dict) -> str:
 
     trainer, pool = build(env.config(over), log=lambda *_: None)
     pool.close()
-    return "during generation" if "scoring as rows finish, during generation" in trainer.banner() else \
-        "after generation" if "scoring after generation" in trainer.banner() else trainer.banner()
+    return "during generation" if "scoring as rows finish, during generation" in banner(trainer) else \
+        "after generation" if "scoring after generation" in banner(trainer) else banner(trainer)
 
 
 def _cache_file(env: Env, over: dict) -> bool:

@@ -11,7 +11,7 @@ from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo.state import rollback, save
 from rookworld_rlvr.grpo.passes import task_slices
-from rookworld_rlvr.grpo.runlog import append_jsonl
+from rookworld_rlvr.grpo.runlog import append_jsonl, banner
 from rookworld_rlvr.grpo.trainer import Trainer, TrainingStopped
 from rookworld_rlvr.model import token_logprobs
 from rookworld_rlvr.tasks.rewards import RewardScorer
@@ -525,7 +525,7 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
     pass, μ = 2, recomputes). Where it cannot apply it is off and the banner says why."""
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=varied_reward, updates_per_batch=2,
               mix_env_ratio=0.5, record_rollout="always")  # auto leaves narrow models alone
-    assert tr.record and "recorded projection outputs" in tr.banner()
+    assert tr.record and "recorded projection outputs" in banner(tr)
     batch = tr.assemble(tr.collect(0, {}))
     assert all(r.recorded is not None for r in batch.rows)
     results = []
@@ -550,7 +550,7 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
                                      (dict(lora_r=4), "LoRA"),
                                      (dict(autocast="bf16", backward_dtype="auto"), "autocast"))):
         other = make(tmp_path / str(i), tiny_model_dir, small_data, scorer, **over)
-        assert not other.record and why in other.record_note and other.record_note in other.banner()
+        assert not other.record and why in other.record_note and other.record_note in banner(other)
         rows = other.collect(0, {})
         assert all(r.recorded is None for g in rows for r in g)
     with pytest.raises(ValueError, match="record_rollout"):
@@ -573,7 +573,7 @@ def test_backward_dtype_auto_measures_and_a_resumed_run_keeps_its_choice(tmp_pat
     monkeypatch.setattr(bf16_grad, "bf16_speedup", lambda device: 2.0)  # a CPU with fast bf16 products
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, backward_dtype="auto")
     assert tr.grad_dtype == torch.bfloat16 and "2.00x" in tr.grad_note
-    assert "backward products bf16 (auto" in tr.banner()
+    assert "backward products bf16 (auto" in banner(tr)
     save(tr)
     monkeypatch.setattr(bf16_grad, "bf16_speedup", lambda device: 0.5)  # the same run on a slow machine
     assert make(tmp_path / "new", tiny_model_dir, small_data, scorer, backward_dtype="auto").grad_dtype is None

@@ -253,7 +253,7 @@ class TrainConfig:
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     resume: bool = _f(False, "continue from the latest checkpoint in output_dir")
     eval_every: int = _f(0, "greedy held-out evaluation every N steps (0 = only before and after)")
-    save_every: int = _f(20, "checkpoint every N steps")
+    save_every: int = _f(20, "checkpoint every N steps (and before and after each held-out evaluation)")
     keep_last: int = _f(2, "checkpoints kept (plus the best by eval reward)")
     tensorboard: bool = _f(True, "write TensorBoard events to output_dir/tb")
     wandb: bool = _f(False, "log to Weights & Biases (needs wandb installed and a login)")

@@ -1,7 +1,8 @@
 """Stopping a long job where it stands when asked to: Ctrl-C, a scheduler's or a timeout's SIGTERM,
 or torchrun passing its own SIGTERM on to every rank. The job finishes the step it is in, saves a
 checkpoint there and exits, so `--resume` continues from that step, not from the last periodic
-checkpoint; a second signal ends it at once, as it would have without this.
+checkpoint; a second signal ends it at once, as it would have without this. Work that follows a
+checkpoint and changes nothing in it (a held-out evaluation, minutes long on a CPU) stops at once.
 
 Owns the signal handlers (installed by the command-line entry points only: a library caller keeps
 its own) and the exception that says a run stopped on request. Imports nothing of the package.
@@ -9,13 +10,15 @@ its own) and the exception that says a run stopped on request. Imports nothing o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from typing import Iterator
 
 
 class Interrupted(Exception):
-    """A run stopped on a signal at a step boundary, its checkpoint saved."""
+    """A run stopped on a signal at a step boundary, its checkpoint of `step` saved."""
 
     def __init__(self, signum: int, step: int) -> None:
         self.signum, self.step = signum, step
@@ -28,12 +31,17 @@ class Interrupted(Exception):
 
 
 class StopOnSignal:
-    """While entered (in the main thread) and once the job has `armed` it (at its first step: reading data
-    or encoding it there is no step to end, and no checkpoint to save), the first SIGINT or SIGTERM only
-    sets `asked` to its number and says so on stderr; the job checks `asked` between steps. Otherwise, and
-    at a second signal, the handlers found on entry take the signal as they would have (Ctrl-C raises
-    KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks (they inherit the
-    handler, not the job's steps)."""
+    """Once entered and `arm`ed by the job at its first step (in the main thread), the first SIGINT or
+    SIGTERM only sets `asked` to its number and says so on stderr; the job checks `asked` between steps.
+    Before that (reading or encoding data: no step to end, no checkpoint to save), after the block and at
+    a second signal, the handlers found at `arm` take the signal as they would have (Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks.
+
+    Why only from the first step: a process forked while a Python handler is installed loses a signal
+    that arrives before its interpreter has started again (CPython clears pending signals after a fork).
+    multiprocessing's Pool.terminate() sends SIGTERM to workers that may have just been forked, and one
+    that lost it waited forever for the lock its pool held: the data readers' and encoders' forks must
+    see SIGTERM's default action, which the kernel carries out."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -41,18 +49,26 @@ class StopOnSignal:
         self.asked: int | None = None
         self.armed = False
         self.verbose = verbose
+        self._entered = False
+        self._at_once: int | None = None
         self._previous: dict[int, object] = {}
         self._pid = os.getpid()
 
     def __enter__(self) -> StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            self._pid = os.getpid()
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
-                              if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
-            # set outside Python (None: it could not be restored): left as it is
+        self._entered = True
         return self
 
+    def arm(self) -> None:
+        """From here (the job's first step) a first signal is asked, not acted on; safe to call again."""
+        if self.armed or not self._entered or threading.current_thread() is not threading.main_thread():
+            return
+        self.armed, self._pid = True, os.getpid()
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
+                          if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
+        # set outside Python (None: it could not be restored): left as it is
+
     def __exit__(self, *exc) -> None:
+        self._entered = False
         self._restore()
 
     def _restore(self) -> None:
@@ -60,12 +76,27 @@ class StopOnSignal:
             signal.signal(s, handler)
         self._previous = {}
 
+    @contextlib.contextmanager
+    def at_once(self, step: int) -> Iterator[None]:
+        """Within the block (work that a checkpoint of `step`, already written, does not need: an
+        evaluation) the first signal raises Interrupted where the job stands, not at the next step."""
+        self._at_once = step
+        try:
+            yield
+        finally:
+            self._at_once = None
+
     def _handle(self, signum: int, frame) -> None:
-        if self.asked is not None or not self.armed or os.getpid() != self._pid:
+        if self.asked is not None or os.getpid() != self._pid:
             self._restore()
             signal.raise_signal(signum)
             return
         self.asked = signum
+        name = signal.Signals(signum).name
+        if self._at_once is not None:
+            if self.verbose:
+                os.write(2, f"\n{name}: stopping now; the checkpoint of step {self._at_once} is saved\n".encode())
+            raise Interrupted(signum, self._at_once)
         if self.verbose:  # os.write, not print: a handler may run while the main thread is inside a print
-            os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (--resume "
-                        f"continues from it); send it again to stop at once\n".encode())
+            os.write(2, f"\n{name}: stopping after this step with a checkpoint (--resume continues from it); send "
+                        "it again to stop at once\n".encode())

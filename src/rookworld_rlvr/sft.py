@@ -268,15 +268,17 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     model.train()
     model.config.use_cache = False
 
-    def paused() -> bool:  # this invocation ends (stop_after_minutes, stop_when); the run itself goes on
+    def signalled() -> bool:
+        return interrupt is not None and interrupt.asked is not None
+
+    def paused() -> bool:  # this invocation ends (stop_after_minutes, stop_when, a signal); the run goes on
         return ((cfg.stop_after_minutes is not None and time.time() - t0 >= cfg.stop_after_minutes * 60)
-                or (cfg.stop_when is not None and Path(cfg.stop_when).exists())
-                or (interrupt is not None and interrupt.asked is not None))
+                or (cfg.stop_when is not None and Path(cfg.stop_when).exists()) or signalled())
 
     timed = bool(budget or cfg.stop_after_minutes is not None or cfg.stop_when or interrupt is not None)
 
-    def reading() -> tuple[float, bool]:  # the progress and whether to pause: rank 0's, so every rank agrees
-        here = (progress_frac(), paused())
+    def reading() -> tuple[float, bool, bool]:  # progress, pause, on a signal: rank 0's, so every rank agrees
+        here = (progress_frac(), paused(), signalled())
         return dist.broadcast_object(here) if timed and world > 1 else here
 
     own_answers, pad_id = bool(cfg.own_repeats and cfg.distinct_coef), tokenizer.pad_token_id
@@ -288,8 +290,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
 
     upcoming, drawn = None, rng.getstate()  # drawn: the rng after this step's draw, what a checkpoint keeps
     if interrupt is not None:  # from here a signal pauses the run after its step (before, it acts at once)
-        interrupt.armed = True
-    frac, stop = reading()
+        interrupt.arm()
+    frac, stop, _ = reading()
     while step < cfg.steps and frac < 1.0 and not stop:
         warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))  # warm-up counts real steps, decay follows progress
         at = int(frac * cfg.steps)
@@ -328,9 +330,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
                   "grad_norm": float(grad_norm),
                   "minutes": round((elapsed_before + time.time() - t0) / 60, 2),
                   "seconds": round(elapsed_before + time.time() - t0, 3)}
-        frac, stop = reading()
-        done = step >= cfg.steps or frac >= 1.0 or stop
-        if step % cfg.eval_every == 0 or done:
+        frac, stop, on_signal = reading()
+        finished = step >= cfg.steps or frac >= 1.0
+        done = finished or stop
+        if step % cfg.eval_every == 0 or finished or (stop and not on_signal):  # a signal: the checkpoint at once
             record.update(held_out(model, tokenizer, eval_rows, eval_samples, cfg.layout, cfg.eval_samples, device,
                                    spread=dist.spread if world > 1 else None))
             model.train()

@@ -1,5 +1,5 @@
 """The run directory's logs: metrics.jsonl (one record per step), eval.jsonl, events.jsonl, and
-what a fresh run or a rollback does to them.
+what a fresh run or a rollback does to them, and the banner that opens a run's log.
 
 Owns the step record (what a step logs: loss metrics, rewards per task and component,
 advantages, lengths, timings; reduced over ranks, so every rank holds the same) and the files.
@@ -13,14 +13,21 @@ import math
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+import torch
+
+from rookworld_rlvr import __version__
 from rookworld_rlvr.data.io import atomic_write_text, read_log
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.loss import zero_variance_groups
 from rookworld_rlvr.grpo.quality_term import legal_position_move
 from rookworld_rlvr.grpo.rollout import Batch
+
+if TYPE_CHECKING:
+    from rookworld_rlvr.grpo.trainer import Trainer
 
 
 def git_commit() -> str:
@@ -30,6 +37,38 @@ def git_commit() -> str:
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def banner(tr: Trainer) -> str:
+    """The run's first lines: version, model, precision and sampling choices, every config field."""
+    cfg = tr.cfg
+    lora = f"; LoRA r={cfg.lora_r} ({tr.n_trainable / 1e6:.3f}M trainable)" if cfg.lora_r else ""
+    lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
+             f"policy {cfg.model}: {tr.n_params / 1e6:.2f}M parameters on {tr.device}{lora}"
+             f"{', bf16 autocast' if tr.amp else ''}; reference {'off (beta 0, no KL guard)' if not tr.use_ref else 'on ' + str(tr.ref_device)}"
+             f"{' (beta 0: for the KL guard only)' if tr.use_ref and cfg.kl_coef == 0 else ''}"
+             f"{' (the base with adapters disabled)' if cfg.lora_r and tr.use_ref else ''}",
+             f"policy pass: forward {'bf16 autocast' if tr.amp else 'float32'}, backward products {tr.grad_note}; "
+             f"forward projections {tr.record_note}; decoding {tr.graph_note}; scoring {tr.overlap_note}",
+             "config:"]
+    lines += [f"  {k}: {json.dumps(v)}" for k, v in cfg.to_dict().items()]
+    return "\n".join(lines)
+
+
+@contextmanager
+def timed(timings: dict[str, float], phase: str, device: torch.device | None = None) -> Iterator[None]:
+    """Add the block's wall time to timings[phase]. On a GPU the device is synchronised at both
+    ends, so the phase's kernels count in its own time, not in the next phase's."""
+    sync = device is not None and device.type == "cuda"
+    if sync:
+        torch.cuda.synchronize(device)
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        if sync:
+            torch.cuda.synchronize(device)
+        timings[phase] = timings.get(phase, 0.0) + time.time() - t0
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -49,18 +88,19 @@ def set_aside(run_dir: Path, log: Callable[[str], None]) -> None:
     log(f"moved the previous run in {run_dir} to {aside} (use resume: true to continue it)")
 
 
-def truncate_logs(run_dir: Path, step: int, events: int | None = None) -> None:
-    """Drop log records of steps after `step` (a restored checkpoint): they will be redone. A resume
-    also gives `events`, how many guard events its checkpoint had seen: the later ones are dropped,
-    since the resumed run redoes their steps and logs them again (a rollback keeps every event)."""
+def truncate_logs(run_dir: Path, step: int, events: int | None = None, evaluated: bool = True) -> None:
+    """Drop log records of steps after `step` (a restored checkpoint): they will be redone; so will the
+    evaluation at `step` unless `evaluated` (a checkpoint saved before it). A resume also gives `events`,
+    how many guard events its checkpoint had seen: the later ones are dropped, since the resumed run
+    redoes their steps and logs them again (a rollback keeps every event)."""
     def rewrite(name: str, keep: Callable[[list[dict]], list[dict]]) -> None:
         path = run_dir / name
         if path.exists():
             rows = keep(read_log(path, warn=lambda m: print(m, file=sys.stderr)))
             atomic_write_text(path, [json.dumps(r, default=float) + "\n" for r in rows])
 
-    for name in ("metrics.jsonl", "eval.jsonl"):
-        rewrite(name, lambda rows: [r for r in rows if r.get("step", 0) <= step])
+    rewrite("metrics.jsonl", lambda rows: [r for r in rows if r.get("step", 0) <= step])
+    rewrite("eval.jsonl", lambda rows: [r for r in rows if r.get("step", 0) < step + evaluated])
     if events is not None:
         rewrite("events.jsonl", lambda rows: rows[:events])
 

@@ -42,6 +42,7 @@ def capture(tr: Trainer) -> dict:
         "anchor": copy.deepcopy(tr.anchor.sampler.state) if tr.anchor else None,
         "generator": tr.gen.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
         "base_eval": tr.base_eval, "best": tr.best, "history_eval": tr.history_eval,
+        "eval_owed": tr.eval_owed,  # saved before the evaluation at this step: a resume runs it first
         "config": tr.cfg.to_dict(), "version": __version__, "elapsed": tr.run_seconds(),
         "events_logged": tr.events_logged,  # read by a resume alone: a rollback keeps every event
         "backward_dtype": "bf16" if tr.grad_dtype is not None else "float32",
@@ -92,6 +93,7 @@ def restore(tr: Trainer, st: dict, weights_from: Path | None = None) -> None:
     torch.set_rng_state(st["torch_rng"])
     random.setstate(st["python_rng"])
     tr.base_eval, tr.best, tr.history_eval = st["base_eval"], st["best"], st["history_eval"]
+    tr.eval_owed = st.get("eval_owed", False)
     if "ref" in st and tr.ref is not None:
         tr.ref.load_state_dict(st["ref"])
 
@@ -110,16 +112,17 @@ def save(tr: Trainer) -> Path:
     return path
 
 
-def stop_if_asked(tr: Trainer) -> None:
+def stop_if_asked(tr: Trainer, saved: bool = False) -> None:
     """Between steps: where `tr.stop` (set by `rookworld train`: `interrupt.StopOnSignal`) was asked to
-    stop on any rank, a checkpoint at this step, then Interrupted on every rank alike. Without a `tr.stop`
-    (a library caller's run) nothing, and no collective."""
+    stop on any rank, a checkpoint at this step (unless `saved` already), then Interrupted on every rank
+    alike. Without a `tr.stop` (a library caller's run) nothing, and no collective."""
     if tr.stop is None:
         return
-    tr.stop.armed = True  # from the first step on: before it a signal acts at once, with no step to end
+    tr.stop.arm()  # from the first step on: before it a signal acts at once, with no step to end
     asked = tr.stop.asked
     if dist.all_reduce_sum([float(asked or 0)])[0]:
-        save(tr)
+        if not saved:
+            save(tr)
         raise Interrupted(asked or signal.SIGTERM, tr.step)  # a rank that got none itself names torchrun's
 
 

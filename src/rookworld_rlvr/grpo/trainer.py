@@ -16,13 +16,12 @@ import copy
 import json
 import math
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from rookworld_rlvr import __version__
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
@@ -38,27 +37,11 @@ from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record
 from rookworld_rlvr.grpo.prompts import PromptSampler, split_tasks
 from rookworld_rlvr.grpo.rollout import (Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect,
                                         decode_graph, score_overlap)
-from rookworld_rlvr.grpo.runlog import (append_jsonl, best_summary, git_commit, logged_events, set_aside, step_record,
-                                        truncate_logs)
+from rookworld_rlvr.grpo.runlog import (append_jsonl, banner, best_summary, logged_events, set_aside, step_record,
+                                        timed, truncate_logs)
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
 from rookworld_rlvr.metrics import held_out_reward, held_out_se
 from rookworld_rlvr.model import load_policy, resolve_device
-
-
-@contextmanager
-def timed(timings: dict[str, float], phase: str, device: torch.device | None = None) -> Iterator[None]:
-    """Add the block's wall time to timings[phase]. On a GPU the device is synchronised at both
-    ends, so the phase's kernels count in its own time, not in the next phase's."""
-    sync = device is not None and device.type == "cuda"
-    if sync:
-        torch.cuda.synchronize(device)
-    t0 = time.time()
-    try:
-        yield
-    finally:
-        if sync:
-            torch.cuda.synchronize(device)
-        timings[phase] = timings.get(phase, 0.0) + time.time() - t0
 
 
 class Trainer:
@@ -126,6 +109,7 @@ class Trainer:
         self.base_eval: dict | None = None
         self.best: tuple[float, int] | None = None
         self.history_eval: list[dict] = []
+        self.eval_owed = False  # a checkpoint saved before this step's evaluation (state.save) says so
         # wall-clock seconds of the run (max_minutes): before this process, its start, and the last agreed reading
         self.elapsed_before, self.t_start, self.clock = 0.0, time.time(), 0.0
         if resume_from is not None:  # every rank loads the same checkpoint
@@ -135,7 +119,7 @@ class Trainer:
             # a checkpoint from before the count was kept keeps every event
             self.events_logged = st["events_logged"] if "events_logged" in st else logged_events(self.run_dir)
             if self.main:
-                truncate_logs(self.run_dir, self.step, self.events_logged)
+                truncate_logs(self.run_dir, self.step, self.events_logged, evaluated=not self.eval_owed)
             self.log(f"resumed from {resume_from} at step {self.step}")
 
     def _load_models(self, resume_from: Path | None) -> None:
@@ -277,7 +261,7 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def train(self, writer=None) -> dict:
         cfg = self.cfg
-        self.log(self.banner())
+        self.log(banner(self))
         if self.main:  # under torchrun rank 0 writes every file of the run directory
             cfg.save(self.run_dir / "config.yaml")
         if self.base_eval is None:
@@ -293,6 +277,8 @@ class Trainer:
 
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
                    dynamic_ncols=True)
+        if self.eval_owed and not self._held_out_eval(bar):  # stopped or killed during this step's evaluation
+            state.save(self)
         while self.step < cfg.steps and not self.out_of_time():
             state.stop_if_asked(self)
             record = self.train_step()
@@ -313,35 +299,52 @@ class Trainer:
                             s=f"{record['time/step']:.1f}", **({"recovered": self.guard.recoveries}
                                                               if self.guard.recoveries else {}))
             last = self.step >= cfg.steps or self.out_of_time()
-            new_best = False
-            if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
-                res = self.evaluate()
-                if res:
-                    score = held_out_reward(res) or 0.0
-                    event = self.guard.observe_eval(self.step, score, self.best[0], held_out_se(res, self.best_eval())) \
-                        if self.best else None
-                    if event is not None:  # back to the best evaluation's state (saved when it was the best)
-                        self._act(event)
-                        bar.n = self.step
-                        bar.refresh()
-                        continue
-                    self.history_eval.append(res)
-                    if self.main:
-                        append_jsonl(self.run_dir / "eval.jsonl", res)
-                    if self.best is None or score > self.best[0]:
-                        self.best, new_best = (score, self.step), True
-            if self.step % cfg.save_every == 0 or last or (new_best and cfg.guard_eval_drop is not None):
+            due = self.eval_fn is not None and (bool(cfg.eval_every and self.step % cfg.eval_every == 0) or last)
+            if due and self._held_out_eval(bar):
+                continue  # rolled back to the best evaluation's state
+            if due or self.step % cfg.save_every == 0 or last:
                 state.save(self)
         bar.close()
         if self.out_of_time() and self.step < cfg.steps:
             self.log(f"max_minutes {cfg.max_minutes:g} reached: ended at step {self.step} of {cfg.steps}")
             if self.history_eval and self.history_eval[-1]["step"] != self.step:  # a rollback came last
-                res = self.evaluate()
-                self.history_eval.append(res)
-                if self.main:
-                    append_jsonl(self.run_dir / "eval.jsonl", res)
+                self._record_eval(self._evaluate_saved())
                 state.save(self)
         return self._finish()
+
+    def _evaluate_saved(self) -> dict | None:
+        """The held-out evaluation at this step, after a checkpoint that says it is owed (a resume runs
+        it first): a signal, a kill or a crash during it loses no step, and a signal stops it at once."""
+        self.eval_owed = True
+        state.save(self)
+        state.stop_if_asked(self, saved=True)  # a signal during the step: stopped before the evaluation
+        with self.stop.at_once(self.step) if self.stop is not None else nullcontext():
+            return self.evaluate()
+
+    def _record_eval(self, res: dict | None) -> None:
+        self.eval_owed = False
+        if res:
+            self.history_eval.append(res)
+            if self.main:
+                append_jsonl(self.run_dir / "eval.jsonl", res)
+
+    def _held_out_eval(self, bar) -> bool:
+        """The evaluation at this step (`_evaluate_saved`), judged by the collapse guard: True when it
+        rolled back (to the best evaluation's state, saved when it was the best); else kept, the best
+        updated. The caller saves again: the checkpoint then holds the evaluation."""
+        res = self._evaluate_saved()
+        if res and self.best:
+            score = held_out_reward(res) or 0.0
+            event = self.guard.observe_eval(self.step, score, self.best[0], held_out_se(res, self.best_eval()))
+            if event is not None:
+                self._act(event)
+                bar.n = self.step
+                bar.refresh()
+                return True
+        self._record_eval(res)
+        if res and (self.best is None or (held_out_reward(res) or 0.0) > self.best[0]):
+            self.best = (held_out_reward(res) or 0.0, self.step)
+        return False
 
     def best_eval(self) -> dict | None:
         """The evaluation the best score came from (the latest at its step: a rollback redoes steps)."""
@@ -401,19 +404,6 @@ class Trainer:
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step
         return dist.broadcast_object(res if self.main else None)
-
-    def banner(self) -> str:
-        lora = f"; LoRA r={self.cfg.lora_r} ({self.n_trainable / 1e6:.3f}M trainable)" if self.cfg.lora_r else ""
-        lines = [f"rookworld-rlvr {__version__} (git {git_commit()}) GRPO",
-                 f"policy {self.cfg.model}: {self.n_params / 1e6:.2f}M parameters on {self.device}{lora}"
-                 f"{', bf16 autocast' if self.amp else ''}; reference {'off (beta 0, no KL guard)' if not self.use_ref else 'on ' + str(self.ref_device)}"
-                 f"{' (beta 0: for the KL guard only)' if self.use_ref and self.cfg.kl_coef == 0 else ''}"
-                 f"{' (the base with adapters disabled)' if self.cfg.lora_r and self.use_ref else ''}",
-                 f"policy pass: forward {'bf16 autocast' if self.amp else 'float32'}, backward products {self.grad_note}; "
-                 f"forward projections {self.record_note}; decoding {self.graph_note}; scoring {self.overlap_note}",
-                 "config:"]
-        lines += [f"  {k}: {json.dumps(v)}" for k, v in self.cfg.to_dict().items()]
-        return "\n".join(lines)
 
     # -- controllers and guards ----------------------------------------------------------------------
     def _phase(self, step: int) -> str:
