@@ -18,7 +18,7 @@ from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo.trainer import Trainer
-from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
+from rookworld_rlvr.interrupt import Interrupted, StopOnSignal, forked_pool
 from rookworld_rlvr.sft import SFTConfig, train as sft_train
 from test_faults import _fields, _records, varied_reward
 
@@ -67,6 +67,27 @@ def test_the_first_signal_asks_the_second_stops_at_once_and_the_handlers_come_ba
             signal.raise_signal(signal.SIGINT)  # the second: the handler found on entry (Python's: KeyboardInterrupt)
     assert {s: signal.getsignal(s) for s in StopOnSignal.SIGNALS} == before
     assert Interrupted(signal.SIGINT, 7).exit_code == 130 and "stopped at step 7 on SIGINT" in str(Interrupted(2, 7))
+
+
+def _sigterm_action(_) -> str:
+    return str(signal.getsignal(signal.SIGTERM))
+
+
+def test_pool_workers_start_with_sigterms_default_action_whatever_handler_the_parent_has():
+    """A worker forked under a Python SIGTERM handler (the sweep's; an armed StopOnSignal) loses a SIGTERM that
+    comes in its first instant, and Pool.terminate() at the end of a `with` block sends one to workers that may
+    have just been forked: one that lost it waited forever for its pool's lock. Their action is the default."""
+    def handler(signum, frame):
+        pass
+
+    found = signal.signal(signal.SIGTERM, handler)
+    try:
+        with forked_pool(2) as pool:
+            seen = pool.map(_sigterm_action, range(4))
+        assert signal.getsignal(signal.SIGTERM) is handler  # the parent's own, back
+    finally:
+        signal.signal(signal.SIGTERM, found)
+    assert seen == [str(signal.SIG_DFL)] * 4
 
 
 def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_the_straight_run(

@@ -5,12 +5,14 @@ checkpoint; a second signal ends it at once, as it would have without this. Work
 checkpoint and changes nothing in it (a held-out evaluation, minutes long on a CPU) stops at once.
 
 Owns the signal handlers (installed by the command-line entry points only: a library caller keeps
-its own) and the exception that says a run stopped on request. Imports nothing of the package.
+its own), the exception that says a run stopped on request, and the forked worker pools, which must
+start without a handler of the parent's. Imports nothing of the package.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import signal
 import threading
@@ -30,6 +32,23 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+def forked_pool(workers: int) -> mp.pool.Pool:
+    """A multiprocessing Pool of `workers` forked processes that start with SIGTERM's default action,
+    whatever handler this process has. A process forked under a Python handler loses a signal that comes
+    before its interpreter runs again (CPython clears pending signals after a fork), and Pool.terminate(),
+    at the end of every `with` block, sends SIGTERM to workers that may have just been forked: one that
+    lost it waited forever for the lock its pool held (a data preparation hung 14 minutes)."""
+    main = threading.current_thread() is threading.main_thread()
+    found = signal.getsignal(signal.SIGTERM) if main else None
+    if found is not None:  # None: set outside Python, or not the main thread: left as it is
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return mp.get_context("fork").Pool(workers)
+    finally:
+        if found is not None:
+            signal.signal(signal.SIGTERM, found)
+
+
 class StopOnSignal:
     """Once entered and `arm`ed by the job at its first step (in the main thread), the first SIGINT or
     SIGTERM only sets `asked` to its number and says so on stderr; the job checks `asked` between steps.
@@ -37,11 +56,8 @@ class StopOnSignal:
     a second signal, the handlers found at `arm` take the signal as they would have (Ctrl-C raises
     KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks.
 
-    Why only from the first step: a process forked while a Python handler is installed loses a signal
-    that arrives before its interpreter has started again (CPython clears pending signals after a fork).
-    multiprocessing's Pool.terminate() sends SIGTERM to workers that may have just been forked, and one
-    that lost it waited forever for the lock its pool held: the data readers' and encoders' forks must
-    see SIGTERM's default action, which the kernel carries out."""
+    Only from the first step: the data a job reads first is read by forked workers, and those must start
+    with SIGTERM's default action (`forked_pool`)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

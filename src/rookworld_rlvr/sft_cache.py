@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rookworld_rlvr.data.io import data_lines, file_sha256, parse_lines, read_samples
+from rookworld_rlvr.interrupt import forked_pool
 from rookworld_rlvr.sft_rows import Row, encode, encode_many
 
 FORMAT = 1
@@ -123,7 +124,7 @@ def encode_into(cache: str | Path, key: str, data: str | Path, tokenizer, layout
     _JOB = (data, lines, tokenizer, layout, order, legal, token)  # the workers inherit it: no line is pickled to them
     try:
         if workers > 1 and "fork" in mp.get_all_start_methods():
-            with mp.get_context("fork").Pool(workers) as pool:  # as read_samples: the workers never run torch
+            with forked_pool(workers) as pool:  # as read_samples: the workers never run torch
                 parts = pool.map(_encode_part, bounds)
         else:
             parts = [_encode_part(b) for b in bounds]

@@ -16,6 +16,8 @@ import os
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
+from rookworld_rlvr.interrupt import forked_pool
+
 if TYPE_CHECKING:
     import random
 
@@ -85,7 +87,7 @@ def encode_many(tokenizer, samples, layout: str, order: str = "given", legal: bo
     size = -(-len(samples) // (workers * 4))
     _JOB = (tokenizer, samples, layout, order, legal)  # the workers inherit it: no sample is pickled to them
     try:  # fork: the workers run the tokenizer and python alone, never torch (as read_samples' workers)
-        with mp.get_context("fork").Pool(workers) as pool:
+        with forked_pool(workers) as pool:
             parts = pool.map(_encode_range, [(i, i + size) for i in range(0, len(samples), size)])
     finally:
         _JOB = None

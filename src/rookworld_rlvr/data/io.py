@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import chess
 
+from rookworld_rlvr.interrupt import forked_pool
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import EnvTruth
@@ -237,7 +238,7 @@ def parse_lines(path: str | Path, lines: list[tuple[int, str]]) -> list[Sample]:
 def forked_map(fn: Callable, items: list, workers: int) -> list:
     """`fn` over `items` in `workers` forked processes, in order. Fork, as torch's own DataLoader workers: the
     workers run python-chess alone, never torch, so a parent that has used torch (or CUDA) may fork them."""
-    with mp.get_context("fork").Pool(workers) as pool:
+    with forked_pool(workers) as pool:
         return pool.map(fn, items, chunksize=-(-len(items) // (workers * 4)) or 1)
 
 
