@@ -277,8 +277,8 @@ class Trainer:
 
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
                    dynamic_ncols=True)
-        if self.eval_owed and not self._held_out_eval(bar):  # stopped or killed during this step's evaluation
-            state.save(self)
+        if self.eval_owed:  # stopped or killed during this step's evaluation
+            self._held_out_eval(bar)
         while self.step < cfg.steps and not self.out_of_time():
             state.stop_if_asked(self)
             record = self.train_step()
@@ -300,9 +300,10 @@ class Trainer:
                                                               if self.guard.recoveries else {}))
             last = self.step >= cfg.steps or self.out_of_time()
             due = self.eval_fn is not None and (bool(cfg.eval_every and self.step % cfg.eval_every == 0) or last)
-            if due and self._held_out_eval(bar):
-                continue  # rolled back to the best evaluation's state
-            if due or self.step % cfg.save_every == 0 or last:
+            if due:
+                if self._held_out_eval(bar):
+                    continue  # rolled back to the best evaluation's state
+            elif self.step % cfg.save_every == 0 or last:
                 state.save(self)
         bar.close()
         if self.out_of_time() and self.step < cfg.steps:
@@ -331,10 +332,10 @@ class Trainer:
     def _held_out_eval(self, bar) -> bool:
         """The evaluation at this step (`_evaluate_saved`), judged by the collapse guard: True when it
         rolled back (to the best evaluation's state, saved when it was the best); else kept, the best
-        updated. The caller saves again: the checkpoint then holds the evaluation."""
+        updated, and saved again: the checkpoint then holds the evaluation."""
         res = self._evaluate_saved()
+        score = (held_out_reward(res) or 0.0) if res else None
         if res and self.best:
-            score = held_out_reward(res) or 0.0
             event = self.guard.observe_eval(self.step, score, self.best[0], held_out_se(res, self.best_eval()))
             if event is not None:
                 self._act(event)
@@ -342,8 +343,9 @@ class Trainer:
                 bar.refresh()
                 return True
         self._record_eval(res)
-        if res and (self.best is None or (held_out_reward(res) or 0.0) > self.best[0]):
-            self.best = (held_out_reward(res) or 0.0, self.step)
+        if res and (self.best is None or score > self.best[0]):
+            self.best = (score, self.step)
+        state.save(self)
         return False
 
     def best_eval(self) -> dict | None:
