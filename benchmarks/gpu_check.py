@@ -73,13 +73,21 @@ def padded_chess_tokenizer(vocab: int):
     return tok
 
 
-def random_model(preset: str, vocab: int, out: Path, seed: int = 0) -> Path:
-    """A random GPT-2 of `preset` with the chess tokenizer padded to `vocab` tokens, saved to `out`."""
+SMOKE_SHAPE = {"n_layer": 2, "n_embd": 64, "n_head": 4}  # --smoke: the test suite's tiny model, so that a CPU that
+# emulates bf16 (60-80x slower than float32 on an AVX2-only CPU) still runs the bf16 rows in seconds
+
+
+def random_model(preset: str, vocab: int, out: Path, seed: int = 0, shape: dict[str, int] | None = None) -> Path:
+    """A random GPT-2 of `preset` (its shape replaced by `shape` where given) with the chess tokenizer padded
+    to `vocab` tokens, saved to `out`."""
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(seed)
     tok = padded_chess_tokenizer(vocab)
-    model = GPT2LMHeadModel(tiny_config(len(tok), preset, n_positions=512))
+    config = tiny_config(len(tok), preset, n_positions=512)
+    for key, value in (shape or {}).items():
+        setattr(config, key, value)
+    model = GPT2LMHeadModel(config)
     save_pretrained_atomic(model, tok, out)
     return out
 
@@ -323,7 +331,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmpdir:
         tmp = Path(tmpdir)
         preset, vocab = ("tiny", 512) if args.smoke else ("gpt2-124m", GPT2_VOCAB)
-        model_dir = random_model(preset, vocab, tmp / "model")
+        model_dir = random_model(preset, vocab, tmp / "model", shape=SMOKE_SHAPE if args.smoke else None)
         data = ROOT / "data" / "train.jsonl.xz"
         if args.smoke:  # the first 400 training samples: reading all 240k takes longer than the rest
             from rookworld_rlvr.data.io import iter_samples, write_samples
@@ -336,7 +344,8 @@ def main() -> int:
             data = tmp / "train-400.jsonl"
             write_samples(data, samples)
         shapes = [(2, 2)] if args.smoke else [(16, 8), (64, 8)]
-        result = {"machine": machine(device), "smoke": args.smoke, "model": f"random GPT-2 {preset}, vocab {vocab}",
+        result = {"machine": machine(device), "smoke": args.smoke, "model": f"random GPT-2 {preset}, vocab {vocab}"
+                  + (f" ({SMOKE_SHAPE['n_layer']} x {SMOKE_SHAPE['n_embd']})" if args.smoke else ""),
                   "trl": "not measured yet: scripts/gpu_check.sh runs benchmarks/grpo_vs_trl.py next"}
         res = Results(args.out, result, args.deadline)
         generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3, res)

@@ -1,3 +1,5 @@
+import gzip
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -219,4 +221,20 @@ def small_data(tmp_path_factory, reference_lines):
     root = tmp_path_factory.mktemp("data")
     write_samples(root / "train.jsonl", pol[:60] + env[:60])
     write_samples(root / "eval.jsonl", pol[60:] + env[60:])
+    for name, per_kind in HELD_OUT_SLICES.items():  # held_out_fields(root): the other held-out sets, a few rows each
+        rows, kept = [json.loads(x) for x in gzip.open(REPO / "data" / f"{name}.jsonl.gz", "rt")], {}
+        for row in rows:
+            kept.setdefault(row.get("kind"), []).append(row)
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for k in kept.values() for r in k[:per_kind]))
     return root
+
+
+# rows of each kind kept from the shipped held-out sets that a run evaluates whole beside eval_data (puzzles:
+# mate1, tactic, check): the whole sets take most of a tiny test run's time, and minutes where bf16 is emulated
+HELD_OUT_SLICES = {"puzzles_eval": 3, "strength": 6, "eval_histories": 6}
+
+
+def held_out_fields(root: Path) -> dict[str, str]:
+    """The config fields that point a run's other held-out sets at small_data's slices of them."""
+    return {"puzzle_eval_data": str(root / "puzzles_eval.jsonl"), "strength_data": str(root / "strength.jsonl"),
+            "history_eval_data": str(root / "eval_histories.jsonl")}

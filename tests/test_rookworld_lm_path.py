@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, build_bpe_tokenizer, random_transitions  # noqa: E402
+from conftest import REPO, build_bpe_tokenizer, held_out_fields, random_transitions  # noqa: E402
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.io import Sample, write_samples
 from rookworld_rlvr.model import generate, load_policy, save_pretrained_atomic, tiny_config
@@ -74,7 +74,8 @@ def base(upstream, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_model(upstream, base, tmp_path, capsys):
+def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_model(upstream, base, small_data, tmp_path,
+                                                                                  capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data, _ = upstream
@@ -82,6 +83,7 @@ def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_mod
     code = main(["train", "--config", str(REPO / "configs" / "rookworld-124m.yaml"),
                  "--model", str(base), "--device", "cpu", "--threads", "1",
                  "--data", str(data / "train.jsonl"), "--eval-data", str(data / "eval.jsonl"), "--eval-limit", "4",
+                 *(x for k, v in held_out_fields(small_data).items() for x in ("--" + k.replace("_", "-"), v)),
                  "--output-dir", str(run), "--steps", "2", "--batch-positions", "2", "--group-size", "4",
                  "--minibatch-size", "4", "--max-new-tokens", "96", "--engine-workers", "1", "--engine-cache", "null",
                  "--anchor-coef", "1.0", "--anchor-tasks", "PA", "--anchor-batch", "4",
@@ -96,6 +98,10 @@ def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_mod
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all("reward/P" in r and "reward/A" in r and r["anchor_nll"] > 0 for r in records), records
+    held_out = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in held_out] == [0, 2]  # base and final, each on every held-out set given
+    assert all(e["puzzles"][kind]["n"] == 3 for e in held_out for kind in ("mate1", "tactic", "check"))
+    assert all(e["strength"]["n"] == 6 and e["histories"]["n"] == 6 and e["policy"]["n"] == 4 for e in held_out)
     final = run / "final"
     base_model, _ = load_policy(str(base), device="cpu", verbose=False)
     trained, tok = load_policy(str(final), device="cpu", verbose=False)

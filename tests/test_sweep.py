@@ -7,6 +7,7 @@ import time
 import optuna
 import pytest
 import yaml
+from conftest import held_out_fields
 from test_trainer import varied_reward
 
 from rookworld_rlvr.metrics import held_out_se
@@ -21,7 +22,7 @@ def tiny_base(tiny_model_dir, small_data, drop=(), **over):
     base = dict(model=str(tiny_model_dir), data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"),
                 eval_limit=2, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, warmup_steps=0,
                 save_every=1, tensorboard=False, progress=False, report=False, engine_cache=None, device="cpu",
-                threads=1, seed=1)
+                threads=1, seed=1, **held_out_fields(small_data))
     base.update(over)
     return {k: v for k, v in base.items() if k not in drop}
 

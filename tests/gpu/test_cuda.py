@@ -87,12 +87,14 @@ def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocas
     runs eagerly). Greedy on 64 mixed prompts and sampled (16 x 4, one seed) against the default
     decoding: at most 2% of the completions differ (its attention sums over the whole masked cache,
     another order), and every log-prob is finite."""
-    cuda = device.type == "cuda"  # (the CPU smoke run of scripts/gpu_check.sh: fewer and shorter)
-    prompts = mixed_prompts(64 if cuda else 4)
+    cuda = device.type == "cuda"  # (the CPU smoke run of scripts/gpu_check.sh: fewer and shorter, and shorter
+    # still in bf16, which a CPU without bf16 arithmetic emulates at 1/60 of float32's speed)
+    prompts = mixed_prompts(64 if cuda else 4 if autocast is None else 2)
+    tokens = 100 if cuda else 24 if autocast is None else 8
     model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
     for kw in (dict(greedy=True), dict(num_return_sequences=4, temperature=1.0)):
         batch = prompts if kw.get("greedy") else prompts[:16]
-        out = {graph: generate(model, tok, batch, max_new_tokens=100 if cuda else 24, autocast_dtype=autocast,
+        out = {graph: generate(model, tok, batch, max_new_tokens=tokens, autocast_dtype=autocast,
                                decode_graph=graph,
                                generator=torch.Generator(device=device).manual_seed(0), **kw) for graph in (False, True)}
         differ = sum(a != b for a, b in zip(out[False].texts, out[True].texts))
@@ -117,7 +119,7 @@ def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_mo
 
 def test_left_padded_prompts_give_finite_logprobs_in_the_attention_kernels(tiny_model_dir, small_data, device):
     tr_model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
-    prompts = mixed_prompts(16)
+    prompts = mixed_prompts(16 if device.type == "cuda" else 4)  # (the CPU smoke run: bf16 may be emulated there)
     enc = tok(prompts, add_special_tokens=False)["input_ids"]
     width = max(map(len, enc)) + 8
     ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
