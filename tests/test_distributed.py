@@ -341,6 +341,7 @@ if sys.argv[1] == "hang":
 """
 
 
+@pytest.mark.slow(seconds=15)  # two ranks' start and a step timeout's wait
 @pytest.mark.parametrize("roles", [("ends", "hang"), ("hang", "ends"), ("late", "ends")],
                          ids=["rank-1-hangs", "rank-0-hangs", "rank-0-works-late"])
 def test_a_rank_that_hangs_after_the_run_is_ended_by_the_watch_of_its_machine(roles):

@@ -152,6 +152,7 @@ def test_sft_on_two_ranks_refuses_what_it_cannot_split(two_ranks):
         "sft.encode_only fills a rows cache in one process: run it without torchrun"]
 
 
+@pytest.mark.slow(seconds=12)  # two ranks under torchrun, each loading torch and transformers
 def test_rookworld_sft_under_torchrun_writes_one_run(tmp_path, small_data):
     """The command itself under a real torchrun: the ranks join (the command sets the group up), train one
     run, and rank 0 alone writes the model, the checkpoint and the log."""
@@ -170,6 +171,7 @@ def test_rookworld_sft_under_torchrun_writes_one_run(tmp_path, small_data):
     assert len(state["torch_rng_ranks"]) == 2
 
 
+@pytest.mark.slow(seconds=12)  # two ranks' start and a step timeout's wait
 def test_sft_step_timeout_minutes_bounds_the_wait_for_the_other_ranks(tmp_path, small_data):
     """`--step-timeout-minutes` reaches the ranks' waits: rank 0 of 2, alone, stops waiting for rank 1 after
     3 s and says where and for how long; a timeout that is not a positive number of minutes is refused."""

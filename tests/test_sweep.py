@@ -37,7 +37,6 @@ def trials_of(out, name):
     return [t for t in study.get_trials() if not t.user_attrs.get("surplus")]
 
 
-@pytest.mark.slow
 def test_every_swept_parameter_reaches_the_trainer_config(tmp_path, tiny_model_dir, small_data):
     """Ranges (float, log float, int), choices and tied points all land in <trial>/config.yaml as sampled."""
     points = [{"top_p": 0.9, "entropy_coef": 0.01}, {"top_p": 1.0, "entropy_coef": 0.0}]
@@ -161,7 +160,6 @@ def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(t
         assert (out / f"trial_{r['trial']}" / "best" / "model.safetensors").exists()
 
 
-@pytest.mark.slow
 def test_an_interrupted_trial_is_queued_again_and_rerun(tmp_path, tiny_model_dir, small_data):
     space = write_space(tmp_path / "resume.yaml", base=tiny_base(tiny_model_dir, small_data),
                         params={"temperature": {"choices": [0.8, 1.2]}})
