@@ -456,9 +456,10 @@ def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_eac
     alone = evaluate_held_out(_make(tmp_path / "alone", tiny_model_dir, small_data), small_data)
     assert r0["shared_eval"] == r1["shared_eval"] == alone
     assert alone["policy"]["n"] == alone["environment"]["n"] == alone["histories"]["n"] == 20
-    # 20 P: + 20 A: rows, 4 a batch: 5 batches per task, then 5 of histories; 3 + 2 of each on the ranks
-    assert (len(r0["eval_batches"]), len(r1["eval_batches"])) == (9, 6)
-    assert sum(r0["eval_batches"]) + sum(r1["eval_batches"]) == 60
+    # 20 P: + 20 A: rows, 4 a batch: 5 batches per task, 3 + 2 of each on the ranks; the histories, the same A:
+    # prompts, are answered from the memory both ranks keep (no batch), and scored again, shared out
+    assert (len(r0["eval_batches"]), len(r1["eval_batches"])) == (6, 4)
+    assert sum(r0["eval_batches"]) + sum(r1["eval_batches"]) == 40 and alone["meta"]["reused_answers"] == 20
     assert (sum(r0["eval_rows"]), sum(r1["eval_rows"])) == (20 + 10, 20 + 10)  # the 40 rows, then 20 histories
 
 

@@ -251,6 +251,42 @@ def test_batches_sorted_by_length_come_back_in_prompt_order(tiny, mixed):
     assert texts == single and len(reasons) == len(prompts)
 
 
+def test_a_greedy_prompt_asked_again_is_answered_from_memory_with_the_budget_it_would_get_alone(tiny, mixed):
+    model, tokenizer = tiny
+    size = {p: len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in (s.render()[0] for s in mixed)}
+    short, long = min(size, key=size.get), max(size, key=size.get)
+    n_short, n_long = size[short], size[long]
+    assert n_short < n_long
+    budget = 256 - n_short  # the tiny model's context: asked with the long prompt, the short one gets less room
+
+    def alone(prompt: str) -> str:
+        return Completer(model, tokenizer, max_new_tokens=budget, batch_size=1).run([prompt])[0][0]
+
+    gen = Completer(model, tokenizer, max_new_tokens=budget, batch_size=2, remember=True)
+    texts, _ = gen.run([short, long, short])  # each distinct prompt once, in one batch: both capped to the long's room
+    assert gen.reused == 1 and texts[0] == texts[2] and gen.answers[short][2] == 256 - n_long
+    assert gen.run([short])[0] == [alone(short)] and gen.reused == 1  # capped before: completed again, alone
+    assert gen.run([short, long])[0] == [alone(short), texts[1]] and gen.reused == 3  # both from memory now
+    sampled = gen.run([short], temperature=1.0, greedy=False, generator=torch.Generator().manual_seed(0))
+    assert gen.reused == 3 and sampled[0] != [alone(short)]  # sampling never reads or fills the memory
+    plain = Completer(model, tokenizer, max_new_tokens=budget)
+    plain.run([short, short])
+    assert plain.answers is None and plain.reused == 0  # games and the UCI engine keep nothing
+
+
+def test_an_evaluation_completes_a_position_its_sets_share_once(tiny, mixed, pool):
+    from rookworld_rlvr.tasks.strength import JudgedPosition
+
+    model, tokenizer = tiny
+    fens = [s.fen for s in mixed if s.task == "P"][:3]
+    judged = [JudgedPosition(f, t) for f, t in zip(fens, pool.move_tables(fens))]
+    cfg = ev.EvalConfig(batch_size=1, max_new_tokens=24)
+    res = ev.evaluate(model, tokenizer, mixed, config=cfg, strength_set=judged)
+    assert res["meta"]["reused_answers"] == 3  # the judged positions' prompts are among the P: samples'
+    on_its_own = ev.strength_metrics(Completer(model, tokenizer, 24, 1), judged, "compact", False)
+    assert res["strength"] == on_its_own
+
+
 def test_temperature_samples_task_completions_reproducibly(tiny, mixed):
     model, tokenizer = tiny
 

@@ -14,6 +14,8 @@ numbers mean is `metrics` (pure: completions in, metrics out); generation is
 - `histories`: held-out A: transitions with short histories (game starts, games set up from a
   position), scored apart from the main A: set so that its figure stays comparable; the
   `histories` section has the A: metrics and their slices by history length.
+- a greedy prompt asked twice (the judged positions are among the shipped eval set's P: samples)
+  is completed once and its answer reused (`meta.reused_answers` counts them).
 - the P: and A: prompts of a batch share one token budget: `max_new_tokens` is capped to what
   the model's context leaves after the batch's longest prompt (`meta.capped_batches` counts it).
 
@@ -179,7 +181,8 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
         from rookworld_rlvr.legal_decoding import LegalMoveDecoding
 
         constraint = LegalMoveDecoding(tokenizer)
-    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint, spread)
+    # remember: a prompt the sets share (the judged positions are among eval_data's P: samples) is completed once
+    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint, spread, remember=True)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     completions, reasons = _generate_tasks(gen, samples, config, progress)
@@ -214,5 +217,5 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
             sampling(config.selfplay_temperature, config.seed, config.selfplay_top_k), progress)
         timings["selfplay"] = time.perf_counter() - t0
     results["meta"] = {"config": asdict(config), "seconds": {k: round(v, 3) for k, v in timings.items()},
-                       "capped_batches": gen.capped_batches}
+                       "capped_batches": gen.capped_batches, "reused_answers": gen.reused}
     return results

@@ -1,8 +1,9 @@
 """Completions for many prompts: length-sorted batches, a token budget that fits the context.
 
 Owns the batching of plain-text generation for evaluation, games and the UCI engine (the
-trainer's rollouts call `generate` directly: their batch is one step's prompts). Knows torch
-and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
+trainer's rollouts call `generate` directly: their batch is one step's prompts), and the memory
+of greedy answers that lets an evaluation complete a prompt its sets share once (`remember`).
+Knows torch and transformers, not chess: imports nothing of tasks, data, engine or the trainer.
 """
 
 from __future__ import annotations
@@ -30,36 +31,69 @@ class Completer:
     """Batched generation with the token budget capped to the model context."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64,
-                 constraint: Callable[[Sequence[str]], Callable] | None = None, spread: Spread | None = None) -> None:
+                 constraint: Callable[[Sequence[str]], Callable] | None = None, spread: Spread | None = None,
+                 remember: bool = False) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.constraint = constraint  # prompts -> a `generate` logits_processor (e.g. legal_decoding)
         self.spread = spread  # shares greedy batches out among processes (grpo.distributed.spread)
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.context = max_positions(model)
         self.capped_batches = 0  # batches whose budget the context cut below max_new_tokens
+        # remember: greedy answers by prompt (text, finish reason, budget), so that a prompt asked again (an
+        # evaluation's judged positions are among its P: samples) is not completed again. Off by default: games and
+        # the UCI engine would keep every position they meet.
+        self.answers: dict[str, tuple[str, str, int]] | None = {} if remember else None
+        self.reused = 0  # prompts answered from memory
 
-    def budget(self, longest_prompt: int) -> int:
-        """max_new_tokens, or what the context leaves after the longest prompt."""
+    def room(self, prompt_tokens: int) -> int:
+        """max_new_tokens, or what the context leaves after a prompt of this length."""
         if self.context is None:
             return self.max_new_tokens
-        room = self.context - longest_prompt
+        room = self.context - prompt_tokens
         if room < 1:
-            raise ValueError(f"a prompt of {longest_prompt} tokens leaves no room in the model's context "
+            raise ValueError(f"a prompt of {prompt_tokens} tokens leaves no room in the model's context "
                              f"of {self.context} tokens")
-        if room < self.max_new_tokens:
-            self.capped_batches += 1
         return min(self.max_new_tokens, room)
+
+    def budget(self, longest_prompt: int) -> int:
+        """A batch's budget: the room its longest prompt leaves (counted in capped_batches when cut)."""
+        budget = self.room(longest_prompt)
+        self.capped_batches += budget < self.max_new_tokens
+        return budget
 
     def run(self, prompts: Sequence[str], *, bar=None, **sampling: Any) -> tuple[list[str], list[str]]:
         """Completions and finish reasons in prompt order; batches of similar length (less padding).
         With `spread`, greedy batches are shared out whole, so every prompt is completed in the same
         batch as in one process, with the same result; sampled runs draw from one generator in batch
-        order, so every process runs them all."""
-        lengths = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+        order, so every process runs them all. With `remember`, each distinct greedy prompt is completed
+        once: one answered before with the budget it would get alone is taken from memory."""
+        sampling = {"greedy": True, **sampling}
+        prompts = list(prompts)
+        if self.answers is None or not sampling["greedy"]:
+            texts, reasons, _ = self._batched(prompts, bar, sampling)
+            return texts, reasons
+        memory = self.answers
+        distinct = list(dict.fromkeys(prompts))
+        lengths = dict(zip(distinct, self._lengths(distinct)))
+        new = [p for p in distinct if p not in memory or memory[p][2] < self.room(lengths[p])]
+        texts, reasons, budgets = self._batched(new, bar, sampling)
+        memory.update(zip(new, zip(texts, reasons, budgets)))
+        self.reused += len(prompts) - len(new)
+        if bar is not None:
+            bar.update(len(prompts) - len(new))
+        return [memory[p][0] for p in prompts], [memory[p][1] for p in prompts]
+
+    def _lengths(self, prompts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+
+    def _batched(self, prompts: list[str], bar, sampling: dict) -> tuple[list[str], list[str], list[int]]:
+        """Every prompt completed in length-sorted batches: texts, finish reasons and each one's budget."""
+        if not prompts:
+            return [], [], []
+        lengths = self._lengths(prompts)
         order = sorted(range(len(prompts)), key=lambda i: lengths[i])
         batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         budgets = [self.budget(max(lengths[i] for i in idx)) for idx in batches]
-        sampling = {"greedy": True, **sampling}
 
         def complete(ks: list[int]) -> list[tuple[list[str], list[str]]]:
             out = []
@@ -76,10 +110,11 @@ class Completer:
         share = self.spread if self.spread is not None and sampling["greedy"] else _here
         texts: list[str] = [""] * len(prompts)
         reasons: list[str] = [""] * len(prompts)
-        for idx, (done, why) in zip(batches, share(list(range(len(batches))), complete)):
+        given = [0] * len(prompts)
+        for k, idx, (done, why) in zip(range(len(batches)), batches, share(list(range(len(batches))), complete)):
             for i, text, reason in zip(idx, done, why):
-                texts[i], reasons[i] = text, reason
-        return texts, reasons
+                texts[i], reasons[i], given[i] = text, reason, budgets[k]
+        return texts, reasons, given
 
 
 def _here(items: list, work: Callable[[list], list]) -> list:
