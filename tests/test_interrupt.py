@@ -175,6 +175,83 @@ def test_a_signal_or_crash_during_an_evaluation_loses_no_step_and_resume_evaluat
     assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
 
 
+def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resume_ends_as_the_straight_run(
+        tmp_path, tiny_model_dir, small_data, stockfish_path, monkeypatch):
+    """The real held-out evaluation (4 prompts a batch) at step 2: SIGTERM as its fourth batch starts. The three
+    batches it completed are on disk (model.journal); --resume completes only the others and ends with the
+    straight run's evaluations, log records and weights; the journal goes once the evaluation returns."""
+    import rookworld_rlvr.model.completions as completions
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate
+    from rookworld_rlvr.model.journal import NAME
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    samples = read_samples(small_data / "eval.jsonl")
+
+    def eval_fn(model, tokenizer, journal=None):
+        return evaluate(model, tokenizer, samples, config=EvalConfig(batch_size=4, max_new_tokens=24),
+                        scorer=RewardScorer(), journal=journal)
+
+    real, batches = completions.generate, []
+
+    def generate(*args, **kwargs):  # the fault: a signal as step 2's fourth batch starts
+        batches.append(tr.step)
+        if tr.step == stop_at and batches.count(stop_at) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(completions, "generate", generate)
+
+    def trainer(path, resume=False):
+        cfg = load_config(None, _fields(tiny_model_dir, small_data, path / "run", steps=3, save_every=100,
+                                        eval_every=2, eval_data="x", resume=resume))
+        return Trainer(cfg, varied_reward, read_samples(cfg.data), eval_fn, log=lambda *_: None)
+
+    def evals(path):
+        out = [json.loads(x) for x in (path / "run" / "eval.jsonl").read_text().splitlines()]
+        for e in out:
+            e.pop("seconds"), e["meta"].pop("seconds")
+        return out
+
+    stop_at, tr = None, trainer(tmp_path / "a")
+    tr.train()
+    straight, whole = tr, batches.count(2)
+    assert whole == 10 and [e["step"] for e in evals(tmp_path / "a")] == [0, 2, 3]  # 20 P: + 20 A:, 4 a batch
+
+    batches.clear()
+    stop_at, tr = 2, trainer(tmp_path / "b")
+    with pytest.raises(Interrupted), StopOnSignal(verbose=False) as tr.stop:
+        tr.train()
+    run = tmp_path / "b" / "run"
+    lines = (run / NAME).read_text().splitlines()
+    assert json.loads(lines[0]) == {"step": 2} and len(lines) == 1 + 3
+    batches.clear()
+    stop_at, tr = None, trainer(tmp_path / "b", resume=True)
+    with StopOnSignal(verbose=False) as tr.stop:
+        tr.train()
+    assert batches.count(2) == whole - 3 and not (run / NAME).exists()
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert evals(tmp_path / "b") == evals(tmp_path / "a")
+    assert strip(_records(run)) == strip(_records(tmp_path / "a" / "run"))
+    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
+
+
+def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_step(tmp_path):
+    from rookworld_rlvr.model import journal
+
+    path = tmp_path / journal.NAME
+    first = journal.start(path, 4, {})
+    first.add(["a", "b"], 8, ["x", "y"], ["eos", "length"])
+    first.add(["c"], 8, ["z"], ["eos"])
+    path.write_text(path.read_text()[:-10])  # killed while writing the last line
+    kept = {journal.batch_key(["a", "b"], 8): (["x", "y"], ["eos", "length"])}
+    assert journal.read(path, 4) == kept and journal.read(path, 5) == {}
+    again = journal.start(path, 4, journal.read(path, 4))  # the resumed evaluation: the cut line is gone
+    again.add(["c"], 8, ["z"], ["eos"])
+    assert journal.read(path, 4) == {**kept, journal.batch_key(["c"], 8): (["z"], ["eos"])}
+    assert again.get(["c"], 7) is None and again.get(["a", "b"], 8) == (["x", "y"], ["eos", "length"])
+
+
 def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run(tmp_path, small_data, monkeypatch,
                                                                                   capsys, python_sigint):
     import rookworld_rlvr.sft as sft

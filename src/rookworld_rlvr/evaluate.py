@@ -37,6 +37,7 @@ from rookworld_rlvr.tasks.rewards import RewardScorer
 from rookworld_rlvr.tasks.strength import JudgedPosition, Puzzle
 
 if TYPE_CHECKING:
+    from rookworld_rlvr.model.journal import Journal
     from rookworld_rlvr.model.completions import Completer, Spread
 
 
@@ -160,7 +161,8 @@ def _scorer_with_engine(scorer: RewardScorer | None, samples: Sequence[Sample], 
 def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | None = None,
              scorer: RewardScorer | None = None, strength_set: Sequence[JudgedPosition] | None = None,
              puzzles: Sequence[Puzzle] | None = None, histories: Sequence[Sample] | None = None,
-             progress: bool = False, return_examples: int = 0, spread: Spread | None = None) -> dict:
+             progress: bool = False, return_examples: int = 0, spread: Spread | None = None,
+             journal: Journal | None = None) -> dict:
     """Greedy metrics of `model` (JSON-serialisable; see `metrics` for definitions).
 
     Keys: policy, environment, meta; strength (move quality next to a random mover) when judged
@@ -168,7 +170,9 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
     examples when return_examples > 0. A Stockfish pool is built (and closed) only when a P:
     completion needs it and `scorer` has no engine. `spread` (grpo.distributed.spread, under
     torchrun) shares greedy generation and scoring out among the processes, each of which calls
-    this with the same arguments and gets the same result as one process would.
+    this with the same arguments and gets the same result as one process would. `journal`
+    (model.journal) holds greedy batches an interrupted run of this evaluation completed (they are
+    not completed again) and takes each batch completed now.
     """
     from rookworld_rlvr.model.completions import Completer, sampling
     from rookworld_rlvr.play import selfplay_metrics
@@ -182,7 +186,8 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
 
         constraint = LegalMoveDecoding(tokenizer)
     # remember: a prompt the sets share (the judged positions are among eval_data's P: samples) is completed once
-    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint, spread, remember=True)
+    gen = Completer(model, tokenizer, config.max_new_tokens, config.batch_size, constraint, spread, remember=True,
+                    journal=journal)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     completions, reasons = _generate_tasks(gen, samples, config, progress)

@@ -69,11 +69,12 @@ def build(cfg: TrainConfig, log=print):
     scorer = RewardScorer(cfg.reward_config(), engine=pool)  # the reward function (score_batch, prefetch)
     eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens)
 
-    def eval_fn(model, tokenizer):
+    def eval_fn(model, tokenizer, journal=None):
         if not eval_samples:
             return None
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
-                        puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread)
+                        puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread,
+                        journal=journal)
 
     try:
         trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles,

@@ -4,8 +4,8 @@ A state is everything a resumed run needs to continue exactly: the step, optimiz
 guards, data cursors, sampling streams and RNGs, the evaluations so far, and (LoRA) the adapters
 or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `save` writes a
 checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
-one; `stop_if_asked` saves and stops where a signal asked (`interrupt`). Owns the state's contents. Imports
-torch; nothing of chess.
+one; `stop_if_asked` saves and stops where a signal asked (`interrupt`); `eval_journal` keeps what an
+owed evaluation completed before a stop. Owns the state's contents. Imports torch; nothing of chess.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from rookworld_rlvr.interrupt import Interrupted
 from rookworld_rlvr.model import load_policy
 
 if TYPE_CHECKING:
+    from rookworld_rlvr.model.journal import Journal
     from rookworld_rlvr.grpo.trainer import Trainer
 
 
@@ -176,3 +177,30 @@ def rollback(tr: Trainer, reason: str, to_step: int | None = None, kl_factor: fl
     tr.log(f"step {now}: {reason}: rolled back to {where}, LR x{tr.lr_scale:.3g}"
            + (f", beta x{tr.beta_scale:.3g}" if tr.beta_scale != 1 else ""))
     return target
+
+
+def eval_journal(tr: Trainer) -> Journal | None:
+    """The journal of the held-out evaluation at this step (eval_journal): what an evaluation of these
+    weights stopped or killed before it returned completed, read back on rank 0 and shared with every
+    rank (so that they form the same batches), and written on by rank 0. Only for an `eval_fn` that takes
+    a `journal` (the CLI's does)."""
+    import inspect
+
+    from rookworld_rlvr.model import journal as eval_journal
+
+    if "journal" not in inspect.signature(tr.eval_fn).parameters:
+        return None
+    path = tr.run_dir / eval_journal.NAME
+    done = dist.broadcast_object(eval_journal.read(path, tr.step) if tr.main else None)
+    if done and tr.main:
+        tr.log(f"held-out evaluation at step {tr.step}: {len(done)} batches completed before the stop are kept")
+    return eval_journal.start(path, tr.step, done) if tr.main else eval_journal.Journal(None, done)
+
+
+def end_eval_journal(tr: Trainer) -> None:
+    """The evaluation returned: its journal goes (a later evaluation at this step may be of other weights,
+    after a rollback)."""
+    from rookworld_rlvr.model import journal as eval_journal
+
+    if tr.main:
+        (tr.run_dir / eval_journal.NAME).unlink(missing_ok=True)

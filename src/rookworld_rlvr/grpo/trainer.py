@@ -320,7 +320,9 @@ class Trainer:
         state.save(self)
         state.stop_if_asked(self, saved=True)  # a signal during the step: stopped before the evaluation
         with self.stop.at_once(self.step) if self.stop is not None else nullcontext():
-            return self.evaluate()
+            res = self.evaluate(state.eval_journal(self) if self.eval_fn is not None else None)
+        state.end_eval_journal(self)
+        return res
 
     def _record_eval(self, res: dict | None) -> None:
         self.eval_owed = False
@@ -394,14 +396,14 @@ class Trainer:
         dist.barrier()  # nobody reports "done" before the final model is written
         return summary
 
-    def evaluate(self) -> dict | None:
+    def evaluate(self, journal=None) -> dict | None:
         """Greedy held-out evaluation. Under torchrun every rank calls `eval_fn` (the weights are the
         same on every rank; the CLI's shares its work out, `distributed.spread`) and every rank
-        keeps rank 0's result, so their states agree."""
+        keeps rank 0's result, so their states agree. `journal`: see state.eval_journal."""
         if self.eval_fn is None:
             return None
         t0 = time.time()
-        res = self.eval_fn(self.sampler(), self.tokenizer)
+        res = self.eval_fn(self.sampler(), self.tokenizer, **({"journal": journal} if journal is not None else {}))
         if self.main:
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step

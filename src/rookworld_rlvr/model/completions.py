@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .generate import generate, max_positions
+from .journal import Journal
 
 # (items, work) -> every item's result: `work` maps a list of items to their results, on some
 # process (grpo.distributed.spread shares them out among torchrun's ranks)
@@ -32,7 +33,7 @@ class Completer:
 
     def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int = 64,
                  constraint: Callable[[Sequence[str]], Callable] | None = None, spread: Spread | None = None,
-                 remember: bool = False) -> None:
+                 remember: bool = False, journal: Journal | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.constraint = constraint  # prompts -> a `generate` logits_processor (e.g. legal_decoding)
         self.spread = spread  # shares greedy batches out among processes (grpo.distributed.spread)
@@ -44,6 +45,7 @@ class Completer:
         # the UCI engine would keep every position they meet.
         self.answers: dict[str, tuple[str, str, int]] | None = {} if remember else None
         self.reused = 0  # prompts answered from memory
+        self.journal = journal  # greedy batches done before a stop (model.journal): not completed again
 
     def room(self, prompt_tokens: int) -> int:
         """max_new_tokens, or what the context leaves after a prompt of this length."""
@@ -95,6 +97,11 @@ class Completer:
         batches = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
         budgets = [self.budget(max(lengths[i] for i in idx)) for idx in batches]
 
+        journal = self.journal if sampling["greedy"] else None
+        done = {k: journal.get([prompts[i] for i in idx], budgets[k]) for k, idx in enumerate(batches)} \
+            if journal is not None else {}
+        todo = [k for k in range(len(batches)) if done.get(k) is None]
+
         def complete(ks: list[int]) -> list[tuple[list[str], list[str]]]:
             out = []
             for k in ks:
@@ -103,17 +110,24 @@ class Completer:
                 gen = generate(self.model, self.tokenizer, batch, max_new_tokens=budgets[k],
                                logits_processor=processor, **sampling)
                 out.append((gen.texts, gen.finish_reasons))
+                if journal is not None:  # on disk at once (rank 0's own batches; the others' below)
+                    journal.add(batch, budgets[k], *out[-1])
                 if bar is not None:
                     bar.update(len(batch))
             return out
 
         share = self.spread if self.spread is not None and sampling["greedy"] else _here
+        done.update(zip(todo, share(todo, complete)))
         texts: list[str] = [""] * len(prompts)
         reasons: list[str] = [""] * len(prompts)
         given = [0] * len(prompts)
-        for k, idx, (done, why) in zip(range(len(batches)), batches, share(list(range(len(batches))), complete)):
-            for i, text, reason in zip(idx, done, why):
+        for k, idx in enumerate(batches):
+            if journal is not None:  # the batches other ranks completed (those in it already are kept as they are)
+                journal.add([prompts[i] for i in idx], budgets[k], *done[k])
+            for i, text, reason in zip(idx, *done[k]):
                 texts[i], reasons[i], given[i] = text, reason, budgets[k]
+        if bar is not None:
+            bar.update(len(prompts) - sum(len(batches[k]) for k in todo))  # those read back
         return texts, reasons, given
 
 
