@@ -175,11 +175,14 @@ def test_a_signal_or_crash_during_an_evaluation_loses_no_step_and_resume_evaluat
     assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
 
 
+@pytest.mark.parametrize("stop_at", [2, 0], ids=["signal-at-step-2", "kill-in-base-evaluation"])
 def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resume_ends_as_the_straight_run(
-        tmp_path, tiny_model_dir, small_data, stockfish_path, monkeypatch):
-    """The real held-out evaluation (4 prompts a batch) at step 2: SIGTERM as its fourth batch starts. The three
-    batches it completed are on disk (model.journal); --resume completes only the others and ends with the
-    straight run's evaluations, log records and weights; the journal goes once the evaluation returns."""
+        tmp_path, tiny_model_dir, small_data, stockfish_path, monkeypatch, stop_at):
+    """The real held-out evaluation (4 prompts a batch), stopped as its fourth batch starts: at step 2 by SIGTERM,
+    or the base evaluation (before any checkpoint, when no handler is armed yet) by a kill, simulated by an
+    exception. The three batches it completed are on disk (model.journal); --resume (from step 2's checkpoint, or
+    starting over without one) completes only the others and ends with the straight run's evaluations, log records
+    and weights; the journal goes once the evaluation returns."""
     import rookworld_rlvr.model.completions as completions
     from rookworld_rlvr.evaluate import EvalConfig, evaluate
     from rookworld_rlvr.model.journal import NAME
@@ -193,9 +196,11 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
 
     real, batches = completions.generate, []
 
-    def generate(*args, **kwargs):  # the fault: a signal as step 2's fourth batch starts
+    def generate(*args, **kwargs):  # the fault, as the evaluation's fourth batch starts
         batches.append(tr.step)
-        if tr.step == stop_at and batches.count(stop_at) == 4:
+        if fault and tr.step == stop_at and batches.count(stop_at) == 4:
+            if stop_at == 0:
+                raise RuntimeError("killed")
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(60)
         return real(*args, **kwargs)
@@ -213,42 +218,55 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
             e.pop("seconds"), e["meta"].pop("seconds")
         return out
 
-    stop_at, tr = None, trainer(tmp_path / "a")
+    fault, tr = False, trainer(tmp_path / "a")
     tr.train()
-    straight, whole = tr, batches.count(2)
+    straight, whole = tr, batches.count(stop_at)
     assert whole == 10 and [e["step"] for e in evals(tmp_path / "a")] == [0, 2, 3]  # 20 P: + 20 A:, 4 a batch
 
     batches.clear()
-    stop_at, tr = 2, trainer(tmp_path / "b")
-    with pytest.raises(Interrupted), StopOnSignal(verbose=False) as tr.stop:
+    fault, tr = True, trainer(tmp_path / "b")
+    with pytest.raises(Interrupted if stop_at else RuntimeError), StopOnSignal(verbose=False) as tr.stop:
         tr.train()
     run = tmp_path / "b" / "run"
     lines = (run / NAME).read_text().splitlines()
-    assert json.loads(lines[0]) == {"step": 2} and len(lines) == 1 + 3
+    header = json.loads(lines[0])
+    assert header["step"] == stop_at and set(header) == {"step", "weights", "dtype", "device"} and len(lines) == 1 + 3
     batches.clear()
-    stop_at, tr = None, trainer(tmp_path / "b", resume=True)
+    fault, tr = False, trainer(tmp_path / "b", resume=True)
     with StopOnSignal(verbose=False) as tr.stop:
         tr.train()
-    assert batches.count(2) == whole - 3 and not (run / NAME).exists()
+    assert batches.count(stop_at) == whole - 3 and not (run / NAME).exists()
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
     assert evals(tmp_path / "b") == evals(tmp_path / "a")
     assert strip(_records(run)) == strip(_records(tmp_path / "a" / "run"))
     assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
 
 
-def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_step(tmp_path):
+def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_weights_and_step(tmp_path, tiny_model_dir):
     from rookworld_rlvr.model import journal
+    from rookworld_rlvr.model.load import load_policy
+
+    model, _ = load_policy(str(tiny_model_dir), device="cpu")
+    header = journal.identity(model, step=4)
+    assert header == journal.identity(load_policy(str(tiny_model_dir), device="cpu")[0], step=4)  # loaded again
+    changed, _ = load_policy(str(tiny_model_dir), device="cpu")
+    with torch.no_grad():  # one weight one step away in float32
+        w = next(changed.parameters()).view(-1)
+        w[0] = torch.nextafter(w[0], w[0] + 1)
+    others = [journal.identity(changed, step=4), journal.identity(model, step=5),
+              journal.identity(model.to(torch.bfloat16), step=4)]
+    assert all(o != header for o in others) and others[2]["dtype"] == "bfloat16"
 
     path = tmp_path / journal.NAME
-    first = journal.start(path, 4, {})
+    first = journal.start(path, header, {})
     first.add(["a", "b"], 8, ["x", "y"], ["eos", "length"])
     first.add(["c"], 8, ["z"], ["eos"])
     path.write_text(path.read_text()[:-10])  # killed while writing the last line
     kept = {journal.batch_key(["a", "b"], 8): (["x", "y"], ["eos", "length"])}
-    assert journal.read(path, 4) == kept and journal.read(path, 5) == {}
-    again = journal.start(path, 4, journal.read(path, 4))  # the resumed evaluation: the cut line is gone
+    assert journal.read(path, header) == kept and all(journal.read(path, o) == {} for o in others)
+    again = journal.start(path, header, journal.read(path, header))  # the resumed evaluation: the cut line is gone
     again.add(["c"], 8, ["z"], ["eos"])
-    assert journal.read(path, 4) == {**kept, journal.batch_key(["c"], 8): (["z"], ["eos"])}
+    assert journal.read(path, header) == {**kept, journal.batch_key(["c"], 8): (["z"], ["eos"])}
     assert again.get(["c"], 7) is None and again.get(["a", "b"], 8) == (["x", "y"], ["eos", "length"])
 
 

@@ -1,9 +1,9 @@
 """`rookworld eval`: evaluate a model on held-out samples, judged positions and puzzles.
 
 Owns the command line of `evaluate`: its flags, reading the inputs, one-line errors, the
-table and the JSON file. Under torchrun the processes share the work out and rank 0 alone
-prints and writes. Imports torch and the model package inside `run` only, so `rookworld
---help` stays fast.
+table and the JSON file, and the answers kept beside that file until it is written. Under
+torchrun the processes share the work out and rank 0 alone prints and writes. Imports torch
+and the model package inside `run` only, so `rookworld --help` stays fast.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                                       "histories`), scored apart, per history length, e.g. "
                                                       "data/eval_histories.jsonl.gz")
     p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")
-    p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically)")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically); until then the "
+                                                 "answers completed so far are kept in OUT.answers.jsonl, so that "
+                                                 "the same command run again after a stop completes only the rest")
     p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
     p.add_argument("--selfplay-max-plies", type=int, default=d.selfplay_max_plies)
     p.add_argument("--selfplay-temperature", type=float, default=d.selfplay_temperature, help="0 = greedy")
@@ -120,11 +122,12 @@ def run(args: argparse.Namespace, name: str) -> int:
         if not ok:
             return 1
         model, tokenizer = loaded
+        journal = _journal(args, model, main, dist.broadcast_object) if args.json else None
         with ExitStack() as stack:
             scorer = _cli_scorer(samples, args.depth, stack)
             results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
                                puzzles=puzzles, histories=histories, progress=not args.quiet and main,
-                               return_examples=args.examples, spread=dist.spread)
+                               return_examples=args.examples, spread=dist.spread, journal=journal)
     if not main:
         return 0
     results["meta"].update(model=args.model, data=args.data)
@@ -132,7 +135,25 @@ def run(args: argparse.Namespace, name: str) -> int:
     if args.json:
         atomic_write_text(args.json, [json.dumps(results, indent=2) + "\n"])
         print(f"wrote {args.json}")
+        journal.path.unlink(missing_ok=True)
     return 0
+
+
+def _journal(args: argparse.Namespace, model, main: bool, share: Callable[[Any], Any]):
+    """The answers of this evaluation kept beside --json until it is written (model.journal): those an
+    earlier run of it on the same weights and options completed before it was stopped are read back
+    on rank 0 and shared (`share`) with the other ranks, which form the same batches."""
+    from pathlib import Path
+
+    from rookworld_rlvr.model import journal as answers
+
+    path = Path(f"{args.json}.answers.jsonl")
+    header = answers.identity(model, legal_moves=args.legal_moves) if main else None
+    done = share(answers.read(path, header) if main else None)
+    if done and main:
+        print(f"eval: {len(done)} batches completed by an earlier run of this evaluation, stopped part way, are "
+              f"kept ({path})", file=sys.stderr)
+    return answers.start(path, header, done) if main else answers.Journal(None, done)
 
 
 def _cli_scorer(samples: Sequence[Sample], depth: int, stack: ExitStack) -> RewardScorer | None:

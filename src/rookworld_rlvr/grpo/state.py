@@ -179,9 +179,10 @@ def rollback(tr: Trainer, reason: str, to_step: int | None = None, kl_factor: fl
     return target
 
 
-def eval_journal(tr: Trainer) -> Journal | None:
-    """The journal of the held-out evaluation at this step (eval_journal): what an evaluation of these
-    weights stopped or killed before it returned completed, read back on rank 0 and shared with every
+def eval_journal(tr: Trainer, model) -> Journal | None:
+    """The journal of the held-out evaluation of `model` (the sampler) at this step (model.journal): what
+    an evaluation of these weights stopped or killed before it returned completed (the base evaluation's
+    too, read by a run that starts over without a checkpoint), read back on rank 0 and shared with every
     rank (so that they form the same batches), and written on by rank 0. Only for an `eval_fn` that takes
     a `journal` (the CLI's does)."""
     import inspect
@@ -191,10 +192,11 @@ def eval_journal(tr: Trainer) -> Journal | None:
     if "journal" not in inspect.signature(tr.eval_fn).parameters:
         return None
     path = tr.run_dir / eval_journal.NAME
-    done = dist.broadcast_object(eval_journal.read(path, tr.step) if tr.main else None)
+    header = eval_journal.identity(model, step=tr.step) if tr.main else None
+    done = dist.broadcast_object(eval_journal.read(path, header) if tr.main else None)
     if done and tr.main:
         tr.log(f"held-out evaluation at step {tr.step}: {len(done)} batches completed before the stop are kept")
-    return eval_journal.start(path, tr.step, done) if tr.main else eval_journal.Journal(None, done)
+    return eval_journal.start(path, header, done) if tr.main else eval_journal.Journal(None, done)
 
 
 def end_eval_journal(tr: Trainer) -> None:

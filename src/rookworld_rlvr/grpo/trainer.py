@@ -320,9 +320,7 @@ class Trainer:
         state.save(self)
         state.stop_if_asked(self, saved=True)  # a signal during the step: stopped before the evaluation
         with self.stop.at_once(self.step) if self.stop is not None else nullcontext():
-            res = self.evaluate(state.eval_journal(self) if self.eval_fn is not None else None)
-        state.end_eval_journal(self)
-        return res
+            return self.evaluate()
 
     def _record_eval(self, res: dict | None) -> None:
         self.eval_owed = False
@@ -396,14 +394,18 @@ class Trainer:
         dist.barrier()  # nobody reports "done" before the final model is written
         return summary
 
-    def evaluate(self, journal=None) -> dict | None:
+    def evaluate(self) -> dict | None:
         """Greedy held-out evaluation. Under torchrun every rank calls `eval_fn` (the weights are the
         same on every rank; the CLI's shares its work out, `distributed.spread`) and every rank
-        keeps rank 0's result, so their states agree. `journal`: see state.eval_journal."""
+        keeps rank 0's result, so their states agree. Its completed batches are on disk until it
+        returns (state.eval_journal): one stopped or killed part way is not done again whole."""
         if self.eval_fn is None:
             return None
         t0 = time.time()
-        res = self.eval_fn(self.sampler(), self.tokenizer, **({"journal": journal} if journal is not None else {}))
+        model = self.sampler()
+        journal = state.eval_journal(self, model)
+        res = self.eval_fn(model, self.tokenizer, **({"journal": journal} if journal is not None else {}))
+        state.end_eval_journal(self)
         if self.main:
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step

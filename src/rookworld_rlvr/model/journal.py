@@ -1,13 +1,15 @@
-"""The answers of a held-out evaluation in progress, on disk: a resumed run completes only what it lacks.
+"""The answers of an evaluation in progress, on disk: a resumed run completes only what it lacks.
 
-Owns the journal file of one evaluation (`eval_answers.jsonl` in the run directory): a header line
-naming the step, then each greedy batch's answers as one JSON line, appended the moment the batch is
-done, so that a signal or a kill during the evaluation (minutes on a CPU) loses only the batches in
-flight. A batch is known by its prompts and token budget: the resumed evaluation forms the same
-batches in the same order (`model.completions`), so a batch read back is the batch it would complete
-and the results equal the uninterrupted run's. A line cut short by a kill is dropped on reading.
-Imports json, hashlib and pathlib only; the trainer decides when a journal is valid (its step's
-weights, the evaluation not yet returned) and shares rank 0's with the other ranks.
+Owns the journal file of one evaluation (`eval_answers.jsonl` in a training run's directory, or
+beside `rookworld eval`'s JSON): a header line saying whose answers they are (the weights' fingerprint,
+dtype and device, and what else the caller names: the step), then each greedy batch's answers as one
+JSON line, appended the moment the batch is done, so that a signal or a kill during the evaluation
+(minutes on a CPU) loses only the batches in flight. A batch is known by its prompts and token
+budget: the resumed evaluation forms the same batches in the same order (`model.completions`), so a
+batch read back is the batch it would complete and the results equal the uninterrupted run's. A
+journal of other weights is not read, and a line cut short by a kill is dropped on reading.
+Imports json, hashlib, pathlib and torch; the caller decides where a journal lives and shares rank
+0's with the other ranks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import torch
 
 NAME = "eval_answers.jsonl"
 
@@ -46,14 +50,30 @@ class Journal:
                 fh.flush()
 
 
-def read(path: Path, step: int) -> dict[str, tuple[list[str], list[str]]]:
-    """The batches a journal of the evaluation at `step` holds (none if it is absent or of another step);
-    a last line cut short by a kill is dropped."""
+def identity(model: torch.nn.Module, **more: Any) -> dict[str, Any]:
+    """Whose answers a journal holds: a hash of every weight's bytes (the same weights loaded again hash
+    alike; one changed bit does not), their dtype and device type (greedy answers can differ between
+    them), and `more` (a training run's step, `rookworld eval`'s decoding options)."""
+    digest = hashlib.blake2b(digest_size=16)
+    dtypes, seen = set(), set()
+    for name, t in model.state_dict().items():
+        dtypes.add(str(t.dtype).removeprefix("torch."))
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        if (t.data_ptr(), t.numel()) not in seen:  # tied weights (the LM head) hashed once: ~1 s at 124M on a CPU
+            seen.add((t.data_ptr(), t.numel()))
+            digest.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
+    device = next(model.parameters()).device.type
+    return {"weights": digest.hexdigest(), "dtype": ",".join(sorted(dtypes)), "device": device, **more}
+
+
+def read(path: Path, header: dict[str, Any]) -> dict[str, tuple[list[str], list[str]]]:
+    """The batches a journal with this `header` (`identity`) holds: none if it is absent or of other
+    weights or options; a last line cut short by a kill is dropped."""
     if not path.exists():
         return {}
     lines = path.read_text(encoding="utf-8").split("\n")
     try:
-        if json.loads(lines[0]).get("step") != step:
+        if json.loads(lines[0]) != json.loads(json.dumps(header)):
             return {}
     except (json.JSONDecodeError, AttributeError):
         return {}
@@ -67,10 +87,11 @@ def read(path: Path, step: int) -> dict[str, tuple[list[str], list[str]]]:
     return done
 
 
-def start(path: Path, step: int, done: dict) -> Journal:
-    """A journal of the evaluation at `step` written afresh at `path`, holding `done` (what `read` found)."""
+def start(path: Path, header: dict[str, Any], done: dict) -> Journal:
+    """A journal with this `header` written afresh at `path`, holding `done` (what `read` found)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"step": step}) + "\n")
+        fh.write(json.dumps(header) + "\n")
         for key, (texts, reasons) in done.items():
             fh.write(json.dumps({"key": key, "texts": texts, "reasons": reasons}) + "\n")
     return Journal(path, done)
