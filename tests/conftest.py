@@ -238,3 +238,26 @@ def held_out_fields(root: Path) -> dict[str, str]:
     """The config fields that point a run's other held-out sets at small_data's slices of them."""
     return {"puzzle_eval_data": str(root / "puzzles_eval.jsonl"), "strength_data": str(root / "strength.jsonl"),
             "history_eval_data": str(root / "eval_histories.jsonl")}
+
+
+class BatchFault:
+    """Counts the batches `model.completions` generates (`calls`) and raises KeyboardInterrupt (a Ctrl-C) as
+    batch number `stop_at` starts (None: never)."""
+
+    def __init__(self, monkeypatch) -> None:
+        import rookworld_rlvr.model.completions as completions
+
+        self.calls, self.stop_at, real = 0, None, completions.generate
+
+        def generate(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.stop_at:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(completions, "generate", generate)
+
+
+@pytest.fixture
+def batch_fault(monkeypatch) -> BatchFault:
+    return BatchFault(monkeypatch)

@@ -427,43 +427,29 @@ def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys, torch_th
 
 
 def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_completes_only_the_rest(
-        saved_model, data_file, tiny, tmp_path, monkeypatch, capsys):
+        saved_model, data_file, tiny, tmp_path, batch_fault, capsys):
     """Ctrl-C as `rookworld eval --json OUT`'s third batch starts: the two completed are in OUT.answers.jsonl.
     The same command again completes only the others and writes the straight run's results; the journal goes.
     A journal of other weights (one changed a float32 step) is not read."""
     import copy
 
-    import rookworld_rlvr.model.completions as completions
     from rookworld_rlvr.model.load import save_pretrained_atomic
 
-    real, calls = completions.generate, []
-
-    def generate(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == stop_at:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(completions, "generate", generate)
-
-    def run(out, model=saved_model):
-        calls.clear()
+    def run(out, model=saved_model, stop_at=None):
+        batch_fault.calls, batch_fault.stop_at = 0, stop_at
         rc = main(["eval", "--model", str(model), "--data", str(data_file), "--json", str(out), "--limit", "4",
                    "--device", "cpu", "--max-new-tokens", "16", "--batch-size", "2", "--quiet"])
-        return rc, len(calls)
+        return rc, batch_fault.calls
 
     def results(out):
         res = json.loads(out.read_text())
         res["meta"].pop("seconds")
         return res
 
-    stop_at = None
     assert run(tmp_path / "a.json") == (0, 4)  # 4 P: + 4 A:, 2 a batch
     journal = tmp_path / "b.json.answers.jsonl"
-    stop_at = 3
-    assert run(tmp_path / "b.json") == (130, 3) and not (tmp_path / "b.json").exists()
+    assert run(tmp_path / "b.json", stop_at=3) == (130, 3) and not (tmp_path / "b.json").exists()
     assert len(journal.read_text().splitlines()) == 1 + 2
-    stop_at = None
     assert run(tmp_path / "b.json") == (0, 2) and not journal.exists()
     assert "2 batches completed by an earlier run of this evaluation" in capsys.readouterr().err
     assert results(tmp_path / "b.json") == results(tmp_path / "a.json")
@@ -474,9 +460,7 @@ def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_complet
         w = next(other.parameters()).view(-1)
         w[0] = torch.nextafter(w[0], w[0] + 1)
     other_dir = save_pretrained_atomic(other, tokenizer, tmp_path / "other")
-    stop_at = 3
-    assert run(tmp_path / "c.json")[0] == 130
-    stop_at = None
+    assert run(tmp_path / "c.json", stop_at=3)[0] == 130
     assert run(tmp_path / "c.json", other_dir) == (0, 4)  # nothing kept: other weights
 
 

@@ -144,6 +144,44 @@ def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, c
         read_openings(bad)
 
 
+def test_a_match_stopped_part_way_replays_its_kept_moves_and_ends_as_the_straight_match(tmp_path, tiny_model_dir,
+                                                                                        batch_fault, capsys):
+    """Two greedy models (legal moves only, so the games run to the ply limit), Ctrl-C as the fifth batch of moves
+    starts: the four answered are kept beside --json. The same command again computes only the rest and writes
+    the straight match's summary and PGN; the kept moves go once it is written."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other"  # a second player: the tiny model with one weight a float32 step away
+    shutil.copytree(tiny_model_dir, other)
+    weights = load_file(other / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = torch.nextafter(weights[name].view(-1)[0], torch.tensor(1.0))
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    openings = tmp_path / "openings.txt"
+    openings.write_text("\n".join(OPENINGS) + "\n")
+
+    def match(out, stop_at=None):
+        batch_fault.calls, batch_fault.stop_at = 0, stop_at
+        rc = main(["match", str(tiny_model_dir), str(other), "--openings", str(openings), "--games", "4",
+                   "--legal-moves", "--max-plies", "10", "--pgn", str(out / "games.pgn"), "--json",
+                   str(out / "match.json"), "--quiet"])
+        return rc, batch_fault.calls
+
+    rc, whole = match(tmp_path / "a")
+    # 40 plies: A's first batch is the 2 games it opens with white, then B moves in all 4, A in all 4, ...
+    assert rc == 0 and whole == 11
+    assert match(tmp_path / "b", stop_at=5) == (130, 5)
+    kept = [tmp_path / "b" / f"match.json.{role}-answers.jsonl" for role in "ab"]
+    assert [len(p.read_text().splitlines()) for p in kept] == [1 + 2, 1 + 2]
+    capsys.readouterr()
+    assert match(tmp_path / "b") == (0, whole - 4) and not any(p.exists() for p in kept)
+    assert capsys.readouterr().err.count("2 batches of moves from an earlier run of this match") == 2
+    for file in ("games.pgn", "match.json"):
+        assert (tmp_path / "b" / file).read_text() == (tmp_path / "a" / file).read_text()
+
+
 def test_model_as_uci_engine_driven_by_python_chess(tiny_model_dir):
     """python-chess plays a game against `rookworld uci`: every move it answers is legal (a random
     tiny model writes few legal moves, so the fallbacks are exercised and announced)."""

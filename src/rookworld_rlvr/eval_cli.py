@@ -148,12 +148,11 @@ def _journal(args: argparse.Namespace, model, main: bool, share: Callable[[Any],
     from rookworld_rlvr.model import journal as answers
 
     path = Path(f"{args.json}.answers.jsonl")
-    header = answers.identity(model, legal_moves=args.legal_moves) if main else None
-    done = share(answers.read(path, header) if main else None)
-    if done and main:
-        print(f"eval: {len(done)} batches completed by an earlier run of this evaluation, stopped part way, are "
-              f"kept ({path})", file=sys.stderr)
-    return answers.start(path, header, done) if main else answers.Journal(None, done)
+    journal = answers.resume(path, answers.identity(model, legal_moves=args.legal_moves) if main else None, share)
+    if journal.done and main:
+        print(f"eval: {len(journal.done)} batches completed by an earlier run of this evaluation, stopped part way, "
+              f"are kept ({path})", file=sys.stderr)
+    return journal
 
 
 def _cli_scorer(samples: Sequence[Sample], depth: int, stack: ExitStack) -> RewardScorer | None:

@@ -10,7 +10,8 @@ The result is the score of A, the Elo difference with a 95% confidence interval 
 interval, draws taken into its variance), how the games ended, and the games as PGN.
 
 Also self-play for the evaluation (`selfplay_metrics`: the model against itself from the start
-position, ended at its first unreadable or illegal move). Owns games and their referee; the
+position, ended at its first unreadable or illegal move). Owns games, their referee and the
+models' moves kept beside a match's output until it is written (model.journal); the
 model is reached through `model.completions` (imported inside functions, so `rookworld --help`
 stays fast).
 """
@@ -21,6 +22,7 @@ import argparse
 import json
 import math
 import random
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,13 +96,15 @@ class ModelPlayer:
     `legal_moves`: decoded among legal moves only, see legal_decoding)."""
 
     def __init__(self, model, tokenizer, name: str, layout: str = "compact", temperature: float = 0.0,
-                 seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64, legal_moves: bool = False) -> None:
+                 seed: int = 0, max_new_tokens: int = 120, batch_size: int = 64, legal_moves: bool = False,
+                 journal=None) -> None:
         from rookworld_rlvr.legal_decoding import LegalMoveDecoding
         from rookworld_rlvr.model.completions import Completer, sampling
 
         self.name = name
+        # journal (model.journal): greedy answers of a match stopped part way, read back instead of computed again
         self._gen = Completer(model, tokenizer, max_new_tokens, batch_size,
-                              LegalMoveDecoding(tokenizer) if legal_moves else None)
+                              LegalMoveDecoding(tokenizer) if legal_moves else None, journal=journal)
         self._sampling = sampling(temperature, seed)
         self.layout = layout
 
@@ -307,7 +311,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="model sampling temperature (0 = greedy)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout of the models")
     p.add_argument("--pgn", metavar="OUT", help="write the games as PGN")
-    p.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    p.add_argument("--json", metavar="OUT", help="write the summary as JSON. With --json or --pgn, the greedy "
+                                                 "models' moves are kept beside it (OUT.a-answers.jsonl, "
+                                                 "OUT.b-answers.jsonl) until the match is written: the same command "
+                                                 "run again after a stop replays them instead of computing them")
     p.add_argument("--legal-moves", action="store_true",
                    help="models decode their moves among legal moves only (no game ends on an illegal move)")
     p.add_argument("--seed", type=int, default=0)
@@ -321,12 +328,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 ENGINE_FAILURES = (chess.engine.EngineError, chess.engine.EngineTerminatedError, TimeoutError)
 
 
-def _started(spec: str, args: argparse.Namespace, seed: int) -> Player:
+def _started(spec: str, args: argparse.Namespace, seed: int, journal: Path | None) -> Player:
     """`make_player`, with an engine or a model that fails to start turned into an error naming the player."""
     from rookworld_rlvr.model.load import ModelLoadError
 
     try:
-        return make_player(spec, args, seed)
+        return make_player(spec, args, seed, journal)
     except (*ENGINE_FAILURES, ModelLoadError, OSError) as e:  # OSError: a Hub id that could not be fetched
         raise ValueError(f"player {spec!r} did not start: {type(e).__name__}: {str(e) or 'no answer in time'}") from None
 
@@ -336,7 +343,9 @@ def _close(player: Player) -> None:
         player.close()
 
 
-def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
+def make_player(spec: str, args: argparse.Namespace, seed: int, journal: Path | None = None) -> Player:
+    """A player from its spec; a model's greedy answers are kept in `journal` (a file) as they come, and
+    those an earlier run of the match on the same weights kept there are read back, not computed again."""
     if spec == "random":
         return RandomPlayer(seed)
     if spec == "stockfish" or spec.startswith("stockfish:"):
@@ -349,8 +358,16 @@ def make_player(spec: str, args: argparse.Namespace, seed: int) -> Player:
     from rookworld_rlvr.model.load import load_policy
 
     model, tokenizer = load_policy(spec, device=args.device, verbose=False)
+    kept = None
+    if journal is not None:
+        from rookworld_rlvr.model.journal import identity, resume
+
+        kept = resume(journal, identity(model, legal_moves=args.legal_moves))
+        if kept.done:
+            print(f"match: {spec}: {len(kept.done)} batches of moves from an earlier run of this match, stopped part "
+                  f"way, are kept ({journal})", file=sys.stderr)
     return ModelPlayer(model, tokenizer, spec, layout=args.layout, temperature=args.temperature, seed=seed,
-                       legal_moves=args.legal_moves)
+                       legal_moves=args.legal_moves, journal=kept)
 
 
 def run(args: argparse.Namespace, name: str) -> int:
@@ -376,10 +393,12 @@ def run(args: argparse.Namespace, name: str) -> int:
             with open(pgn, "a") as fh:
                 fh.write(game.pgn() + "\n\n")
 
+    out = args.json or args.pgn  # a model's answers are kept beside it until the match is written
+    journals = {role: Path(f"{out}.{role}-answers.jsonl") for role in "ab"} if out else {}
     with ExitStack() as players:  # every engine that started is closed, whatever fails after it
-        a = _started(args.a, args, args.seed)
+        a = _started(args.a, args, args.seed, journals.get("a"))
         players.callback(_close, a)
-        b = _started(args.b, args, args.seed + 1)
+        b = _started(args.b, args, args.seed + 1, journals.get("b"))
         players.callback(_close, b)
         try:
             result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet,
@@ -395,6 +414,8 @@ def run(args: argparse.Namespace, name: str) -> int:
     if args.json:
         atomic_write_text(args.json, [json.dumps(summary, indent=2) + "\n"])
         print(f"wrote {args.json}")
+    for path in journals.values():
+        path.unlink(missing_ok=True)
     return 0
 
 

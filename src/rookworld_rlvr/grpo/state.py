@@ -191,12 +191,12 @@ def eval_journal(tr: Trainer, model) -> Journal | None:
 
     if "journal" not in inspect.signature(tr.eval_fn).parameters:
         return None
-    path = tr.run_dir / eval_journal.NAME
     header = eval_journal.identity(model, step=tr.step) if tr.main else None
-    done = dist.broadcast_object(eval_journal.read(path, header) if tr.main else None)
-    if done and tr.main:
-        tr.log(f"held-out evaluation at step {tr.step}: {len(done)} batches completed before the stop are kept")
-    return eval_journal.start(path, header, done) if tr.main else eval_journal.Journal(None, done)
+    journal = eval_journal.resume(tr.run_dir / eval_journal.NAME, header, dist.broadcast_object)
+    if journal.done:
+        tr.log(f"held-out evaluation at step {tr.step}: {len(journal.done)} batches completed before the stop are "
+               "kept")
+    return journal
 
 
 def end_eval_journal(tr: Trainer) -> None:

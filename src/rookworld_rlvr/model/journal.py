@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -95,3 +95,14 @@ def start(path: Path, header: dict[str, Any], done: dict) -> Journal:
         for key, (texts, reasons) in done.items():
             fh.write(json.dumps({"key": key, "texts": texts, "reasons": reasons}) + "\n")
     return Journal(path, done)
+
+
+def resume(path: Path, header: dict[str, Any] | None,
+           share: Callable[[Any], Any] | None = None) -> Journal:
+    """The journal at `path` for the evaluation `header` names: the batches an earlier run of it kept,
+    then written afresh with them. Under torchrun rank 0 alone passes a header (it reads and writes)
+    and `share` (a broadcast) hands what it read to the other ranks, which keep it in memory."""
+    done = read(path, header) if header is not None else None
+    if share is not None:
+        done = share(done)
+    return start(path, header, done) if header is not None else Journal(None, done)
