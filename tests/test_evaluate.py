@@ -450,6 +450,8 @@ def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_complet
     journal = tmp_path / "b.json.answers.jsonl"
     assert run(tmp_path / "b.json", stop_at=3) == (130, 3) and not (tmp_path / "b.json").exists()
     assert len(journal.read_text().splitlines()) == 1 + 2
+    assert f"2 batches of answers are kept in {journal}: the same command completes only the rest" in \
+        capsys.readouterr().err
     assert run(tmp_path / "b.json") == (0, 2) and not journal.exists()
     assert "2 batches completed by an earlier run of this evaluation" in capsys.readouterr().err
     assert results(tmp_path / "b.json") == results(tmp_path / "a.json")

@@ -175,7 +175,8 @@ def test_a_match_stopped_part_way_replays_its_kept_moves_and_ends_as_the_straigh
     assert match(tmp_path / "b", stop_at=5) == (130, 5)
     kept = [tmp_path / "b" / f"match.json.{role}-answers.jsonl" for role in "ab"]
     assert [len(p.read_text().splitlines()) for p in kept] == [1 + 2, 1 + 2]
-    capsys.readouterr()
+    assert all(f"2 batches of moves are kept in {p}: the same command replays them" in err
+               for p, err in zip(kept, [capsys.readouterr().err] * 2))
     assert match(tmp_path / "b") == (0, whole - 4) and not any(p.exists() for p in kept)
     assert capsys.readouterr().err.count("2 batches of moves from an earlier run of this match") == 2
     for file in ("games.pgn", "match.json"):

@@ -125,9 +125,15 @@ def run(args: argparse.Namespace, name: str) -> int:
         journal = _journal(args, model, main, dist.broadcast_object) if args.json else None
         with ExitStack() as stack:
             scorer = _cli_scorer(samples, args.depth, stack)
-            results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
-                               puzzles=puzzles, histories=histories, progress=not args.quiet and main,
-                               return_examples=args.examples, spread=dist.spread, journal=journal)
+            try:
+                results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
+                                   puzzles=puzzles, histories=histories, progress=not args.quiet and main,
+                                   return_examples=args.examples, spread=dist.spread, journal=journal)
+            except BaseException:  # Ctrl-C, an error: say what is kept (a kill cannot; the file is there all the same)
+                if journal is not None and journal.done and main:
+                    print(f"eval: {len(journal.done)} batches of answers are kept in {journal.path}: the same command "
+                          "completes only the rest", file=sys.stderr)
+                raise
     if not main:
         return 0
     results["meta"].update(model=args.model, data=args.data)

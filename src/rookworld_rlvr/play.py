@@ -101,7 +101,7 @@ class ModelPlayer:
         from rookworld_rlvr.legal_decoding import LegalMoveDecoding
         from rookworld_rlvr.model.completions import Completer, sampling
 
-        self.name = name
+        self.name, self.journal = name, journal
         # journal (model.journal): greedy answers of a match stopped part way, read back instead of computed again
         self._gen = Completer(model, tokenizer, max_new_tokens, batch_size,
                               LegalMoveDecoding(tokenizer) if legal_moves else None, journal=journal)
@@ -403,7 +403,14 @@ def run(args: argparse.Namespace, name: str) -> int:
         try:
             result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet,
                                 on_game_end=ended)
-        except ENGINE_FAILURES as e:
+        except BaseException as e:
+            for player in (a, b):  # Ctrl-C, a failure: say what is kept (a kill cannot; the files are there all the same)
+                journal = getattr(player, "journal", None)
+                if journal is not None and journal.done:
+                    print(f"match: {player.name}: {len(journal.done)} batches of moves are kept in {journal.path}: "
+                          "the same command replays them", file=sys.stderr)
+            if not isinstance(e, ENGINE_FAILURES):
+                raise
             kept = f" (their PGN is in {pgn})" if pgn is not None and finished else ""
             raise ValueError(f"a player failed after {len(finished)} finished games{kept}: "
                              f"{type(e).__name__}: {str(e) or 'no answer in time'}") from None
