@@ -230,7 +230,7 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
     run = tmp_path / "b" / "run"
     lines = (run / NAME).read_text().splitlines()
     header = json.loads(lines[0])
-    assert header["step"] == stop_at and set(header) == {"step", "weights", "dtype", "device"} and len(lines) == 1 + 3
+    assert header["step"] == stop_at and set(header) == {"step", "weights", "dtype", "device", "torch"} and len(lines) == 1 + 3
     batches.clear()
     fault, tr = False, trainer(tmp_path / "b", resume=True)
     with StopOnSignal(verbose=False) as tr.stop:
@@ -254,8 +254,9 @@ def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_weights_an
         w = next(changed.parameters()).view(-1)
         w[0] = torch.nextafter(w[0], w[0] + 1)
     others = [journal.identity(changed, step=4), journal.identity(model, step=5),
-              journal.identity(model.to(torch.bfloat16), step=4)]
+              journal.identity(model.to(torch.bfloat16), step=4), {**header, "torch": "2.0.0"}]
     assert all(o != header for o in others) and others[2]["dtype"] == "bfloat16"
+    assert header["torch"] == torch.__version__ and header["device"] == "cpu"
 
     path = tmp_path / journal.NAME
     first = journal.start(path, header, {})
