@@ -404,7 +404,7 @@ def run(args: argparse.Namespace, name: str) -> int:
             result = play_match(a, b, openings[: args.games // 2], args.max_plies, progress=not args.quiet,
                                 on_game_end=ended)
         except BaseException as e:
-            for player in (a, b):  # Ctrl-C, a failure: say what is kept (a kill cannot; the files are there all the same)
+            for player in (a, b):  # Ctrl-C, a failure: say what is kept (a kill cannot; the files stay)
                 journal = getattr(player, "journal", None)
                 if journal is not None and journal.done:
                     print(f"match: {player.name}: {len(journal.done)} batches of moves are kept in {journal.path}: "
