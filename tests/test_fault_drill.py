@@ -22,7 +22,7 @@ def drill_module():
     return module
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=120)
 def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(tmp_path, stockfish_path):
     out = tmp_path / "drill"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "STOCKFISH_PATH": stockfish_path}

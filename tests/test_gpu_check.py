@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=110)
 def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "out"
     threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS",) if k in os.environ}  # the suite's share of the cores
