@@ -5,9 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# test processes (pytest-xdist): one more than the cores, as its tests spend a tenth of their time waiting (on
-# the processes they start, timeouts, torchrun); at most 4 (each holds torch and tiny models in memory)
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((n + 1)); [ $$n -gt 4 ] && n=4; echo $$n)
+# test processes (pytest-xdist): one per core, at most 4 (each holds torch and tiny models in memory)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: setup stockfish browser train test clean
 
