@@ -230,7 +230,8 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
     run = tmp_path / "b" / "run"
     lines = (run / NAME).read_text().splitlines()
     header = json.loads(lines[0])
-    assert header["step"] == stop_at and set(header) == {"step", "weights", "dtype", "device", "torch"} and len(lines) == 1 + 3
+    assert header["step"] == stop_at and len(lines) == 1 + 3
+    assert set(header) == {"step", "weights", "dtype", "device", "torch"}
     batches.clear()
     fault, tr = False, trainer(tmp_path / "b", resume=True)
     with StopOnSignal(verbose=False) as tr.stop:
