@@ -231,7 +231,7 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
     lines = (run / NAME).read_text().splitlines()
     header = json.loads(lines[0])
     assert header["step"] == stop_at and len(lines) == 1 + 3
-    assert set(header) == {"step", "weights", "dtype", "device", "torch"}
+    assert set(header) == {"step", "weights", "dtype", "device", "arithmetic", "torch"}
     batches.clear()
     fault, tr = False, trainer(tmp_path / "b", resume=True)
     with StopOnSignal(verbose=False) as tr.stop:
@@ -256,8 +256,16 @@ def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_weights_an
         w[0] = torch.nextafter(w[0], w[0] + 1)
     others = [journal.identity(changed, step=4), journal.identity(model, step=5),
               journal.identity(model.to(torch.bfloat16), step=4), {**header, "torch": "2.0.0"}]
+    threads = torch.get_num_threads()
+    try:  # another thread count sums products in another order: its answers are not these
+        torch.set_num_threads(threads + 1)
+        others.append(journal.identity(model, step=4))
+    finally:
+        torch.set_num_threads(threads)
     assert all(o != header for o in others) and others[2]["dtype"] == "bfloat16"
     assert header["torch"] == torch.__version__ and header["device"] == "cpu"
+    assert header["arithmetic"] == f"{torch.backends.cpu.get_cpu_capability()}, {threads} threads"
+    assert others[-1]["arithmetic"].endswith(f", {threads + 1} threads")
 
     path = tmp_path / journal.NAME
     first = journal.start(path, header, {})

@@ -2,7 +2,7 @@
 
 Owns the journal file of one evaluation (`eval_answers.jsonl` in a training run's directory, or
 beside `rookworld eval`'s JSON): a header line saying whose answers they are (the weights'
-fingerprint, dtype, device and torch version, and what else the caller names: the step), then each
+fingerprint, dtype, device, arithmetic and torch version, and what else the caller names: the step), then each
 greedy batch's answers as one JSON line, appended the moment the batch is done, so that a signal or
 a kill during the evaluation (minutes on a CPU) loses only the batches in flight. A batch is known
 by its prompts and token budget: the resumed evaluation forms the same batches in the same order
@@ -50,10 +50,23 @@ class Journal:
                 fh.flush()
 
 
+def arithmetic(device: torch.device) -> str:
+    """What decides a device's float rounding beside torch's version: on a CPU the instruction set torch
+    dispatches to and the thread count (a product split among other threads sums in another order),
+    on a GPU its name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
+    return device.type
+
+
 def identity(model: torch.nn.Module, **more: Any) -> dict[str, Any]:
     """Whose answers a journal holds: a hash of every weight's bytes (the same weights loaded again hash
-    alike; one changed bit does not), their dtype, the device type and torch's version (greedy answers
-    can differ between them), and `more` (a training run's step, `rookworld eval`'s decoding options)."""
+    alike; one changed bit does not), their dtype, the device type, its arithmetic and torch's version
+    (greedy answers can differ between them: a run stopped on one machine and resumed on another
+    completes its evaluation afresh), and `more` (a training run's step, `rookworld eval`'s decoding
+    options)."""
     digest = hashlib.blake2b(digest_size=16)
     dtypes, seen = set(), set()
     for name, t in model.state_dict().items():
@@ -62,9 +75,9 @@ def identity(model: torch.nn.Module, **more: Any) -> dict[str, Any]:
         if (t.data_ptr(), t.numel()) not in seen:  # tied weights (the LM head) once: 0.65 s at 124M on a CPU
             seen.add((t.data_ptr(), t.numel()))
             digest.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
-    device = next(model.parameters()).device.type
-    return {"weights": digest.hexdigest(), "dtype": ",".join(sorted(dtypes)), "device": device,
-            "torch": torch.__version__, **more}
+    device = next(model.parameters()).device
+    return {"weights": digest.hexdigest(), "dtype": ",".join(sorted(dtypes)), "device": device.type,
+            "arithmetic": arithmetic(device), "torch": torch.__version__, **more}
 
 
 def read(path: Path, header: dict[str, Any]) -> dict[str, tuple[list[str], list[str]]]:
