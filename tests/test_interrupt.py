@@ -254,18 +254,19 @@ def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_weights_an
     with torch.no_grad():  # one weight one step away in float32
         w = next(changed.parameters()).view(-1)
         w[0] = torch.nextafter(w[0], w[0] + 1)
-    others = [journal.identity(changed, step=4), journal.identity(model, step=5),
-              journal.identity(model.to(torch.bfloat16), step=4), {**header, "torch": "2.0.0"}]
     threads = torch.get_num_threads()
     try:  # another thread count sums products in another order: its answers are not these
         torch.set_num_threads(threads + 1)
-        others.append(journal.identity(model, step=4))
+        other_threads = journal.identity(model, step=4)  # (before the bf16 copy below: it converts in place)
     finally:
         torch.set_num_threads(threads)
+    assert other_threads["arithmetic"].endswith(f", {threads + 1} threads")
+    assert {**other_threads, "arithmetic": header["arithmetic"]} == header  # only the arithmetic differs
+    others = [journal.identity(changed, step=4), journal.identity(model, step=5),
+              journal.identity(model.to(torch.bfloat16), step=4), {**header, "torch": "2.0.0"}, other_threads]
     assert all(o != header for o in others) and others[2]["dtype"] == "bfloat16"
     assert header["torch"] == torch.__version__ and header["device"] == "cpu"
     assert header["arithmetic"] == f"{torch.backends.cpu.get_cpu_capability()}, {threads} threads"
-    assert others[-1]["arithmetic"].endswith(f", {threads + 1} threads")
 
     path = tmp_path / journal.NAME
     first = journal.start(path, header, {})
