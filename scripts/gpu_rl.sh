@@ -2,7 +2,8 @@
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
-#                     [--deadline-minutes D] [--base MODEL_DIR] [--control] [--more-games RECORD]... [--more-data FILE]...
+#                     [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]...
+#                     [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record: data/more_games.jsonl.xz,
 #    _2 and _3) and --more-data (a sample file) add training samples, as in gpu_base.sh);
@@ -22,6 +23,9 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
+# --continue: this call continues the one before it in WORK (the base it trained, on this machine's disk): it stops
+# at once (exit 2) where WORK holds no finished base, as on a machine started afresh, instead of spending its minutes
+# on a new base. GRPO from a base that came back instead: --base.
 # --control: the same GRPO run with `--reward-signal false` (every advantage 0: the anchor and the KL alone train),
 # the control a GRPO gain is judged against: what the anchor's true answers teach without any reward. Its own
 # WORK (default runs/gpu-rl-control); results.md says so.
@@ -37,7 +41,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR] [--control] [--more-games RECORD]... [--more-data FILE]..."
+usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]... [--more-data FILE]..."
 out=${1:?usage: $usage}
 shift
 smoke=0
@@ -48,6 +52,7 @@ more=()
 deadline=""
 given=""
 control=0
+continued=0
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) smoke=1 ;;
@@ -60,6 +65,7 @@ while [ $# -gt 0 ]; do
     --base) given=${2:?--base needs a model folder}; shift
             [ -f "$given/config.json" ] || { echo "gpu_rl.sh: --base $given: no model there (no config.json)" >&2; exit 2; } ;;
     --control) control=1 ;;
+    --continue) continued=1 ;;
     --more-games) more+=(--more-games "${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
     *) echo "gpu_rl.sh: unknown option $1 (usage: $usage)" >&2; exit 2 ;;
@@ -69,6 +75,19 @@ done
 py=${PYTHON:-python3}
 mode=$([ $control = 1 ] && echo control || echo grpo)
 work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
+if [ $continued = 1 ]; then
+  [ -z "$given" ] || {
+    echo "gpu_rl.sh: --continue and --base: a call continues the base in WORK or starts from a given one" >&2
+    exit 2; }
+  if [ -d "$work/sft/base.checkpoint" ] && [ ! -f "$work/base.done" ]; then
+    echo "gpu_rl.sh: --continue: the base's SFT in $work did not finish: rerun the base's command to finish it" >&2
+    exit 2
+  fi
+  [ -f "$work/base.done" ] || {
+    echo "gpu_rl.sh: --continue: $work holds no finished base (a machine started afresh?):" \
+      "run GRPO from the base that came back with --base MODEL_DIR" >&2
+    exit 2; }
+fi
 mkdir -p "$out" "$work"
 rm -rf "$out/base" "$out/trained" "$out/record.tar" "$out/results.md" "$work/skipped.txt"
 . scripts/gpu_wheels.sh

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,9 +137,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
     assert f"| self-play from the start, legal half-moves | 60 | {plies['base']} | " in text.split("## Goals")[1]
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
-    # again and fills its OUT all the same
-    again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:]], capture_output=True, text=True, env=env,
-                           timeout=900)
+    # again and fills its OUT all the same; --continue (the call after the base's, on the same machine) finds the base
+    again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:], "--continue"], capture_output=True,
+                           text=True, env=env, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert all(f"{stage} done before" in again.stdout
                for stage in ("base", "grpo", "match_trained", "selfplay_base", "selfplay_trained", "match_base"))
@@ -239,6 +240,39 @@ def test_a_failed_data_preparation_still_sends_back_the_base(tmp_path):
     assert (out / "meta.tar").exists() and list(out.glob("*.safetensors"))
     log = [json.loads(x) for x in (work / "base.sft_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3]
+
+
+def test_a_continuing_call_on_a_machine_without_the_base_stops_before_spending_its_minutes(tmp_path):
+    """The call after the base's continues in WORK on the same machine; on one started afresh (WORK empty) it would
+    train a new base in the minutes meant for GRPO. --continue stops it at once, saying what to run instead."""
+    env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work")}
+    script = str(REPO / "scripts" / "gpu_rl.sh")
+    proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--grpo-minutes", "1", "--continue"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and f"--continue: {tmp_path / 'work'} holds no finished base" in proc.stderr
+    assert "with --base MODEL_DIR" in proc.stderr and not (tmp_path / "work").exists()
+    (tmp_path / "work" / "sft" / "base.checkpoint").mkdir(parents=True)  # the base's call stopped by its timeout
+    proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--continue"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "the base's SFT in" in proc.stderr and "rerun the base's command" in proc.stderr
+    proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--continue", "--base",
+                           str(REPO / "models" / "rookworld-board")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 2 and "--continue and --base" in proc.stderr
+
+
+def test_the_documented_gpu_rl_commands_use_only_its_options():
+    """The prepared commands a GPU session copies from the README and docs/gpu.md: an option the script does not
+    know would end a GPU call at its first second (exit 2), with its machine's start already spent."""
+    usage = next(line for line in (REPO / "scripts" / "gpu_rl.sh").read_text().splitlines() if line.startswith("usage="))
+    known = set(re.findall(r"--[a-z-]+", usage))
+    commands = []
+    for doc in ("README.md", "docs/gpu.md"):
+        text = (REPO / doc).read_text().replace("\\\n", " ")
+        commands += [line.split("scripts/gpu_rl.sh OUT", 1)[1].split("#")[0] for line in text.splitlines()
+                     if "scripts/gpu_rl.sh OUT " in line]
+    assert len(commands) >= 8 and any("--continue" in c for c in commands)
+    assert all(set(re.findall(r"(?<![\w-])--[a-z-]+", c)) <= known for c in commands), (known, commands)
 
 
 def test_an_export_that_would_not_come_back_is_named(tmp_path):
