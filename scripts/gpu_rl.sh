@@ -75,18 +75,16 @@ done
 py=${PYTHON:-python3}
 mode=$([ $control = 1 ] && echo control || echo grpo)
 work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
-if [ $continued = 1 ]; then
-  [ -z "$given" ] || {
-    echo "gpu_rl.sh: --continue and --base: a call continues the base in WORK or starts from a given one" >&2
-    exit 2; }
-  if [ -d "$work/sft/base.checkpoint" ] && [ ! -f "$work/base.done" ]; then
-    echo "gpu_rl.sh: --continue: the base's SFT in $work did not finish: rerun the base's command to finish it" >&2
-    exit 2
+if [ $continued = 1 ]; then  # the base in WORK, or why not (before anything is made or run)
+  why=""
+  if [ -n "$given" ]; then why="--continue and --base: a call continues the base in WORK or starts from a given one"
+  elif [ -f "$work/base.done" ]; then :
+  elif [ -f "$work/sft/base.checkpoint/config.json" ]; then  # what the base's command resumes
+    why="--continue: the base's SFT in $work did not finish: rerun the base's command to finish it"
+  else why="--continue: $work holds no finished base (a machine started afresh?): run GRPO from the base that came \
+back with --base MODEL_DIR"
   fi
-  [ -f "$work/base.done" ] || {
-    echo "gpu_rl.sh: --continue: $work holds no finished base (a machine started afresh?):" \
-      "run GRPO from the base that came back with --base MODEL_DIR" >&2
-    exit 2; }
+  [ -z "$why" ] || { echo "gpu_rl.sh: $why" >&2; exit 2; }
 fi
 mkdir -p "$out" "$work"
 rm -rf "$out/base" "$out/trained" "$out/record.tar" "$out/results.md" "$work/skipped.txt"

@@ -251,7 +251,9 @@ def test_a_continuing_call_on_a_machine_without_the_base_stops_before_spending_i
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and f"--continue: {tmp_path / 'work'} holds no finished base" in proc.stderr
     assert "with --base MODEL_DIR" in proc.stderr and not (tmp_path / "work").exists()
-    (tmp_path / "work" / "sft" / "base.checkpoint").mkdir(parents=True)  # the base's call stopped by its timeout
+    checkpoint = tmp_path / "work" / "sft" / "base.checkpoint"  # the base's call stopped by its timeout
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
     proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--continue"], capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "the base's SFT in" in proc.stderr and "rerun the base's command" in proc.stderr
