@@ -137,6 +137,15 @@ class Results:
         (self.out / "gpu_check.md").write_text(markdown(self.result))
 
 
+def failed(res: Results, section: str, row: dict, what: str, error: Exception) -> None:
+    """A measurement that raised: its row names the error, the device's cache is freed, and the measurements after
+    it still run (one configuration failing on a GPU loses none of the others' figures)."""
+    res.add(section, {**row, "error": f"{type(error).__name__}: {error}"[:300]})
+    print(f"{what}: failed: {type(error).__name__}: {error}", flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, repeats: int, res: Results) -> None:
     from rookworld_rlvr.model import load_policy
 
@@ -146,20 +155,26 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
         for prompts_n, group in shapes:
             if not res.in_time(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}"):
                 continue
+            row = {"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
+                   "new_tokens": new_tokens}
             times, tokens = [], 0
-            for k in range(repeats + 1):
-                sync(device)
-                t = time.perf_counter()
-                out = generate(model, tok, prompts_all[:prompts_n], max_new_tokens=new_tokens, temperature=1.0,
-                               num_return_sequences=group, autocast_dtype=dtype, decode_graph=graph,
-                               generator=torch.Generator(device=device).manual_seed(k))
-                sync(device)
-                if k:  # the first run warms up (allocator, kernels)
-                    times.append(time.perf_counter() - t)
-                    tokens = int(out.completion_mask.sum())
+            try:
+                for k in range(repeats + 1):
+                    sync(device)
+                    t = time.perf_counter()
+                    out = generate(model, tok, prompts_all[:prompts_n], max_new_tokens=new_tokens, temperature=1.0,
+                                   num_return_sequences=group, autocast_dtype=dtype, decode_graph=graph,
+                                   generator=torch.Generator(device=device).manual_seed(k))
+                    sync(device)
+                    if k:  # the first run warms up (allocator, kernels)
+                        times.append(time.perf_counter() - t)
+                        tokens = int(out.completion_mask.sum())
+            except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
+                failed(res, "generation", row, f"generation {dtype_name}{' decode_graph' if graph else ''} "
+                       f"{prompts_n}x{group}", e)
+                continue
             sec = statistics.median(times)
-            res.add("generation", {"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
-                                   "new_tokens": new_tokens, "generated_tokens": tokens, "seconds": round(sec, 4),
+            res.add("generation", {**row, "generated_tokens": tokens, "seconds": round(sec, 4),
                                    "tokens_per_s": round(tokens / sec, 1)})
             print(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}: "
                   f"{tokens / sec:.0f} tokens/s", flush=True)
@@ -186,8 +201,7 @@ def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: in
             reset_peak(device)
             tr.train()
         except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
-            res.add("grpo", {"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
-            print(f"grpo {name}: failed: {e}", flush=True)
+            failed(res, "grpo", {"config": name}, f"grpo {name}", e)
             continue
         recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
         step = statistics.median(r["time/step"] for r in recs)
@@ -214,7 +228,12 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
                         batch_size=batch, own_repeats=own, save_every=10**6, device=str(device), autocast="auto",
                         threads=None, rows_cache=str(tmp / "sft-rows.safetensors"))  # encoded once for all three
         t = time.perf_counter()
-        train(cfg, progress=False)
+        try:
+            train(cfg, progress=False)
+        except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
+            failed(res, "sft", {"preset": preset, "batch_size": batch, "own_repeats": own},
+                   f"sft {preset} batch {batch} own_repeats {own}", e)
+            continue
         log = [json.loads(x) for x in (tmp / f"{name}.sft_log.jsonl").read_text().splitlines()]
         seconds = [r["seconds"] for r in log]
         per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
@@ -258,7 +277,8 @@ def markdown(result: dict) -> str:
         lines += [f"- not measured: {what}" for what in result["not_measured"]] + [""]
     lines += ["| generation | decode_graph | prompts x group x tokens | tokens/s |", "|---|---|---|---|"]
     lines += [f"| {r['dtype']} | {'on' if r['decode_graph'] else 'off'} | {r['prompts']} x {r['group']} x "
-              f"{r['new_tokens']} | {r['tokens_per_s']} |" for r in result["generation"]]
+              f"{r['new_tokens']} | {r['tokens_per_s'] if 'error' not in r else 'failed: ' + r['error']} |"
+              for r in result["generation"]]
     lines += ["", "| GRPO step (124M preset) | batch | s/step | peak GiB | phase shares |", "|---|---|---|---|---|"]
     for r in result["grpo"]:
         if "error" in r:
@@ -268,8 +288,9 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['config']} | {r['batch']} | {r['s_per_step']} | {r['peak_memory_gib']} | {shares} |")
     lines += ["", "| SFT preset | batch | own answers a step | s/step | samples/s | the host's batch, ms |",
               "|---|---|---|---|---|---|"]
-    lines += [f"| {r['preset']} | {r['batch_size']} | {r.get('own_repeats', '-')} | {r['s_per_step']} | "
-              f"{r['samples_per_s']} | {r.get('host_batch_ms', '-')} |" for r in result["sft"]]
+    lines += [f"| {r['preset']} | {r['batch_size']} | {r.get('own_repeats', '-')} | "
+              + (f"failed: {r['error']} | - | - |" if "error" in r else
+                 f"{r['s_per_step']} | {r['samples_per_s']} | {r.get('host_batch_ms', '-')} |") for r in result["sft"]]
     trl = result["trl"]
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "
@@ -354,7 +375,7 @@ def main() -> int:
     result.update(seconds=round(time.time() - t0, 1), complete=True)
     res.save()
     print(markdown(result))
-    return 0
+    return 1 if any("error" in r for section in ("generation", "grpo", "sft") for r in result[section]) else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ mkdir -p "$out"
 use_carried_wheels "$py" $([ "$mode" = "--smoke" ] && echo 1 || echo 0) || exit 1
 use_carried_stockfish "$py" /tmp/gpu-stockfish || exit 1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-ROOKWORLD_TEST_DEVICE=$device "$py" -m pytest -q -m gpu tests/gpu -p no:cacheprovider \
+# each CUDA test within 120 s (the suite's 300 s would let one hang take the benchmarks' minutes)
+ROOKWORLD_TEST_DEVICE=$device "$py" -m pytest -q -m gpu tests/gpu -p no:cacheprovider --timeout 120 \
   --junitxml "$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 "$py" benchmarks/gpu_check.py --device "$device" --out "$out" $mode "${deadline[@]}"
@@ -65,6 +66,7 @@ elif "$py" -c "import trl, datasets, accelerate" 2> "$out/grpo_vs_trl.txt"; then
 else
   echo "grpo_vs_trl: TRL, datasets or accelerate does not import here (scripts/gpu_pack.sh --trl carries them); not run" >> "$out/grpo_vs_trl.txt"
 fi
-[ "$bench" = 0 ] && "$py" benchmarks/gpu_check.py --out "$out" --add-trl "$out/grpo_vs_trl.json" "$out/grpo_vs_trl.txt" > /dev/null
+# (also when a measurement failed: gpu_check.py then exits 1, its rows naming the errors, and its JSON stands)
+[ -f "$out/gpu_check.json" ] && "$py" benchmarks/gpu_check.py --out "$out" --add-trl "$out/grpo_vs_trl.json" "$out/grpo_vs_trl.txt" > /dev/null
 echo "gpu_check: tests exit $tests, benchmarks exit $bench; results in $out"
 [ "$tests" = 0 ] && [ "$bench" = 0 ]

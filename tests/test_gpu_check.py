@@ -92,6 +92,49 @@ def test_a_gpu_check_past_its_deadline_starts_no_measurement_and_names_each(tmp_
         (tmp_path / "gpu_check.md").read_text()
 
 
+def test_a_measurement_that_fails_is_named_and_the_others_still_run(tmp_path, monkeypatch):
+    """One GPU call, one chance: a configuration that raises there (a CUDA graph that will not capture, memory
+    that runs out) becomes a row naming its error, and every other measurement still runs; the exit status says
+    one failed. Faults injected: decode_graph generation and the SFT run with its own answers raise."""
+    import importlib.util
+
+    import torch
+
+    import rookworld_rlvr.sft as sft
+
+    spec = importlib.util.spec_from_file_location("gpu_check_faults", REPO / "benchmarks" / "gpu_check.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    real_generate, real_train = bench.generate, sft.train
+
+    def generate(*args, decode_graph=False, **kw):
+        if decode_graph:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return real_generate(*args, decode_graph=decode_graph, **kw)
+
+    def train(cfg, **kw):
+        if cfg.own_repeats:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_train(cfg, **kw)
+
+    monkeypatch.setattr(bench, "generate", generate)
+    monkeypatch.setattr(sft, "train", train)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--smoke", "--out", str(tmp_path)])
+    assert bench.main() == 1
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["complete"] and result["not_measured"] == []
+    gen = {(r["dtype"], r["decode_graph"]): r for r in result["generation"]}
+    assert len(gen) == 4 and all(gen[d, False]["tokens_per_s"] > 0 for d in ("float32", "bf16"))
+    assert all(gen[d, True]["error"].startswith("RuntimeError: CUDA error: operation not permitted")
+               and "tokens_per_s" not in gen[d, True] for d in ("float32", "bf16"))
+    assert len(result["grpo"]) == 3 and all(r["s_per_step"] > 0 for r in result["grpo"])
+    measured, oom = result["sft"]
+    assert measured["s_per_step"] > 0 and oom["own_repeats"] == 2 and oom["error"].startswith("OutOfMemoryError")
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "| bf16 | on | 2 x 2 x 8 | failed: RuntimeError: CUDA error" in table
+    assert "| tiny | 4 | 2 | failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB | - | - |" in table
+
+
 def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_both_samplers(tmp_path):
     """Equal work in benchmarks/grpo_vs_trl.py: its random model's EOS is undrawable, so our sampler and
     transformers' generate (TRL's) both write --max-tokens tokens in every row. The same architecture
