@@ -153,7 +153,8 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
     for (dtype_name, dtype), graph in itertools.product((("float32", None), ("bf16", torch.bfloat16)), (False, True)):
         model, tok = load_policy(str(model_dir), device=str(device), verbose=False)
         for prompts_n, group in shapes:
-            if not res.in_time(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}"):
+            what = f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}"
+            if not res.in_time(what):
                 continue
             row = {"dtype": dtype_name, "decode_graph": graph, "prompts": prompts_n, "group": group,
                    "new_tokens": new_tokens}
@@ -170,14 +171,12 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
                         times.append(time.perf_counter() - t)
                         tokens = int(out.completion_mask.sum())
             except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
-                failed(res, "generation", row, f"generation {dtype_name}{' decode_graph' if graph else ''} "
-                       f"{prompts_n}x{group}", e)
+                failed(res, "generation", row, what, e)
                 continue
             sec = statistics.median(times)
             res.add("generation", {**row, "generated_tokens": tokens, "seconds": round(sec, 4),
                                    "tokens_per_s": round(tokens / sec, 1)})
-            print(f"generation {dtype_name}{' decode_graph' if graph else ''} {prompts_n}x{group}: "
-                  f"{tokens / sec:.0f} tokens/s", flush=True)
+            print(f"{what}: {tokens / sec:.0f} tokens/s", flush=True)
 
 
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
@@ -221,8 +220,8 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
 
     shapes = [("tiny", 64, 8), ("small", 256, 0), ("small", 256, 8)] if not smoke else [("tiny", 4, 0), ("tiny", 4, 2)]
     for preset, batch, own in shapes:
-        name = f"sft-{preset}-{batch}-{own}"
-        if not res.in_time(f"sft {preset} batch {batch} own_repeats {own}"):
+        name, what = f"sft-{preset}-{batch}-{own}", f"sft {preset} batch {batch} own_repeats {own}"
+        if not res.in_time(what):
             continue
         cfg = SFTConfig(data=str(data), eval_data="", out=str(tmp / name), preset=preset, steps=steps,
                         batch_size=batch, own_repeats=own, save_every=10**6, device=str(device), autocast="auto",
@@ -231,8 +230,7 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
         try:
             train(cfg, progress=False)
         except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
-            failed(res, "sft", {"preset": preset, "batch_size": batch, "own_repeats": own},
-                   f"sft {preset} batch {batch} own_repeats {own}", e)
+            failed(res, "sft", {"preset": preset, "batch_size": batch, "own_repeats": own}, what, e)
             continue
         log = [json.loads(x) for x in (tmp / f"{name}.sft_log.jsonl").read_text().splitlines()]
         seconds = [r["seconds"] for r in log]
@@ -241,8 +239,7 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
         res.add("sft", {"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
                         "samples_per_s": round(batch / per_step, 1) if per_step else None,
                         "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1)})
-        print(f"sft {preset} batch {batch} own_repeats {own}: {per_step:.3f} s/step, the host's batch "
-              f"{host * 1000:.1f} ms", flush=True)
+        print(f"{what}: {per_step:.3f} s/step, the host's batch {host * 1000:.1f} ms", flush=True)
 
 
 def host_batch_seconds(cfg, draws: int = 20) -> float:
