@@ -35,7 +35,7 @@ from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer  # noqa: E402
 from rookworld_rlvr.config import load_config  # noqa: E402
 from rookworld_rlvr.data.io import read_samples  # noqa: E402
 from rookworld_rlvr.grpo.trainer import Trainer  # noqa: E402
-from rookworld_rlvr.model import generate, save_pretrained_atomic, tiny_config  # noqa: E402
+from rookworld_rlvr.model import generate, save_pretrained_atomic, tf32_unless_chosen, tiny_config  # noqa: E402
 
 GPT2_VOCAB = 50257
 
@@ -53,7 +53,8 @@ def machine(device: torch.device) -> dict:
     out = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        out.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+        out.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                   float32_matmul=getattr(torch.backends.cuda.matmul, "fp32_precision", "unknown"))
         try:
             out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                            capture_output=True, text=True, timeout=30).stdout.strip()
@@ -267,6 +268,7 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# GPU check: {m.get('gpu', m.get('cpu'))}", "",
              f"torch {m['torch']}, CUDA {m.get('cuda', '-')}, driver {m.get('driver', '-')}, device {m['device']}"
+             + (f", float32 products in {m['float32_matmul']}" if "float32_matmul" in m else "")
              + (" (smoke: tiny sizes)" if result["smoke"] else ""), ""]
     if not result.get("complete", True):
         lines += ["**Incomplete**: below are the measurements that finished before the call ended.", ""]
@@ -342,8 +344,7 @@ def main() -> int:
         print(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA device", file=sys.stderr)
         return 2
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # float32 products on tensor cores where float32 is asked
-        torch.backends.cudnn.allow_tf32 = True
+        tf32_unless_chosen()  # float32 products on TF32 tensor cores, as `rookworld` commands run them there
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmpdir:

@@ -138,6 +138,26 @@ def torch_threads() -> Iterator[int]:
     torch.set_num_threads(before)
 
 
+def unchosen_float32_matmul() -> None:
+    """torch's float32 matrix-product precision as a fresh process has it: nobody chose ("none")."""
+    torch.backends.cuda.matmul.allow_tf32 = False  # the old setter first, so that its getter agrees with "none"
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    torch.backends.mkldnn.matmul.fp32_precision = "none"
+    torch.backends.fp32_precision = "none"
+
+
+@pytest.fixture
+def float32_matmul():
+    """torch.backends.cuda.matmul with no float32 precision chosen yet, as in a fresh process; the choice the
+    process had (TF32 once `resolve_device` met CUDA, or a test's IEEE) is set back after the test."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    unchosen_float32_matmul()
+    yield torch.backends.cuda.matmul
+    unchosen_float32_matmul()
+    if before != "none":
+        torch.backends.cuda.matmul.allow_tf32 = before == "tf32"
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models on shared cores: thread hand-offs cost more than they save."""

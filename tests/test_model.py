@@ -18,10 +18,11 @@ from rookworld_rlvr.model import (
     resolve_device,
     resolve_dtype,
     save_pretrained_atomic,
+    tf32_unless_chosen,
     tiny_config,
 )
 
-from conftest import REFERENCE, REPO, build_bpe_tokenizer, random_transitions  # noqa: E402
+from conftest import REFERENCE, REPO, build_bpe_tokenizer, random_transitions, unchosen_float32_matmul  # noqa: E402
 from numerics import assert_rounding_close, logprob_terms  # noqa: E402
 SAMPLES = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
@@ -192,6 +193,22 @@ def test_bpe_tokenizer_is_multi_char():
 
 
 # Devices, dtypes, configs ------------------------------------------------------------------------
+
+
+def test_float32_products_take_tf32_unless_the_process_chose_their_precision(float32_matmul):
+    """What `resolve_device` does on CUDA (the flags are the same on a CPU build): TF32 where nobody chose,
+    and a choice of IEEE float32 kept, made with either of torch's interfaces."""
+    assert tf32_unless_chosen() and float32_matmul.allow_tf32 and float32_matmul.fp32_precision == "tf32"
+    assert torch.get_float32_matmul_precision() == "high"  # the getters inductor reads agree
+    assert torch.backends.mkldnn.matmul.fp32_precision == "none"  # CPU products untouched
+    assert not tf32_unless_chosen()  # chosen now (by the call before): kept
+    for choose in (lambda: setattr(float32_matmul, "allow_tf32", False),
+                   lambda: torch.set_float32_matmul_precision("highest"),
+                   lambda: setattr(torch.backends, "fp32_precision", "ieee")):
+        unchosen_float32_matmul()
+        choose()
+        assert not tf32_unless_chosen() and not float32_matmul.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest"
 
 
 def test_resolve_device_and_dtype():

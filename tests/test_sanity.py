@@ -3,9 +3,11 @@
 import json
 
 import pytest
+import torch
 
 from rookworld_rlvr.cli import main
-from rookworld_rlvr.grpo.sanity import check_batch, overfit
+from rookworld_rlvr.grpo.sanity import check_batch, overfit, product_bits
+from rookworld_rlvr.model import tf32_unless_chosen
 from test_trainer import make, varied_reward
 
 
@@ -59,6 +61,26 @@ def test_check_batch_recomputes_with_each_tasks_temperature_and_the_runs_precisi
         lines = []
         assert check_batch(tr, max_truncation=1.0, out=lines.append) == 1
     assert any("sampler and trainer disagree on log-probs" in line for line in lines), "\n".join(lines)
+
+
+def test_check_batchs_bound_on_a_gpu_comes_from_the_bits_its_float32_products_keep(float32_matmul):
+    """On CUDA, float32 products run in TF32 unless the process chose IEEE float32 (`resolve_device`): there
+    check-batch derives its bound from TF32's 11 bits as from bf16's 8, where IEEE float32's 1e-4 would fail a
+    healthy run. The flags are the same on a CPU build; a CPU's float32 is IEEE."""
+    from types import SimpleNamespace
+
+    def bits(amp, device):
+        return product_bits(SimpleNamespace(amp=amp, device=torch.device(device)))
+
+    assert bits(None, "cpu") is None and bits(torch.bfloat16, "cpu") == 8
+    assert bits(None, "cuda") is None  # torch's own default: IEEE
+    assert tf32_unless_chosen() and bits(None, "cuda") == 11 and bits(torch.bfloat16, "cuda") == 8
+    assert bits(None, "cpu") is None
+    float32_matmul.allow_tf32 = False  # the process chose IEEE float32
+    assert bits(None, "cuda") is None
+    float32_matmul.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"  # process-wide, which the products inherit
+    assert bits(None, "cuda") == 11
 
 
 def test_overfit_one_batch_rises_on_a_learnable_reward(tmp_path, tiny_model_dir, small_data, scorer):

@@ -51,7 +51,7 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class TrainConfig:
     # -- model -------------------------------------------------------------------------------
     model: str = _f("models/rookworld-board", "policy to train: a local directory or a Hub id (jrahn/RookWorld-LM-124M)")
-    device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps")
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps (CUDA: float32 products in TF32 unless IEEE was chosen)")
     ref_device: str | None = _f(None, "device for the frozen reference model (default: same as device)")
     autocast: str = _f("none", "none | bf16 | auto: bf16 autocast with fp32 master weights (auto = where the hardware supports bf16 well)")
     backward_dtype: str = _f("auto", "auto | float32 | bf16: dtype of the policy pass's backward matrix products; its forward "

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.gpu
 DEVICE = os.environ.get("ROOKWORLD_TEST_DEVICE", "cuda")
 SHIPPED = REPO / "models" / "rookworld-board"
 BF16_LOGP_BOUND = 0.25  # nats, largest per-token gap: bf16 keeps 8 bits, logits of magnitude ~20 round by ~0.08
+TF32_LOGP_BOUND = BF16_LOGP_BOUND / 8  # TF32 keeps 11 bits, and rounds only the products' inputs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,6 +37,14 @@ def device() -> torch.device:
         pytest.fail(f"ROOKWORLD_TEST_DEVICE={DEVICE} but torch sees no CUDA device (torch {torch.__version__}); "
                     "these tests run on a GPU machine (scripts/gpu_check.sh), or with --smoke on the CPU")
     return torch.device(DEVICE)
+
+
+@pytest.fixture
+def ieee_float32(float32_matmul):
+    """float32 products in IEEE float32: the process's choice, which `resolve_device` keeps (on CUDA it would
+    otherwise pick TF32, whose 11 bits the float32 comparisons here are not about)."""
+    float32_matmul.allow_tf32 = False
+    return float32_matmul
 
 
 class _Result:
@@ -67,9 +76,9 @@ def trainer(tmp_path, tiny_model_dir, small_data, device: torch.device, **over) 
     return Trainer(cfg, varied_reward, read_samples(cfg.data), None, log=lambda *_: None)
 
 
-def test_greedy_generation_on_the_device_equals_the_cpus(device):
-    """64 mixed P:/A: prompts of different lengths, float32: the same tokens, or at most 2% of the
-    completions differ (kernels sum in other orders; a near-tie can flip an argmax). In the CPU smoke
+def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32):
+    """64 mixed P:/A: prompts of different lengths, float32 (IEEE, not TF32): the same tokens, or at most 2%
+    of the completions differ (kernels sum in other orders; a near-tie can flip an argmax). In the CPU smoke
     run (scripts/gpu_check.sh --smoke, where both sides are the CPU) 8 prompts."""
     prompts = mixed_prompts(64 if device.type == "cuda" else 8)
     texts = {}
@@ -103,18 +112,36 @@ def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocas
         assert torch.isfinite(out[True].logprobs).all()
 
 
-@pytest.mark.parametrize("autocast", ["none", "bf16"])
-def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_model_dir, small_data, device, autocast):
-    """Before any update: KL 0 and ratio 1, and the sampler's log-probs equal the trainer's (float32
-    within 1e-4; bf16 within BF16_LOGP_BOUND, its rounding)."""
+@pytest.mark.parametrize("autocast,float32,bound", [("none", "ieee", 1e-4), ("none", "default", TF32_LOGP_BOUND),
+                                                    ("bf16", "default", BF16_LOGP_BOUND)])
+def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_model_dir, small_data, device,
+                                                               float32_matmul, autocast, float32, bound):
+    """Before any update: KL 0 and ratio 1, and the sampler's log-probs equal the trainer's: IEEE float32
+    within 1e-4; float32 as a run gets it (on CUDA, TF32) within TF32_LOGP_BOUND; bf16 within
+    BF16_LOGP_BOUND, their rounding."""
+    if float32 == "ieee":
+        float32_matmul.allow_tf32 = False
     tr = trainer(tmp_path, tiny_model_dir, small_data, device, autocast=autocast,
                  backward_dtype="auto" if autocast == "bf16" else "float32")
+    expected = "ieee" if float32 == "ieee" else "tf32" if device.type == "cuda" else "none"
+    assert float32_matmul.fp32_precision == expected
     batch = tr.assemble(tr.collect(0, {}))
     assert (batch.attention_mask[:, 0] == 0).any(), "the batch must be left-padded"
     m = tr.update(batch, 0, {})
     assert m["kl_mean"] == 0.0 and m["ratio_mean"] == 1.0 and m["ratio_max"] == 1.0
-    bound = 1e-4 if autocast == "none" else BF16_LOGP_BOUND
     assert m["logp_sampler_diff"] <= bound, m["logp_sampler_diff"]
+
+
+def test_check_batch_passes_a_healthy_float32_run_on_the_device(tmp_path, tiny_model_dir, small_data, device,
+                                                                  float32_matmul):
+    """`rookworld check-batch` on a float32 run as the commands set it up (on CUDA: TF32 products) passes,
+    its bound taken from TF32's rounding there."""
+    from rookworld_rlvr.grpo.sanity import check_batch
+
+    tr = trainer(tmp_path, tiny_model_dir, small_data, device)
+    lines = []
+    assert check_batch(tr, max_truncation=1.0, out=lines.append) == 0, "\n".join(lines)
+    assert any("(TF32 rounding)" in line for line in lines) == (device.type == "cuda"), "\n".join(lines)
 
 
 def test_left_padded_prompts_give_finite_logprobs_in_the_attention_kernels(tiny_model_dir, small_data, device):
@@ -205,11 +232,11 @@ def test_sft_with_dropout_stopped_and_resumed_on_the_device_continues_the_same_r
     assert run("split", resume=True) == pytest.approx(straight, rel=1e-4)
 
 
-def test_an_sft_step_queues_its_work_without_waiting(device):
+def test_an_sft_step_queues_its_work_without_waiting(device, ieee_float32):
     """SFT's step (micro-batches made on the host, forward and backward of both, clip, AdamW) waits for the
     device nowhere, so the host makes the next step's batches while the device runs this one: CUDA's sync debug
     mode raises at any wait (transformers' own mask preparation included: the step hands it a ready causal
-    mask). Its losses equal those of a forward under the 2D padding mask, in float32."""
+    mask). Its losses equal those of a forward under the 2D padding mask, in (IEEE) float32."""
     from rookworld_rlvr.grpo.control import adamw
     from rookworld_rlvr.sft import _accumulate, set_dropout
     from rookworld_rlvr.sft_rows import encode, legality_loss, make_batch, micro_batches, unlikelihood

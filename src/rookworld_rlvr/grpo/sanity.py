@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 from rookworld_rlvr.grpo.loss import kl_k3, zero_variance_groups
 from rookworld_rlvr.grpo.passes import task_slices
-from rookworld_rlvr.model import generate
+from rookworld_rlvr.model import generate, tf32_in_effect
 
 
 def _stats(xs: list[float]) -> str:
@@ -51,20 +51,29 @@ def _kl_ratio(trainer, batch) -> tuple[float, float, float]:
     return kl, float((ratio - 1).abs().max()), float(ratio.mean())
 
 
+def product_bits(trainer) -> int | None:
+    """Significant bits the run's matrix products keep: 8 under bf16 autocast, 11 for float32 in TF32 (on
+    CUDA, unless the process chose IEEE float32), None in IEEE float32."""
+    if trainer.amp is not None:
+        return 8
+    return 11 if tf32_in_effect(trainer.device) else None
+
+
 def ratio_tolerance(trainer, batch) -> float:
     """How far max |ratio - 1| of the sampled tokens may be from 0 when sampler and trainer are both
-    right. In float32 only the summation order differs (1e-4). Under bf16 autocast both run in bf16,
-    but the sampler's decode step and the trainer's one forward round at different places: each
-    layer's bf16 products err by up to 2^-8 relative, so a logit z carries up to n_layer * 2^-8 * |z|
-    and a log-prob (z_t - logsumexp z) twice that of the largest logit. That largest |z| is read from
-    the trainer's logits of the first group (one no-grad pass of G rows)."""
-    if trainer.amp is None:
+    right. In IEEE float32 only the summation order differs (1e-4). With rounded products (bf16
+    autocast, or TF32) the sampler's decode step and the trainer's one forward round at different
+    places: each layer's products err by up to 2^-bits relative (`product_bits`), so a logit z carries
+    up to n_layer * 2^-bits * |z| and a log-prob (z_t - logsumexp z) twice that of the largest logit.
+    That largest |z| is read from the trainer's logits of the first group (one no-grad pass of G rows)."""
+    bits = product_bits(trainer)
+    if bits is None:
         return 1e-4
     group = slice(0, trainer.cfg.group_size)
     with torch.no_grad():
         logits = trainer.passes(0).logprobs(trainer.forward_model, batch, group, trainer.device, want_logits=True)["logits"]
     top = float(logits[batch.completion_mask[group].bool().to(logits.device)].abs().max())
-    return math.expm1(2 * trainer.policy.config.n_layer * 2.0**-8 * top)
+    return math.expm1(2 * trainer.policy.config.n_layer * 2.0**-bits * top)
 
 
 def check_batch(trainer, max_truncation: float = 0.5, out=print) -> int:
@@ -96,14 +105,15 @@ def check_batch(trainer, max_truncation: float = 0.5, out=print) -> int:
     if float(batch.rewards.max() - batch.rewards.min()) < 1e-8:
         problems.append("every reward in the batch is equal: no learning signal (check the base model and the reward)")
     kl0, ratio_dev, ratio_mean = _kl_ratio(trainer, batch)
-    tol = ratio_tolerance(trainer, batch)
+    tol, bits = ratio_tolerance(trainer, batch), product_bits(trainer)
+    rounding = {8: " (bf16 rounding)", 11: " (TF32 rounding)"}.get(bits, "")
     out(f"before the update: KL {kl0:.2e} (must be 0), ratio {ratio_mean:.6f} (max |ratio-1| {ratio_dev:.1e}, "
-        f"must be <= {tol:.1e}{' (bf16 rounding)' if trainer.amp else ''})")
+        f"must be <= {tol:.1e}{rounding})")
     if math.isfinite(kl0) and abs(kl0) > 1e-6:
         problems.append(f"KL to the reference is {kl0:.2e} before any update (policy and reference differ)")
     if ratio_dev > tol:
         problems.append(f"sampler and trainer disagree on log-probs (max |ratio-1| = {ratio_dev:.2e} > {tol:.1e}, "
-                        f"{'bf16' if trainer.amp else 'float32'}): padding, positions, temperature or dropout")
+                        f"{rounding.strip(' ()') or 'float32'}): padding, positions, temperature or dropout")
     m = trainer.update(batch, 0, timings)
     kl1, _, _ = _kl_ratio(trainer, batch)
     out(f"one step: loss {m.get('loss', float('nan')):+.4f}, grad norm {m.get('grad_norm', float('nan')):.4f}, "

@@ -15,6 +15,8 @@ from .load import (
     resolve_device,
     resolve_dtype,
     save_pretrained_atomic,
+    tf32_in_effect,
+    tf32_unless_chosen,
     tiny_config,
 )
 from .logprobs import token_logprobs
@@ -33,6 +35,8 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "save_pretrained_atomic",
+    "tf32_in_effect",
+    "tf32_unless_chosen",
     "tiny_config",
     "token_logprobs",
 ]

@@ -51,13 +51,37 @@ class ModelLoadError(RuntimeError):
 
 def resolve_device(device: str = "auto") -> torch.device:
     """"auto" picks cuda, then mps, then cpu; an explicit device must exist. On CUDA, float32 matrix
-    products may use TF32 tensor cores (torch's "high" precision), as float32 is asked for speed,
-    not for the last bits (bf16 autocast is the lower-precision choice)."""
+    products use TF32 tensor cores unless the caller chose their precision (`tf32_unless_chosen`)."""
     dev = _resolve(device)
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        tf32_unless_chosen()
     return dev
+
+
+def tf32_unless_chosen() -> bool:
+    """Let float32 matrix products run on TF32 tensor cores (torch's "high" precision: float32 is asked
+    for speed, not for the last bits), unless the process chose already: `allow_tf32 = False` or
+    `torch.set_float32_matmul_precision("highest")` (IEEE float32, as equivalence tests need) is kept.
+    torch >= 2.9 tells a choice from its default ("none"); older torch cannot, and gets TF32.
+    Returns whether TF32 was turned on here."""
+    matmul = torch.backends.cuda.matmul
+    chosen = getattr(matmul, "fp32_precision", "none") != "none" or \
+        getattr(torch.backends, "fp32_precision", "none") != "none"
+    if not chosen:
+        matmul.allow_tf32 = True  # torch's own setter: its old and new getters (inductor reads both) agree
+    return not chosen
+
+
+def tf32_in_effect(device: torch.device) -> bool:
+    """Whether float32 matrix products on `device` round their inputs to TF32 (11 significant bits):
+    on CUDA, where the process's precision (its own, or the process-wide one it inherits) is "tf32"."""
+    if device.type != "cuda":
+        return False
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: only the old flag
+        return bool(matmul.allow_tf32)
+    own = matmul.fp32_precision
+    return (own if own != "none" else torch.backends.fp32_precision) == "tf32"
 
 
 def _resolve(device: str) -> torch.device:
