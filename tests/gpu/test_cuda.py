@@ -90,25 +90,49 @@ def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32):
     assert differ <= 0.02 * len(prompts)
 
 
+def rows_that_differ(a, b, bound: float, greedy: bool) -> int:
+    """Two decodings of one batch, row by row: up to a row's first different token both chose the same tokens
+    with log-probs within `bound` (the same numbers up to rounding), and, greedy, its first different tokens
+    are a near-tie (each the other's top choice within `bound`), which rounding may flip; after it each row
+    decodes on from its own choice. Returns how many rows differ."""
+    differ = 0
+    for i in range(a.completion_ids.shape[0]):
+        ta, tb = (g.completion_ids[i][g.completion_mask[i].bool()] for g in (a, b))
+        la, lb = (g.logprobs[i][g.completion_mask[i].bool()] for g in (a, b))
+        n = min(len(ta), len(tb))
+        apart = (ta[:n] != tb[:n]).nonzero()
+        first = int(apart[0]) if len(apart) else n
+        gap = float((la[:first] - lb[:first]).abs().max()) if first else 0.0
+        assert gap <= bound, f"row {i}: log-probs {gap:.2e} apart on the same tokens (bound {bound})"
+        if first < n:
+            differ += 1
+            near = abs(float(la[first] - lb[first]))
+            assert not greedy or near <= bound, f"row {i}: token {first} differs and is no near-tie ({near:.2e})"
+    return differ
+
+
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
 def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocast):
     """decode_graph: one captured CUDA graph replayed per token (on a CPU the same shape-stable step
     runs eagerly). Greedy on 64 mixed prompts and sampled (16 x 4, one seed) against the default
-    decoding: at most 2% of the completions differ (its attention sums over the whole masked cache,
-    another order), and every log-prob is finite."""
+    decoding: the same tokens and log-probs up to rounding (its attention sums over the whole masked cache,
+    another order: TF32_LOGP_BOUND for float32, which CUDA runs in TF32, BF16_LOGP_BOUND under bf16),
+    where a greedy row differs its first different token is a near-tie, at most a quarter of the rows
+    differ, and every log-prob is finite."""
     cuda = device.type == "cuda"  # (the CPU smoke run of scripts/gpu_check.sh: fewer and shorter, and shorter
     # still in bf16, which a CPU without bf16 arithmetic emulates at 1/60 of float32's speed)
     prompts = mixed_prompts(64 if cuda else 4 if autocast is None else 2)
     tokens = 100 if cuda else 24 if autocast is None else 8
+    bound = TF32_LOGP_BOUND if autocast is None else BF16_LOGP_BOUND
     model, tok = load_policy(str(SHIPPED), device=str(device), verbose=False)
     for kw in (dict(greedy=True), dict(num_return_sequences=4, temperature=1.0)):
         batch = prompts if kw.get("greedy") else prompts[:16]
         out = {graph: generate(model, tok, batch, max_new_tokens=tokens, autocast_dtype=autocast,
                                decode_graph=graph,
                                generator=torch.Generator(device=device).manual_seed(0), **kw) for graph in (False, True)}
-        differ = sum(a != b for a, b in zip(out[False].texts, out[True].texts))
+        differ = rows_that_differ(out[False], out[True], bound, greedy=kw.get("greedy", False))
         print(f"decode_graph {autocast} {kw}: {differ} of {len(out[True].texts)} completions differ")
-        assert differ <= 0.02 * len(out[True].texts)
+        assert differ <= len(out[True].texts) / 4
         assert torch.isfinite(out[True].logprobs).all()
 
 
