@@ -133,6 +133,12 @@ def test_a_measurement_that_fails_is_named_and_the_others_still_run(tmp_path, mo
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| bf16 | on | 2 x 2 x 8 | failed: RuntimeError: CUDA error" in table
     assert "| tiny | 4 | 2 | failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB | - | - |" in table
+    # on a GPU the table's head names it and the precision its float32 rows ran in (TF32 unless chosen otherwise)
+    gpu = {"torch": "2.11.0+cu130", "device": "cuda", "gpu": "NVIDIA H200", "cuda": "13.0", "driver": "580.95",
+           "float32_matmul": "tf32"}
+    head = bench.markdown({**result, "machine": gpu, "smoke": False}).splitlines()[:3]
+    assert head == ["# GPU check: NVIDIA H200", "",
+                    "torch 2.11.0+cu130, CUDA 13.0, driver 580.95, device cuda, float32 products in tf32"]
 
 
 def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_both_samplers(tmp_path):
