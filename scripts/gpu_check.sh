@@ -2,8 +2,9 @@
 # The one prepared command for a GPU machine (offline; about 8 minutes on one H100):
 #   scripts/gpu_check.sh OUT_DIR            the CUDA tests (tests/gpu), then benchmarks/gpu_check.py on cuda
 #   scripts/gpu_check.sh OUT_DIR --smoke    the same on the CPU at tiny sizes (a CPU test runs this)
-# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit), gpu_check.json and gpu_check.md (TRL's GRPOTrainer beside ours
-# included), and grpo_vs_trl.txt/.json: that run's own output, or why it did not run.
+# OUT_DIR gets gpu_tests.log, gpu_tests.xml (JUnit, with what the tests measured as properties), gpu_check.json and
+# gpu_check.md (TRL's GRPOTrainer beside ours included), and grpo_vs_trl.txt/.json: that run's own output, or why
+# it did not run.
 # DEADLINE_S=N: the call ends within about N seconds (give the device call's timeout a little more): the benchmarks
 # start no measurement in the last TRL_S (160) seconds, which TRL's run keeps; what did not run is named in the
 # results. Every result file is written again after each measurement, so a call its timeout ends still sends back

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from xml.etree import ElementTree
 
 import pytest
 
@@ -24,6 +25,11 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     tests = (out / "gpu_tests.log").read_text()  # every CUDA test ran here and passed: none failed or was skipped
     # pytest adds "(h:mm:ss)" to a run of a minute or more (a slow CPU's smoke run takes that long)
     assert re.fullmatch(r"\.{9,}\s+\[100%\]\n\d+ passed in [\d.]+s( \(\d+:\d\d:\d\d\))?\n", tests), tests
+    # what they measured comes back in the JUnit file: the differing shares and the log-prob gaps beside their bounds
+    figures = {e.get("name"): e.get("value") for e in ElementTree.parse(out / "gpu_tests.xml").iter("property")}
+    assert figures["greedy_differ_from_cpu"] == "0 of 8" and "decode_graph_bf16_sampled_differ" in figures
+    assert figures["step0_logp_sampler_diff_none_ieee"].endswith("(bound 0.0001)")
+    assert figures["check_batch_ratio"].startswith("before the update: KL")
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["smoke"] and result["machine"]["device"] == "cpu"
     assert result["complete"] and result["not_measured"] == []

@@ -76,7 +76,7 @@ def trainer(tmp_path, tiny_model_dir, small_data, device: torch.device, **over) 
     return Trainer(cfg, varied_reward, read_samples(cfg.data), None, log=lambda *_: None)
 
 
-def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32):
+def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32, record_testsuite_property):
     """64 mixed P:/A: prompts of different lengths, float32 (IEEE, not TF32): the same tokens, or at most 2%
     of the completions differ (kernels sum in other orders; a near-tie can flip an argmax). In the CPU smoke
     run (scripts/gpu_check.sh --smoke, where both sides are the CPU) 8 prompts."""
@@ -87,6 +87,7 @@ def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32):
         texts[str(where)] = generate(model, tok, prompts, max_new_tokens=100, greedy=True).texts
     differ = sum(a != b for a, b in zip(texts["cpu"], texts[str(device)]))
     print(f"greedy: {differ} of {len(prompts)} completions differ between cpu and {device}")
+    record_testsuite_property("greedy_differ_from_cpu", f"{differ} of {len(prompts)}")  # into gpu_tests.xml
     assert differ <= 0.02 * len(prompts)
 
 
@@ -112,7 +113,7 @@ def rows_that_differ(a, b, bound: float, greedy: bool) -> int:
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
-def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocast):
+def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocast, record_testsuite_property):
     """decode_graph: one captured CUDA graph replayed per token (on a CPU the same shape-stable step
     runs eagerly). Greedy on 64 mixed prompts and sampled (16 x 4, one seed) against the default
     decoding: the same tokens and log-probs up to rounding (its attention sums over the whole masked cache,
@@ -132,6 +133,9 @@ def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocas
                                generator=torch.Generator(device=device).manual_seed(0), **kw) for graph in (False, True)}
         differ = rows_that_differ(out[False], out[True], bound, greedy=kw.get("greedy", False))
         print(f"decode_graph {autocast} {kw}: {differ} of {len(out[True].texts)} completions differ")
+        record_testsuite_property(f"decode_graph_{'bf16' if autocast else 'float32'}_"
+                                  f"{'greedy' if kw.get('greedy') else 'sampled'}_differ",
+                                  f"{differ} of {len(out[True].texts)}")
         assert differ <= len(out[True].texts) / 4
         assert torch.isfinite(out[True].logprobs).all()
 
@@ -139,7 +143,8 @@ def test_decode_graph_replays_sample_what_the_eager_steps_sample(device, autocas
 @pytest.mark.parametrize("autocast,float32,bound", [("none", "ieee", 1e-4), ("none", "default", TF32_LOGP_BOUND),
                                                     ("bf16", "default", BF16_LOGP_BOUND)])
 def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_model_dir, small_data, device,
-                                                               float32_matmul, autocast, float32, bound):
+                                                               float32_matmul, autocast, float32, bound,
+                                                               record_testsuite_property):
     """Before any update: KL 0 and ratio 1, and the sampler's log-probs equal the trainer's: IEEE float32
     within 1e-4; float32 as a run gets it (on CUDA, TF32) within TF32_LOGP_BOUND; bf16 within
     BF16_LOGP_BOUND, their rounding."""
@@ -153,11 +158,13 @@ def test_step_zero_kl_ratio_and_sampler_logprobs_on_the_device(tmp_path, tiny_mo
     assert (batch.attention_mask[:, 0] == 0).any(), "the batch must be left-padded"
     m = tr.update(batch, 0, {})
     assert m["kl_mean"] == 0.0 and m["ratio_mean"] == 1.0 and m["ratio_max"] == 1.0
+    record_testsuite_property(f"step0_logp_sampler_diff_{autocast}_{float32}", f"{m['logp_sampler_diff']:.3g} "
+                              f"(bound {bound:.3g})")
     assert m["logp_sampler_diff"] <= bound, m["logp_sampler_diff"]
 
 
 def test_check_batch_passes_a_healthy_float32_run_on_the_device(tmp_path, tiny_model_dir, small_data, device,
-                                                                  float32_matmul):
+                                                                  float32_matmul, record_testsuite_property):
     """`rookworld check-batch` on a float32 run as the commands set it up (on CUDA: TF32 products) passes,
     its bound taken from TF32's rounding there."""
     from rookworld_rlvr.grpo.sanity import check_batch
@@ -165,6 +172,7 @@ def test_check_batch_passes_a_healthy_float32_run_on_the_device(tmp_path, tiny_m
     tr = trainer(tmp_path, tiny_model_dir, small_data, device)
     lines = []
     assert check_batch(tr, max_truncation=1.0, out=lines.append) == 0, "\n".join(lines)
+    record_testsuite_property("check_batch_ratio", next(line for line in lines if line.startswith("before the update")))
     assert any("(TF32 rounding)" in line for line in lines) == (device.type == "cuda"), "\n".join(lines)
 
 
