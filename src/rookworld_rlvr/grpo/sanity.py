@@ -59,14 +59,13 @@ def product_bits(trainer) -> int | None:
     return 11 if tf32_in_effect(trainer.device) else None
 
 
-def ratio_tolerance(trainer, batch) -> float:
+def ratio_tolerance(trainer, batch, bits: int | None) -> float:
     """How far max |ratio - 1| of the sampled tokens may be from 0 when sampler and trainer are both
     right. In IEEE float32 only the summation order differs (1e-4). With rounded products (bf16
     autocast, or TF32) the sampler's decode step and the trainer's one forward round at different
-    places: each layer's products err by up to 2^-bits relative (`product_bits`), so a logit z carries
+    places: each layer's products err by up to 2^-bits relative (`bits`: `product_bits`), so a logit z carries
     up to n_layer * 2^-bits * |z| and a log-prob (z_t - logsumexp z) twice that of the largest logit.
     That largest |z| is read from the trainer's logits of the first group (one no-grad pass of G rows)."""
-    bits = product_bits(trainer)
     if bits is None:
         return 1e-4
     group = slice(0, trainer.cfg.group_size)
@@ -105,15 +104,16 @@ def check_batch(trainer, max_truncation: float = 0.5, out=print) -> int:
     if float(batch.rewards.max() - batch.rewards.min()) < 1e-8:
         problems.append("every reward in the batch is equal: no learning signal (check the base model and the reward)")
     kl0, ratio_dev, ratio_mean = _kl_ratio(trainer, batch)
-    tol, bits = ratio_tolerance(trainer, batch), product_bits(trainer)
-    rounding = {8: " (bf16 rounding)", 11: " (TF32 rounding)"}.get(bits, "")
+    bits = product_bits(trainer)
+    tol, rounded = ratio_tolerance(trainer, batch, bits), {8: "bf16", 11: "TF32"}.get(bits)
     out(f"before the update: KL {kl0:.2e} (must be 0), ratio {ratio_mean:.6f} (max |ratio-1| {ratio_dev:.1e}, "
-        f"must be <= {tol:.1e}{rounding})")
+        f"must be <= {tol:.1e}{f' ({rounded} rounding)' if rounded else ''})")
     if math.isfinite(kl0) and abs(kl0) > 1e-6:
         problems.append(f"KL to the reference is {kl0:.2e} before any update (policy and reference differ)")
     if ratio_dev > tol:
         problems.append(f"sampler and trainer disagree on log-probs (max |ratio-1| = {ratio_dev:.2e} > {tol:.1e}, "
-                        f"{rounding.strip(' ()') or 'float32'}): padding, positions, temperature or dropout")
+                        f"{f'{rounded} rounding' if rounded else 'float32'}): padding, positions, temperature "
+                        "or dropout")
     m = trainer.update(batch, 0, timings)
     kl1, _, _ = _kl_ratio(trainer, batch)
     out(f"one step: loss {m.get('loss', float('nan')):+.4f}, grad norm {m.get('grad_norm', float('nan')):.4f}, "

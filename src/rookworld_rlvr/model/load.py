@@ -64,12 +64,10 @@ def tf32_unless_chosen() -> bool:
     `torch.set_float32_matmul_precision("highest")` (IEEE float32, as equivalence tests need) is kept.
     torch >= 2.9 tells a choice from its default ("none"); older torch cannot, and gets TF32.
     Returns whether TF32 was turned on here."""
-    matmul = torch.backends.cuda.matmul
-    chosen = getattr(matmul, "fp32_precision", "none") != "none" or \
-        getattr(torch.backends, "fp32_precision", "none") != "none"
-    if not chosen:
-        matmul.allow_tf32 = True  # torch's own setter: its old and new getters (inductor reads both) agree
-    return not chosen
+    if _chosen_cuda_precision() != "none":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True  # the old setter: old and new getters (inductor reads both) agree
+    return True
 
 
 def tf32_in_effect(device: torch.device) -> bool:
@@ -77,11 +75,16 @@ def tf32_in_effect(device: torch.device) -> bool:
     on CUDA, where the process's precision (its own, or the process-wide one it inherits) is "tf32"."""
     if device.type != "cuda":
         return False
-    matmul = torch.backends.cuda.matmul
-    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: only the old flag
-        return bool(matmul.allow_tf32)
-    own = matmul.fp32_precision
-    return (own if own != "none" else torch.backends.fp32_precision) == "tf32"
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9: only the old flag
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    return _chosen_cuda_precision() == "tf32"
+
+
+def _chosen_cuda_precision() -> str:
+    """CUDA float32 matmul precision as the process chose it: its own, else the process-wide one it inherits;
+    "none" where nobody chose (and always on torch < 2.9, which has no such setting)."""
+    own = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+    return own if own != "none" else getattr(torch.backends, "fp32_precision", "none")
 
 
 def _resolve(device: str) -> torch.device:
