@@ -281,7 +281,9 @@ def legality_loss(logits, rows_or_index) -> "torch.Tensor":
         return logits.new_zeros(())
     i, t, n, tok = (on_device(x, logits.device) for x in index)
     allowed = torch.zeros(len(i), logits.shape[-1], dtype=torch.bool, device=logits.device)
-    allowed[n, tok] = True  # one indexed write, not one per set
+    # one indexed write, not one per set; its value already on the device (`allowed[n, tok] = True` copies a host
+    # scalar there first, which waits for the device: found by the CUDA test of an SFT step)
+    allowed.index_put_((n, tok), torch.ones((), dtype=torch.bool, device=logits.device))
     z = logits[i, t].float()
     return (torch.logsumexp(z, -1) - torch.logsumexp(z.masked_fill(~allowed, float("-inf")), -1)).sum()
 
