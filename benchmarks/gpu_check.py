@@ -180,23 +180,29 @@ def generation(model_dir: Path, device: torch.device, shapes, new_tokens: int, r
             print(f"{what}: {tokens / sec:.0f} tokens/s", flush=True)
 
 
+def grpo_config(model_dir: Path, data: Path, device: torch.device, out: Path, steps: int, smoke: bool, autocast: str,
+                graph: bool):
+    """configs/rookworld-124m.yaml on the random model, its autocast and decode_graph as given, without Stockfish,
+    held-out evaluation or checkpoints (tiny sizes with smoke)."""
+    over = dict(model=str(model_dir), data=str(data), eval_data="", output_dir=str(out), steps=steps,
+                device=str(device), autocast=autocast, decode_graph=graph, save_every=10**6, report=False,
+                tensorboard=False, progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
+                puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
+    if autocast == "bf16":
+        over["backward_dtype"] = "auto"
+    if smoke:
+        over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
+    return load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
+
+
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
     # (torch.compile was a setting once; config.REMOVED says why it went)
     for autocast, graph in (("none", False), ("bf16", False), ("bf16", True)):
-        over = dict(model=str(model_dir), data=str(data), eval_data="",
-                    output_dir=str(tmp / f"grpo-{autocast}-{graph}"), steps=steps, device=str(device),
-                    autocast=autocast, decode_graph=graph, save_every=10**6, report=False, tensorboard=False,
-                    progress=False, engine_cache=None, puzzle_data=None, strength_data=None,
-                    puzzle_eval_data=None, history_eval_data=None, mix_env_ratio=0.5)
-        if autocast == "bf16":
-            over["backward_dtype"] = "auto"
-        if smoke:
-            over.update(batch_positions=2, group_size=2, max_new_tokens=8, minibatch_size=0)
         name = f"autocast {autocast}" + (", decode_graph" if graph else "")
         if not res.in_time(f"grpo {name}"):
             continue
         try:
-            cfg = load_config(str(ROOT / "configs" / "rookworld-124m.yaml"), over)
+            cfg = grpo_config(model_dir, data, device, tmp / f"grpo-{autocast}-{graph}", steps, smoke, autocast, graph)
             tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
             reset_peak(device)
             tr.train()
@@ -211,6 +217,29 @@ def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: in
                          "s_per_step": round(step, 3), "phase_share": phases,
                          "peak_memory_gib": round(peak_memory(device), 2)})
         print(f"grpo {name}: {step:.2f} s/step, peak {peak_memory(device):.1f} GiB", flush=True)
+
+
+def profile_grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, out: Path, smoke: bool) -> Path:
+    """Where the 124M preset's GRPO step (bf16, decode_graph) spends its time: torch.profiler over its third and
+    fourth steps (the first captures the graph, the second warms the profiler), the operators and the phases
+    (phase/generate, phase/policy, ...) by device time and by calls, into OUT/grpo_profile.txt."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cfg = grpo_config(model_dir, data, device, tmp / "grpo-profile", 4, smoke, "bf16", True)
+    tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+                 schedule=schedule(wait=1, warmup=1, active=2)) as prof:
+        tr.train(writer=lambda _record: prof.step())
+    events = prof.key_averages()
+    by_time = "self_device_time_total" if cuda else "self_cpu_time_total"
+    text = (f"# GRPO steps 3-4 of configs/rookworld-124m.yaml (bf16, decode_graph) on {device}, "
+            f"{cfg.batch_positions} x {cfg.group_size} x {cfg.max_new_tokens}\n\n## by {by_time}\n"
+            + events.table(sort_by=by_time, row_limit=45, max_name_column_width=70)
+            + "\n## by calls\n" + events.table(sort_by="count", row_limit=30, max_name_column_width=70))
+    path = out / "grpo_profile.txt"
+    path.write_text(text)
+    return path
 
 
 def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
@@ -264,6 +293,15 @@ def host_batch_seconds(cfg, draws: int = 20) -> float:
     return sorted(seconds)[draws // 2]
 
 
+def first_samples(data: Path, n: int, tmp: Path) -> Path:
+    """A file of data's first n samples, in tmp."""
+    from rookworld_rlvr.data.io import iter_samples, write_samples
+
+    samples = list(itertools.islice(iter_samples(data), n))
+    write_samples(tmp / f"train-{n}.jsonl", samples)
+    return tmp / f"train-{n}.jsonl"
+
+
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# GPU check: {m.get('gpu', m.get('cpu'))}", "",
@@ -294,7 +332,7 @@ def markdown(result: dict) -> str:
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "
                   "| TRL s/step | TRL / ours per step | per token | tokens ours / TRL |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {'bf16' if r['bf16'] else 'float32'} | {r['config']} | {r['beta']:g} | {r['prompts']} x "
+        lines += [f"| {'bf16' if r['bf16'] else 'float32'}{', decode_graph' if r.get('ours_decode_graph') else ''} | {r['config']} | {r['beta']:g} | {r['prompts']} x "
                   f"{r['generations']} x {r['max_tokens']} | {r['ours_s_per_step']:.3f} | {r['trl_s_per_step']:.3f} "
                   f"| {r['ratio_trl_over_ours']:.2f}x | "
                   + (f"{r['ratio_per_token']:.2f}x |" if r.get("ratio_per_token") else "- |")
@@ -316,7 +354,7 @@ def add_trl(out: Path, trl_json: Path, trl_log: Path) -> None:
             {k: r.get(k) for k in ("config", "beta", "bf16", "prompts", "generations", "max_tokens", "ours_s_per_step",
                                    "trl_s_per_step", "ratio_trl_over_ours", "ratio_per_token", "paired_ratios",
                                    "ours_completion_len", "trl_completion_len", "ours_reference_pass")}
-            for r in trl["results"]]}
+            | {"ours_decode_graph": r.get("ours_decode", "").startswith("shape-stable")} for r in trl["results"]]}
     else:
         tail = trl_log.read_text().strip().splitlines()[-3:] if trl_log.is_file() else ["no log"]
         result["trl"] = "not measured: " + " / ".join(tail)[-400:]
@@ -335,6 +373,8 @@ def main() -> int:
     ap.add_argument("--add-trl", nargs=2, type=Path, metavar=("JSON", "LOG"),
                     help="only put benchmarks/grpo_vs_trl.py's JSON (or, if it wrote none, its log's last lines) into "
                          "OUT's gpu_check.json and gpu_check.md")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile the 124M preset's GRPO steps (bf16, decode_graph) into OUT/grpo_profile.txt")
     args = ap.parse_args()
     if args.add_trl:
         add_trl(args.out, *args.add_trl)
@@ -352,16 +392,11 @@ def main() -> int:
         preset, vocab = ("tiny", 512) if args.smoke else ("gpt2-124m", GPT2_VOCAB)
         model_dir = random_model(preset, vocab, tmp / "model", shape=SMOKE_SHAPE if args.smoke else None)
         data = ROOT / "data" / "train.jsonl.xz"
-        if args.smoke:  # the first 400 training samples: reading all 240k takes longer than the rest
-            from rookworld_rlvr.data.io import iter_samples, write_samples
-
-            samples = []
-            for s in iter_samples(data):
-                samples.append(s)
-                if len(samples) >= 400:
-                    break
-            data = tmp / "train-400.jsonl"
-            write_samples(data, samples)
+        if args.smoke or args.profile:  # the first 400 training samples: reading all 240k takes longer than the rest
+            data = first_samples(data, 400, tmp)
+        if args.profile:
+            print(f"wrote {profile_grpo(model_dir, data, device, tmp, args.out, args.smoke)}")
+            return 0
         shapes = [(2, 2)] if args.smoke else [(16, 8), (64, 8)]
         result = {"machine": machine(device), "smoke": args.smoke, "model": f"random GPT-2 {preset}, vocab {vocab}"
                   + (f" ({SMOKE_SHAPE['n_layer']} x {SMOKE_SHAPE['n_embd']})" if args.smoke else ""),

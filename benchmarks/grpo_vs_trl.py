@@ -261,7 +261,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         "batch_positions": B, "group_size": G, "temperature": args.temperature, "max_new_tokens": M,
         "lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "kl_coef": beta, "steps": total,
         "mix_env_ratio": 0.5, "autocast": "bf16" if args.bf16 else "none", "engine_cache": None,
-        "backward_dtype": args.backward_dtype, "record_rollout": args.record_rollout,
+        "backward_dtype": args.backward_dtype, "record_rollout": args.record_rollout, "decode_graph": args.decode_graph,
         "output_dir": str(run_dir / "ours"), "tensorboard": False, "report": False, "progress": False,
         "seed": args.seed,
     } | ({} if args.kl_guard or beta > 0 else {"guard_kl_mean": None, "guard_kl_max": None}))
@@ -364,7 +364,7 @@ def run_pair(name: str, model_dir: Path, args, beta: float, steps: int, warmup: 
         if len(trl_lengths) > warmup else None,
         "phase_seconds": {p: v / len(meas) for p, v in phase_tot.items()},
         "phase_share": {p: (v / step_tot if step_tot else 0.0) for p, v in phase_tot.items()},
-        "ours_record_rollout": ours.record, "ours_forward": ours.record_note,
+        "ours_record_rollout": ours.record, "ours_forward": ours.record_note, "ours_decode": ours.graph_note,
         # beta 0: TRL loads no reference; ours runs one only for the KL guard (--kl-guard)
         "ours_reference_pass": ours.use_ref,
         "flops": {k: statistics.median(r["flops"][k] for r in meas)
@@ -422,6 +422,7 @@ def table(machine: dict, results: list[dict]) -> str:
                      f"{100 * r['fraction_of_bound']['as_run']:.0f}% of them")
         lines.append(f"  our policy pass: forward {'bf16 autocast' if r['bf16'] else 'float32'}, backward products "
                      f"{r['ours_backward']}; forward projections {r['ours_forward']}")
+        lines.append(f"  our decoding: {r.get('ours_decode', '-')}")
         lines.append("  reference pass: " + ("off (beta 0; TRL has none either)" if not r["ours_reference_pass"]
                                              else "on" + (" (beta 0: the collapse guard's KL signals only, --kl-guard)"
                                                           if r["beta"] == 0 else "")))
@@ -452,6 +453,10 @@ def main() -> int:
     ap.add_argument("--record-rollout", choices=("auto", "always", "never"), default="auto",
                     help="our first update on a batch takes the sampler's projection outputs (the trainer's "
                          "record_rollout; default auto: for models 512 or more wide)")
+    ap.add_argument("--decode-graph", action="store_true",
+                    help="ours decodes with the shape-stable step (the trainer's decode_graph: one CUDA graph a token "
+                         "on CUDA, as configs/rookworld-124m.yaml runs; eager elsewhere). Equal work all the same: "
+                         "both trainers' completions run to --max-tokens")
     ap.add_argument("--backward-dtype", choices=("auto", "float32", "bf16"), default="auto",
                     help="our policy pass's backward products (the trainer's backward_dtype; default auto)")
     ap.add_argument("--kl-guard", action="store_true",
@@ -473,6 +478,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.prompts < 2 or args.generations < 2 or args.steps < 1 or args.steps_124m < 1 or min(args.warmup, args.warmup_124m) < 0:
         ap.error("need --prompts >= 2, --generations >= 2, --steps >= 1, --warmup >= 0")
+    if args.decode_graph and args.record_rollout == "always":
+        ap.error("--decode-graph records no projections: not with --record-rollout always")
     if args.bf16 and args.backward_dtype == "float32":
         ap.error("--backward-dtype float32 contradicts --bf16 (autocast's backward products are bf16)")
 

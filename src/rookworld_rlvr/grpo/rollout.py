@@ -165,12 +165,13 @@ class Rollout:
                 started.append(early.submit(self.reward_fn.prefetch, texts, [truths[i] for i in rows]))
 
             t0 = time.time()
-            g = generate(self.model, self.tokenizer, prompts,
-                         max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
-                         temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
-                         top_p=first["top_p"], num_return_sequences=G, generator=self.generator,
-                         autocast_dtype=self.amp, record=self.record, on_finished=on_finished if self.overlap else None,
-                         decode_graph=self.graph)
+            with torch.profiler.record_function("phase/generate"):  # (a range only under torch.profiler)
+                g = generate(self.model, self.tokenizer, prompts,
+                             max_new_tokens=[settings[t]["max_new_tokens"] for t, _ in items],
+                             temperature=[settings[t]["temperature"] for t, _ in items], top_k=first["top_k"],
+                             top_p=first["top_p"], num_return_sequences=G, generator=self.generator,
+                             autocast_dtype=self.amp, record=self.record,
+                             on_finished=on_finished if self.overlap else None, decode_graph=self.graph)
             self.timings["generate"] = self.timings.get("generate", 0.0) + time.time() - t0
             t0 = time.time()
             for future in started:

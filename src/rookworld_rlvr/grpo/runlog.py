@@ -58,13 +58,15 @@ def banner(tr: Trainer) -> str:
 @contextmanager
 def timed(timings: dict[str, float], phase: str, device: torch.device | None = None) -> Iterator[None]:
     """Add the block's wall time to timings[phase]. On a GPU the device is synchronised at both
-    ends, so the phase's kernels count in its own time, not in the next phase's."""
+    ends, so the phase's kernels count in its own time, not in the next phase's. Under torch.profiler
+    the block is a range named phase/<phase> (benchmarks/gpu_check.py --profile)."""
     sync = device is not None and device.type == "cuda"
     if sync:
         torch.cuda.synchronize(device)
     t0 = time.time()
     try:
-        yield
+        with torch.profiler.record_function(f"phase/{phase}"):
+            yield
     finally:
         if sync:
             torch.cuda.synchronize(device)
