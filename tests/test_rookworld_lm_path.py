@@ -93,7 +93,7 @@ def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_mod
     verdict = out.out.index("verdict: base -> final")  # the verdict ends the run's output, after every metric
     assert out.out.index("every held-out metric") < verdict and "| within noise" in out.out[verdict:]
     config = (run / "config.yaml").read_text()
-    for line in ("layout: padded", "autocast: bf16", "guard_kl_mean: 0.5", "lr: 1.0e-06"):
+    for line in ("layout: padded", "autocast: bf16", "decode_graph: true", "guard_kl_mean: 0.5", "lr: 1.0e-06"):
         assert line in config, line  # the preset's own settings ran
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
