@@ -99,7 +99,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     before, after = summary["base"]["environment"], summary["final"]["environment"]
     assert before["items_of"] == after["items_of"] and len(after["next_state_acc_items"]) == after["n"] > 0
     config = yaml.safe_load((rl / "config.yaml").read_text())
-    assert config["model"] == str(work / "sft" / "base")
+    assert config["model"] == str(work / "sft" / "base") and config["decode_graph"]  # (eager here, a graph on CUDA)
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
     cut = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_base: SFT gets")]
     # what is left less SFT's start, the handover and the export, printed to 2 decimals (so it can reach the bound)
