@@ -754,6 +754,39 @@ def test_the_shape_stable_decode_step_under_bf16_autocast_and_its_limits():
         generate(model, tok, PROMPTS[:1], max_new_tokens=4, decode_graph=True, record=True)
 
 
+def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits():
+    """A CUDA graph's decode step runs under autocast without its weight cache (GraphedStep), which made
+    every replay cast every weight again, the LM head included (on an H200 bf16 casts were the most
+    launched kernel of a GRPO step). Given cast=bf16 the decoder casts them once, when it is made, and
+    its steps give the same logits bit for bit; under autocast as the graph's capture runs it."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    from rookworld_rlvr.model.gpt2_decode import CascadeDecoder
+
+    tok = build_chess_tokenizer()
+    model = tiny_gpt2(len(tok), eos_boost=0.0).eval()
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    head = list(model.lm_head.weight.shape)
+    logits = {}
+    for cast in (None, torch.bfloat16):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), past_key_values=cache,
+                  use_cache=True)
+        decoder = CascadeDecoder(model, cache, mask, 3, 6, static=True, cast=cast)
+        tokens, positions = torch.tensor([5, 6, 7] * 2), mask.sum(-1).repeat_interleave(3)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), \
+                profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            logits[cast] = [decoder.step(tokens, positions + t, t=torch.tensor(t)) for t in range(4)]
+        casts = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == head]
+        assert len(casts) == (4 if cast is None else 0), f"cast={cast}: the LM head was cast {len(casts)} times in 4 steps"
+    assert all(torch.equal(a, b) for a, b in zip(logits[None], logits[torch.bfloat16]))
+    with pytest.raises(ValueError, match="cast and pack"):
+        CascadeDecoder(model, cache, mask, 3, 6, pack=True, cast=torch.bfloat16)
+
+
 @pytest.mark.parametrize("stock", [False, True])
 def test_bf16_autocast_is_entered_once_per_rollout_so_each_weight_is_cast_once(monkeypatch, stock):
     """Entered per token, autocast dropped its cache of bf16 weight copies at every step and cast

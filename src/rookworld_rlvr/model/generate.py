@@ -277,8 +277,10 @@ def generate(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
+            # the graph's step on weights cast once (autocast's cache cannot serve a graph: see GraphedStep)
             decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None,
-                                                 record=record, static=decode_graph)
+                                                 record=record, static=decode_graph,
+                                                 cast=autocast_dtype if decode_graph else None)
             graphed = gpt2_decode.GraphedStep(decoder, n_rows, device) if decode_graph else None
         else:
             cache = select_rows(cache, index)

@@ -81,11 +81,33 @@ def packed_projections(model: torch.nn.Module, rows: int = 1024) -> Iterator[Non
             vars(m).pop("forward", None)
 
 
-def _projections(block, rows: int, pack: bool, fuse: bool = True) -> tuple:
+class CastLinear:
+    """A Conv1D's or nn.Linear's forward on its weight and bias cast once to `dtype`: under autocast to
+    that dtype the same products as the module's own (autocast would make the same copies), without
+    casting the weights again at every call. For a CUDA graph's decode step, which autocast's weight
+    cache cannot serve (a copy cached during capture would be freed under the graph)."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype) -> None:
+        self.linear = isinstance(module, torch.nn.Linear)
+        self.weight = module.weight.detach().to(dtype)
+        self.bias = None if module.bias is None else module.bias.detach().to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.linear:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        y = torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight)  # as transformers' Conv1D.forward
+        return y.view(*x.shape[:-1], self.weight.shape[1])
+
+
+def _projections(block, rows: int, pack: bool, fuse: bool = True, cast: torch.dtype | None = None) -> tuple:
     """A block's (qkv, attention output, MLP up, activation, MLP down) as callables on [N, E] rows.
     Packed, the tanh GELU runs fused into the up projection (the activation is then the identity)
-    unless `fuse` is False: recording needs the product before the activation."""
+    unless `fuse` is False: recording needs the product before the activation. `cast`: on weights
+    cast once to that dtype (`CastLinear`)."""
     attn, mlp = block.attn, block.mlp
+    if cast is not None:
+        return (CastLinear(attn.c_attn, cast), CastLinear(attn.c_proj, cast), CastLinear(mlp.c_fc, cast), mlp.act,
+                CastLinear(mlp.c_proj, cast))
     if not pack:
         return attn.c_attn, attn.c_proj, mlp.c_fc, mlp.act, mlp.c_proj
     from transformers.activations import GELUTanh
@@ -143,18 +165,24 @@ class CascadeDecoder:
     """Holds the shared prompt cache and a per-row completion cache; `step` runs one token per row."""
 
     def __init__(self, model, prompt_cache, prompt_mask: torch.Tensor, group: int, capacity: int,
-                 pack: bool = False, record: bool = False, static: bool = False) -> None:
+                 pack: bool = False, record: bool = False, static: bool = False,
+                 cast: torch.dtype | None = None) -> None:
         """`pack`: run the projections on oneDNN-packed weights (only where `can_pack(model)`).
         `record`: `step` can write the projections' outputs (the GELU then runs unfused).
-        `static`: the caches start zeroed, for `step(..., t=)` (see there)."""
+        `static`: the caches start zeroed, for `step(..., t=)` (see there).
+        `cast`: the projections and LM head run on their weights cast once to this dtype (the
+        autocast dtype, for a CUDA graph's step: `CastLinear`); not with `pack`."""
+        if cast is not None and pack:
+            raise ValueError("CascadeDecoder: cast and pack exclude each other (packing keeps float32 weights)")
         self.model = model
         self.blocks = model.transformer.h
         self.group = group
         self.packed = pack and can_pack(model)
         rows = prompt_mask.shape[0] * group
-        self.proj = [_projections(block, rows, self.packed, fuse=not record) for block in self.blocks]
+        self.proj = [_projections(block, rows, self.packed, fuse=not record, cast=cast) for block in self.blocks]
         self.cuts = _cuts(model)
-        self.head = PackedLinear(model.lm_head, rows) if self.packed else model.lm_head
+        self.head = (PackedLinear(model.lm_head, rows) if self.packed
+                     else CastLinear(model.lm_head, cast) if cast is not None else model.lm_head)
         layers = prompt_cache.layers
         # prompt keys/values once per prompt: [U, H, P, D]
         self.pk = [layer.keys for layer in layers]
@@ -245,8 +273,8 @@ class GraphedStep:
     two eager warm-up runs of the first step, which rewrite the same keys) and replayed at every later
     step, one launch for the whole model instead of hundreds of kernels; elsewhere run eagerly (the
     same shape-stable code, which the CPU tests check). Under autocast the capture runs without
-    autocast's weight cache (a cached cast made during capture would be freed under the graph), so
-    each replay casts the weights again."""
+    autocast's weight cache (a cached cast made during capture would be freed under the graph): give
+    the decoder `cast=` so that its weights are cast once, not at every replay."""
 
     def __init__(self, decoder: CascadeDecoder, rows: int, device: torch.device) -> None:
         self.decoder = decoder
