@@ -936,6 +936,48 @@ def test_score_overlap_auto_is_off_on_a_cpu_and_always_needs_a_prefetching_rewar
         make(tmp_path, tiny_model_dir, small_data, scorer, score_overlap="sometimes")
 
 
+def test_the_policy_pass_reads_the_device_only_to_shape_each_minibatch(tmp_path, tiny_model_dir, small_data, scorer,
+                                                                       monkeypatch):
+    """On a GPU every value the host reads (.item(), float(t), bool(t), a selection by mask) waits for the
+    device's queue to drain; the loss's ~20 metrics read one by one kept the host and the GPU taking turns.
+    Now the loss and its metrics are one read a minibatch (a .tolist(), invisible on a CPU) and the sampler
+    agreement and task entropies one after the pass, so the only scalar reads left are the two that shape a
+    minibatch's forward (its unused left-pad columns, whether its groups share their prompts). Counted here
+    on the CPU at the dispatcher, with the metrics still there."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import rookworld_rlvr.grpo.trainer as trainer_module
+
+    reads = {"scalar": 0, "by mask": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads["scalar"] += 1
+            elif func in (torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default):
+                reads["by mask"] += 1
+            return func(*args, **(kwargs or {}))
+
+    real = trainer_module.policy_pass
+    passes = []
+
+    def counted(*args, **kw):
+        with Count():
+            out = real(*args, **kw)
+        passes.append(out)
+        return out
+
+    monkeypatch.setattr(trainer_module, "policy_pass", counted)
+    tr = make(tmp_path, tiny_model_dir, small_data, scorer, mix_env_ratio=0.5, batch_positions=4, minibatch_size=4,
+              kl_coef=0.04, steps=1)
+    tr.train_step()
+    (agg, finite), = passes
+    minibatches = 4 * 4 // 4
+    assert finite and reads == {"scalar": 2 * minibatches, "by mask": 0}, reads
+    assert {"entropy/P", "entropy/A", "logp_sampler_diff", "kl_mean", "clip_frac", "loss"} <= set(agg)
+    assert all(math.isfinite(v) for v in agg.values())
+
+
 def test_decode_graph_samples_the_same_groups_and_records_nothing(tmp_path, tiny_model_dir, small_data, scorer):
     """The shape-stable decode step (a CUDA graph on CUDA) changes no sample: the same texts, rewards
     and sampler log-probs as the default decoding; it turns record_rollout off and refuses always."""

@@ -69,12 +69,16 @@ def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(_as_bool(mask), x.float(), torch.zeros((), dtype=torch.float32, device=x.device))
 
 
-def _masked_stats(x: Tensor, mask: Tensor) -> tuple[float, float, float]:
-    """(mean, max, min) of x over masked entries; zeros when nothing is masked."""
-    values = x.detach().float()[_as_bool(mask)]
-    if values.numel() == 0:
-        return 0.0, 0.0, 0.0
-    return values.mean().item(), values.max().item(), values.min().item()
+def _masked_stats(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, max, min) of x over masked entries as 0-dim tensors; zeros when nothing is masked.
+    Masked reductions, not x[mask]: selecting by a mask waits for the GPU to learn its size."""
+    m = _as_bool(mask)
+    x = x.detach().float()
+    zero, some = x.new_zeros(()), m.any()
+    mean = torch.where(m, x, zero).sum() / m.sum().clamp(min=1)
+    high = torch.where(some, x.masked_fill(~m, -math.inf).amax(), zero)
+    low = torch.where(some, x.masked_fill(~m, math.inf).amin(), zero)
+    return mean, high, low
 
 
 # ------------------------------------------------------------------------ KL estimators
@@ -198,9 +202,9 @@ def group_advantages(
 
 def clip_fractions(
     ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float, delta: float | None = None
-) -> tuple[float, float, float]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Share of masked tokens where a clip is active (the gradient is cut): low = ratio < 1 - eps_low
-    with A < 0; high = ratio > 1 + eps_high with A > 0; delta = ratio > delta with A < 0."""
+    with A < 0; high = ratio > 1 + eps_high with A > 0; delta = ratio > delta with A < 0 (0-dim tensors)."""
     m = _as_bool(mask)
     n = m.sum().clamp(min=1)
     adv = advantages.detach().unsqueeze(1)
@@ -208,7 +212,7 @@ def clip_fractions(
     low = (r < 1 - eps_low) & (adv < 0) & m
     high = (r > 1 + eps_high) & (adv > 0) & m
     cut = (r > delta) & (adv < 0) & m if delta is not None else torch.zeros_like(m)
-    return (low.sum() / n).item(), (high.sum() / n).item(), (cut.sum() / n).item()
+    return low.sum() / n, high.sum() / n, cut.sum() / n
 
 
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: Level = "token") -> Tensor:
@@ -232,13 +236,14 @@ def clipped_surrogate(
     mask: Tensor | None = None,
     level: Level = "token",
     delta: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped objective per token: -min(min(ratio, delta) * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A),
     ratio = importance_ratio against the *sampling* policy (not the reference). Separate low/high
     ranges are DAPO's clip-higher; `delta` (> 1 + eps_high, TRL's two-sided clipping) caps the
     ratio of tokens with A < 0, whose loss PPO's clip leaves unbounded. At level "sequence" each
     token carries its sequence's ratio and clip (GSPO). Returns (loss [N, C], stats) with stats
-    clip_low, clip_high, clip_delta, clip_frac, ratio_mean, ratio_max over masked tokens."""
+    clip_low, clip_high, clip_delta, clip_frac, ratio_mean, ratio_max over masked tokens (0-dim tensors:
+    `grpo_loss` reads every metric from the device at once)."""
     if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
         raise ValueError(f"advantages must be [N={logp.shape[0]}], got {tuple(advantages.shape)}")
     if mask is None:
@@ -263,13 +268,13 @@ def clipped_surrogate(
 
 def sampler_correction(
     old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated importance sampling (TIS, Yao et al. 2025) between the sampler and the trainer:
     per-token weights w = min(pi_old / pi_sampler, cap) [N, C] (no gradient) for the policy term.
     The tokens were drawn from the sampler's distribution; where it differs from the trainer's
     old policy (bf16 sampling, recorded rollouts, another inference engine) w re-weights them
     toward the trainer's, and the cap bounds the variance. Stats: tis_weight_mean (after the cap),
-    tis_weight_max (before it), tis_capped (share of tokens at the cap)."""
+    tis_weight_max (before it), tis_capped (share of tokens at the cap), as 0-dim tensors."""
     m = _as_bool(mask)
     raw = torch.exp(_masked(old_logp.detach(), m) - _masked(sampler_logp.detach(), m))
     weights = torch.where(m, raw.clamp(max=cap), torch.zeros_like(raw))
@@ -277,7 +282,7 @@ def sampler_correction(
     stats = {
         "tis_weight_mean": _masked_stats(weights, m)[0],
         "tis_weight_max": _masked_stats(raw, m)[1],
-        "tis_capped": (((raw > cap) & m).sum() / n).item(),
+        "tis_capped": ((raw > cap) & m).sum() / n,
     }
     return weights, stats
 
@@ -355,10 +360,12 @@ class LossOutput:
     tis_weight_max: float | None = None
     tis_capped: float | None = None
 
+    loss_value: float = math.nan  # the loss's value, read with the metrics
+
     def metrics(self) -> dict[str, float]:
         """Flat float metrics (no loss tensor), ready for a logger."""
-        out = {k: v for k, v in vars(self).items() if k != "loss" and v is not None}
-        out["loss"] = self.loss.detach().item()
+        out = {k: v for k, v in vars(self).items() if k not in ("loss", "loss_value") and v is not None}
+        out["loss"] = self.loss_value
         return out
 
 
@@ -405,43 +412,35 @@ def grpo_loss(
     policy_term = aggregate(per_token_pg, m, loss_type, max_completion_length, num_items_in_batch)
     loss = policy_term
 
-    kl_term_value, kl_mean, kl_max, kl_min, kl_seq_max, kl_clamped = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    zero = logp.new_zeros((), dtype=torch.float32)
+    kl_stats = dict.fromkeys(("kl_loss", "kl_mean", "kl_max", "kl_min", "kl_seq_max", "kl_clamped"), zero)
     if kl is None and ref_logp is not None:
         kl = kl_estimate(_masked(logp, m), _masked(ref_logp, m), kl_kind, kl_clamp)
     if kl is not None:
         kl = _masked(kl, m)
-        kl_mean, kl_max, kl_min = _masked_stats(kl, m)
+        kl_stats["kl_mean"], kl_stats["kl_max"], kl_stats["kl_min"] = _masked_stats(kl, m)
         per_seq = kl.detach().sum(dim=1) / m.sum(dim=1).clamp(min=1)
-        kl_seq_max = per_seq[m.any(dim=1)].max().item() if m.any() else 0.0
+        kl_stats["kl_seq_max"] = _masked_stats(per_seq, m.any(dim=1))[1]
         if kl_clamp is not None:
-            kl_clamped = (((kl.detach().abs() >= kl_clamp) & m).sum() / m.sum().clamp(min=1)).item()
+            kl_stats["kl_clamped"] = ((kl.detach().abs() >= kl_clamp) & m).sum() / m.sum().clamp(min=1)
         if beta != 0.0:  # skip 0 * kl so an unclamped inf cannot become NaN
             kl_term = beta * aggregate(kl, m, loss_type, max_completion_length, num_items_in_batch)
             loss = loss + kl_term
-            kl_term_value = kl_term.detach().item()
+            kl_stats["kl_loss"] = kl_term.detach()
 
-    entropy_mean = None
     if entropy is not None:
-        entropy_mean = _masked_stats(entropy, m)[0]
+        stats["entropy"] = _masked_stats(entropy, m)[0]
         if entropy_coef != 0.0:
             entropy_term = aggregate(entropy, m, loss_type, max_completion_length, num_items_in_batch)
             loss = loss - entropy_coef * entropy_term
 
-    policy_value = policy_term.detach().item()
     # The policy term's value is ~0 by construction (advantages are centred per group) while its
     # gradient is not, so its scale for the KL share is the aggregate of |per-token surrogate|.
-    policy_scale = aggregate(per_token_pg.detach().abs(), m, loss_type, max_completion_length, num_items_in_batch).item()
-    denom = policy_scale + abs(kl_term_value)
-    return LossOutput(
-        loss=loss,
-        policy_loss=policy_value,
-        kl_loss=kl_term_value,
-        kl_mean=kl_mean,
-        kl_max=kl_max,
-        kl_min=kl_min,
-        kl_seq_max=kl_seq_max,
-        kl_clamped=kl_clamped,
-        kl_share=abs(kl_term_value) / denom if denom > 0 else 0.0,  # |β·KL| / (|β·KL| + policy scale)
-        entropy=entropy_mean,
-        **stats,
-    )
+    policy_scale = aggregate(per_token_pg.detach().abs(), m, loss_type, max_completion_length, num_items_in_batch)
+    scalars = {"loss_value": loss.detach(), "policy_loss": policy_term.detach(), "policy_scale": policy_scale,
+               **kl_stats, **stats}
+    # one read from the device for every metric: each .item() would make the host wait for the GPU
+    values = dict(zip(scalars, torch.stack([v.float().reshape(()) for v in scalars.values()]).tolist()))
+    denom = values.pop("policy_scale") + abs(values["kl_loss"])
+    values["kl_share"] = abs(values["kl_loss"]) / denom if denom > 0 else 0.0  # |β·KL| / (|β·KL| + policy scale)
+    return LossOutput(loss=loss, **values)

@@ -68,30 +68,46 @@ def add_metrics(agg: dict[str, float], metrics: dict[str, float], share: float, 
             agg[key] = agg.get(key, 0.0) + v * share
 
 
-def add_sampler_agreement(agg: dict[str, float], logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
-                          share: float) -> None:
+def sampler_agreement(logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The sampler and the trainer must agree on log-probs before any update: the largest and the
-    mean per-token gap (logp_sampler_diff, logp_sampler_diff_mean)."""
+    mean per-token gap of a minibatch (logp_sampler_diff, logp_sampler_diff_mean), as 0-dim tensors."""
     diff = (logp.detach() - sampler_logp).abs() * mask
-    agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), float(diff.max()))
-    agg["logp_sampler_diff_mean"] = (agg.get("logp_sampler_diff_mean", 0.0)
-                                     + float(diff.sum() / mask.sum().clamp(min=1)) * share)
+    return {"logp_sampler_diff": diff.max(), "logp_sampler_diff_mean": diff.sum() / mask.sum().clamp(min=1)}
 
 
-def add_task_entropy(agg: dict[str, float], entropy: torch.Tensor | None, mask: torch.Tensor, tasks: list[str],
-                     task_rows: dict[str, int]) -> None:
-    """Each task's entropy (`entropy/P`, `entropy/A`): the token mean over its completions in this
-    minibatch, weighted by its share of the task's rows. The collapse guard judges each task by its
-    own entropy: a deterministic task such as A: is meant to reach near zero."""
+def task_entropy(entropy: torch.Tensor | None, mask: torch.Tensor, task_of: torch.Tensor,
+                 tasks: list[str]) -> dict[str, torch.Tensor]:
+    """Each task's entropy sum and token count in a minibatch (`entropy/P`, `tokens/P`, ...), as 0-dim
+    tensors; `task_of` [rows] holds each row's index in `tasks`. The collapse guard judges each task by
+    its own entropy: a deterministic task such as A: is meant to reach near zero."""
     if entropy is None:
+        return {}
+    out = {}
+    for k, task in enumerate(tasks):
+        rows = (task_of == k).unsqueeze(1)
+        out[f"entropy/{task}"], out[f"tokens/{task}"] = (entropy.detach() * mask * rows).sum(), (mask * rows).sum()
+    return out
+
+
+def fold_minibatch_signals(agg: dict[str, float], pending: list[tuple[dict[str, int], float, dict]],
+                           task_rows: dict[str, int]) -> None:
+    """Fold each minibatch's sampler agreement and task entropies (read from the device at once, after
+    the pass: a read in between would make the host wait for each backward) into the step's metrics:
+    the largest gap, shares of the mean gap, and each task's token mean weighted by the minibatch's
+    share of the task's rows (a minibatch with none of its tokens adds nothing)."""
+    flat = [v for _, _, signals in pending for v in signals.values()]
+    if not flat:
         return
-    ent = entropy.detach() * mask
-    for task in dict.fromkeys(tasks):
-        rows = torch.tensor([t == task for t in tasks], device=mask.device)
-        tokens = mask[rows].sum()
-        if tokens > 0:
-            agg[f"entropy/{task}"] = (agg.get(f"entropy/{task}", 0.0)
-                                      + float(ent[rows].sum() / tokens) * int(rows.sum()) / task_rows[task])
+    values = iter(torch.stack([v.float().reshape(()) for v in flat]).tolist())
+    for rows, share, signals in pending:
+        got = {key: next(values) for key in signals}
+        if "logp_sampler_diff" in got:
+            agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), got["logp_sampler_diff"])
+            agg["logp_sampler_diff_mean"] = agg.get("logp_sampler_diff_mean", 0.0) + got["logp_sampler_diff_mean"] * share
+        for task, n in rows.items():
+            if got.get(f"tokens/{task}", 0) > 0:
+                agg[f"entropy/{task}"] = (agg.get(f"entropy/{task}", 0.0)
+                                          + got[f"entropy/{task}"] / got[f"tokens/{task}"] * n / task_rows[task])
 
 
 def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: list, old: list, beta: float,
@@ -99,23 +115,31 @@ def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: l
     """Loss and backward of every minibatch (gradients accumulate); (the metrics, whether every
     loss was finite: the first non-finite one stops the pass before its backward). The first pass on
     a batch checks the sampler's log-probs and may use the rows' recorded projections, which are
-    freed after it (2 GB at 124M)."""
+    freed after it (2 GB at 124M). The host reads the device once a minibatch (its loss and metrics,
+    before the backward) and once after the pass."""
     cfg, agg = passes.cfg, {}
     tasks = [r.task for r in batch.rows]
-    task_rows = {t: tasks.count(t) for t in set(tasks)}
+    task_rows = {t: tasks.count(t) for t in dict.fromkeys(tasks)}
+    names = list(task_rows)
+    task_of = torch.tensor([names.index(t) for t in tasks]).to(device)  # once a pass, not a minibatch
+    pending: list[tuple[dict[str, int], float, dict]] = []
     try:
         for k, sl in enumerate(slices):
             o = passes.logprobs(model, batch, sl, device, cfg.kl_estimator == "exact", True, recorded=first and record)
             out = slice_loss(o, ref[k] if ref else None, old[k] if old else None, batch, sl, cfg, beta, norms)
-            loss = out.loss if cfg.loss_type == "dapo" else out.loss * ((sl.stop - sl.start) / norms.rows)
-            if not torch.isfinite(loss):
+            if not math.isfinite(out.loss_value):
+                fold_minibatch_signals(agg, pending, task_rows)
                 return agg, False
+            loss = out.loss if cfg.loss_type == "dapo" else out.loss * ((sl.stop - sl.start) / norms.rows)
             loss.backward()
             share = (sl.stop - sl.start) / len(batch.rows)  # metrics: means over this rank's rows, then ranks'
             add_metrics(agg, out.metrics(), share, cfg.loss_type == "dapo")
-            add_task_entropy(agg, o.get("entropy"), batch.completion_mask[sl], tasks[sl], task_rows)
+            mask = batch.completion_mask[sl]
+            signals = task_entropy(o.get("entropy"), mask, task_of[sl], names)
             if first:
-                add_sampler_agreement(agg, o["logprobs"], batch.sampler_logp[sl], batch.completion_mask[sl], share)
+                signals |= sampler_agreement(o["logprobs"], batch.sampler_logp[sl], mask)
+            pending.append(({t: tasks[sl].count(t) for t in dict.fromkeys(tasks[sl])}, share, signals))
+        fold_minibatch_signals(agg, pending, task_rows)
         return agg, True
     finally:
         for r in batch.rows:  # only the first pass may use them
