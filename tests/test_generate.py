@@ -762,7 +762,7 @@ def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits()
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
-    from rookworld_rlvr.model.gpt2_decode import CascadeDecoder
+    from rookworld_rlvr.model.gpt2_decode import CascadeDecoder, CastLinear, _cast
 
     tok = build_chess_tokenizer()
     model = tiny_gpt2(len(tok), eos_boost=0.0).eval()
@@ -785,6 +785,8 @@ def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits()
     assert all(torch.equal(a, b) for a, b in zip(logits[None], logits[torch.bfloat16]))
     with pytest.raises(ValueError, match="cast and pack"):
         CascadeDecoder(model, cache, mask, 3, 6, pack=True, cast=torch.bfloat16)
+    wrapper = torch.nn.Sequential(model.lm_head)  # an adapter's layer adds to its weight's product: left as it is
+    assert _cast(wrapper, torch.bfloat16) is wrapper and isinstance(_cast(model.lm_head, torch.bfloat16), CastLinear)
 
 
 @pytest.mark.parametrize("stock", [False, True])

@@ -99,6 +99,14 @@ class CastLinear:
         return y.view(*x.shape[:-1], self.weight.shape[1])
 
 
+def _cast(module: torch.nn.Module, dtype: torch.dtype):
+    """`CastLinear` of a plain Conv1D or nn.Linear; any other module (an adapter's layer, whose own
+    forward adds more than its weight) as it is."""
+    from transformers.pytorch_utils import Conv1D
+
+    return CastLinear(module, dtype) if type(module) in (Conv1D, torch.nn.Linear) else module
+
+
 def _projections(block, rows: int, pack: bool, fuse: bool = True, cast: torch.dtype | None = None) -> tuple:
     """A block's (qkv, attention output, MLP up, activation, MLP down) as callables on [N, E] rows.
     Packed, the tanh GELU runs fused into the up projection (the activation is then the identity)
@@ -106,8 +114,7 @@ def _projections(block, rows: int, pack: bool, fuse: bool = True, cast: torch.dt
     cast once to that dtype (`CastLinear`)."""
     attn, mlp = block.attn, block.mlp
     if cast is not None:
-        return (CastLinear(attn.c_attn, cast), CastLinear(attn.c_proj, cast), CastLinear(mlp.c_fc, cast), mlp.act,
-                CastLinear(mlp.c_proj, cast))
+        return _cast(attn.c_attn, cast), _cast(attn.c_proj, cast), _cast(mlp.c_fc, cast), mlp.act, _cast(mlp.c_proj, cast)
     if not pack:
         return attn.c_attn, attn.c_proj, mlp.c_fc, mlp.act, mlp.c_proj
     from transformers.activations import GELUTanh
@@ -182,7 +189,7 @@ class CascadeDecoder:
         self.proj = [_projections(block, rows, self.packed, fuse=not record, cast=cast) for block in self.blocks]
         self.cuts = _cuts(model)
         self.head = (PackedLinear(model.lm_head, rows) if self.packed
-                     else CastLinear(model.lm_head, cast) if cast is not None else model.lm_head)
+                     else _cast(model.lm_head, cast) if cast is not None else model.lm_head)
         layers = prompt_cache.layers
         # prompt keys/values once per prompt: [U, H, P, D]
         self.pk = [layer.keys for layer in layers]
