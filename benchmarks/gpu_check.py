@@ -196,19 +196,30 @@ def grpo_config(model_dir: Path, data: Path, device: torch.device, out: Path, st
 
 
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
+    """The preset's steps with decode_graph off and on, and once with log-prob scoring chunks 4x the default
+    (`logprobs.SCORE_CHUNK_ELEMENTS`: 4 rows a chunk at GPT-2's vocabulary; fewer, larger chunks launch fewer
+    kernels and hold more memory, which this row prices)."""
+    from rookworld_rlvr.model import logprobs
+
+    default_chunk = logprobs.SCORE_CHUNK_ELEMENTS
     # (torch.compile was a setting once; config.REMOVED says why it went)
-    for autocast, graph in (("none", False), ("bf16", False), ("bf16", True)):
-        name = f"autocast {autocast}" + (", decode_graph" if graph else "")
+    for autocast, graph, chunk in (("none", False, 1), ("bf16", False, 1), ("bf16", True, 1), ("bf16", True, 4)):
+        name = f"autocast {autocast}" + (", decode_graph" if graph else "") + (f", scoring chunks x{chunk}"
+                                                                               if chunk > 1 else "")
         if not res.in_time(f"grpo {name}"):
             continue
         try:
-            cfg = grpo_config(model_dir, data, device, tmp / f"grpo-{autocast}-{graph}", steps, smoke, autocast, graph)
+            out = tmp / f"grpo-{autocast}-{graph}-{chunk}"
+            cfg = grpo_config(model_dir, data, device, out, steps, smoke, autocast, graph)
             tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
             reset_peak(device)
+            logprobs.SCORE_CHUNK_ELEMENTS = default_chunk * chunk
             tr.train()
         except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
             failed(res, "grpo", {"config": name}, f"grpo {name}", e)
             continue
+        finally:
+            logprobs.SCORE_CHUNK_ELEMENTS = default_chunk
         recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
         step = statistics.median(r["time/step"] for r in recs)
         phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)
