@@ -115,8 +115,9 @@ def policy_pass(passes: Passes, model, batch: Batch, slices: list[slice], ref: l
     """Loss and backward of every minibatch (gradients accumulate); (the metrics, whether every
     loss was finite: the first non-finite one stops the pass before its backward). The first pass on
     a batch checks the sampler's log-probs and may use the rows' recorded projections, which are
-    freed after it (2 GB at 124M). The host reads the device once a minibatch (its loss and metrics,
-    before the backward) and once after the pass."""
+    freed after it (2 GB at 124M). Besides the two reads that shape a minibatch's forward (its unused
+    left-pad columns, whether its groups share prompts), the host reads the device once a minibatch (its
+    loss and metrics, before the backward) and once after the pass."""
     cfg, agg = passes.cfg, {}
     tasks = [r.task for r in batch.rows]
     task_rows = {t: tasks.count(t) for t in dict.fromkeys(tasks)}
