@@ -343,7 +343,8 @@ def markdown(result: dict) -> str:
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "
                   "| TRL s/step | TRL / ours per step | per token | tokens ours / TRL |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {'bf16' if r['bf16'] else 'float32'}{', decode_graph' if r.get('ours_decode_graph') else ''} | {r['config']} | {r['beta']:g} | {r['prompts']} x "
+        lines += [f"| {'bf16' if r['bf16'] else 'float32'}{', decode_graph' if r.get('ours_decode_graph') else ''} "
+                  f"| {r['config']} | {r['beta']:g} | {r['prompts']} x "
                   f"{r['generations']} x {r['max_tokens']} | {r['ours_s_per_step']:.3f} | {r['trl_s_per_step']:.3f} "
                   f"| {r['ratio_trl_over_ours']:.2f}x | "
                   + (f"{r['ratio_per_token']:.2f}x |" if r.get("ratio_per_token") else "- |")
@@ -364,8 +365,9 @@ def add_trl(out: Path, trl_json: Path, trl_log: Path) -> None:
         result["trl"] = {"trl": trl["machine"]["trl"], "command": trl["machine"]["command"], "results": [
             {k: r.get(k) for k in ("config", "beta", "bf16", "prompts", "generations", "max_tokens", "ours_s_per_step",
                                    "trl_s_per_step", "ratio_trl_over_ours", "ratio_per_token", "paired_ratios",
-                                   "ours_completion_len", "trl_completion_len", "ours_reference_pass")}
-            | {"ours_decode_graph": r.get("ours_decode", "").startswith("shape-stable")} for r in trl["results"]]}
+                                   "ours_completion_len", "trl_completion_len", "ours_reference_pass",
+                                   "ours_decode_graph")}
+            for r in trl["results"]]}
     else:
         tail = trl_log.read_text().strip().splitlines()[-3:] if trl_log.is_file() else ["no log"]
         result["trl"] = "not measured: " + " / ".join(tail)[-400:]

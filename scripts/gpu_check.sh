@@ -7,8 +7,8 @@
 # did not run) and grpo_profile.txt (torch.profiler's tables of the 124M preset's GRPO steps).
 # DEADLINE_S=N: the call ends within about N seconds (give the device call's timeout a little more): the benchmarks
 # start no measurement in the last TRL_S (220) seconds, which TRL's run and the profile keep; what did not run is
-# named in the results. Every result file is written again after each measurement, so a call its timeout ends still sends back
-# what it finished.
+# named in the results. Every result file is written again after each measurement, so a call its timeout ends
+# still sends back what it finished.
 # Uses the python on PATH (PYTHON=... to choose): a CUDA build of torch with this package's dependencies;
 # what the GPU image lacks (python-chess; TRL and datasets) comes from scripts/gpu_pack.sh --trl's .whl/ when present.
 set -uo pipefail

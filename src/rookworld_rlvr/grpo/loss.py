@@ -69,16 +69,18 @@ def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(_as_bool(mask), x.float(), torch.zeros((), dtype=torch.float32, device=x.device))
 
 
-def _masked_stats(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(mean, max, min) of x over masked entries as 0-dim tensors; zeros when nothing is masked.
-    Masked reductions, not x[mask]: selecting by a mask waits for the GPU to learn its size."""
+# Metrics over masked entries as 0-dim tensors, 0 where nothing is masked: masked reductions, not x[mask]
+# (selecting by a mask makes the host wait for the GPU to learn its size).
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     m = _as_bool(mask)
-    x = x.detach().float()
-    zero, some = x.new_zeros(()), m.any()
-    mean = torch.where(m, x, zero).sum() / m.sum().clamp(min=1)
-    high = torch.where(some, x.masked_fill(~m, -math.inf).amax(), zero)
-    low = torch.where(some, x.masked_fill(~m, math.inf).amin(), zero)
-    return mean, high, low
+    return torch.where(m, x.detach().float(), 0.0).sum() / m.sum().clamp(min=1)
+
+
+def _masked_max(x: Tensor, mask: Tensor, sign: float = 1.0) -> Tensor:
+    """The largest masked entry (sign -1: the smallest)."""
+    m = _as_bool(mask)
+    extreme = (x.detach().float() * sign).masked_fill(~m, -math.inf).amax() * sign
+    return torch.where(m.any(), extreme, 0.0)
 
 
 # ------------------------------------------------------------------------ KL estimators
@@ -254,7 +256,7 @@ def clipped_surrogate(
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     per_token = -torch.minimum(capped * adv, clipped).expand_as(logp)
     clip_low, clip_high, clip_delta = clip_fractions(ratio, advantages, mask, eps_low, eps_high, delta)
-    ratio_mean, ratio_max, _ = _masked_stats(ratio.expand_as(logp), mask)
+    ratio_mean, ratio_max = _masked_mean(ratio.expand_as(logp), mask), _masked_max(ratio.expand_as(logp), mask)
     stats = {
         "clip_low": clip_low,
         "clip_high": clip_high,
@@ -280,8 +282,8 @@ def sampler_correction(
     weights = torch.where(m, raw.clamp(max=cap), torch.zeros_like(raw))
     n = m.sum().clamp(min=1)
     stats = {
-        "tis_weight_mean": _masked_stats(weights, m)[0],
-        "tis_weight_max": _masked_stats(raw, m)[1],
+        "tis_weight_mean": _masked_mean(weights, m),
+        "tis_weight_max": _masked_max(raw, m),
         "tis_capped": ((raw > cap) & m).sum() / n,
     }
     return weights, stats
@@ -418,9 +420,9 @@ def grpo_loss(
         kl = kl_estimate(_masked(logp, m), _masked(ref_logp, m), kl_kind, kl_clamp)
     if kl is not None:
         kl = _masked(kl, m)
-        kl_stats["kl_mean"], kl_stats["kl_max"], kl_stats["kl_min"] = _masked_stats(kl, m)
+        kl_stats.update(kl_mean=_masked_mean(kl, m), kl_max=_masked_max(kl, m), kl_min=_masked_max(kl, m, -1.0))
         per_seq = kl.detach().sum(dim=1) / m.sum(dim=1).clamp(min=1)
-        kl_stats["kl_seq_max"] = _masked_stats(per_seq, m.any(dim=1))[1]
+        kl_stats["kl_seq_max"] = _masked_max(per_seq, m.any(dim=1))
         if kl_clamp is not None:
             kl_stats["kl_clamped"] = ((kl.detach().abs() >= kl_clamp) & m).sum() / m.sum().clamp(min=1)
         if beta != 0.0:  # skip 0 * kl so an unclamped inf cannot become NaN
@@ -429,7 +431,7 @@ def grpo_loss(
             kl_stats["kl_loss"] = kl_term.detach()
 
     if entropy is not None:
-        stats["entropy"] = _masked_stats(entropy, m)[0]
+        stats["entropy"] = _masked_mean(entropy, m)
         if entropy_coef != 0.0:
             entropy_term = aggregate(entropy, m, loss_type, max_completion_length, num_items_in_batch)
             loss = loss - entropy_coef * entropy_term

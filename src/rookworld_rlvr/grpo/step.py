@@ -103,7 +103,8 @@ def fold_minibatch_signals(agg: dict[str, float], pending: list[tuple[dict[str, 
         got = {key: next(values) for key in signals}
         if "logp_sampler_diff" in got:
             agg["logp_sampler_diff"] = max(agg.get("logp_sampler_diff", 0.0), got["logp_sampler_diff"])
-            agg["logp_sampler_diff_mean"] = agg.get("logp_sampler_diff_mean", 0.0) + got["logp_sampler_diff_mean"] * share
+            mean = got["logp_sampler_diff_mean"] * share
+            agg["logp_sampler_diff_mean"] = agg.get("logp_sampler_diff_mean", 0.0) + mean
         for task, n in rows.items():
             if got.get(f"tokens/{task}", 0) > 0:
                 agg[f"entropy/{task}"] = (agg.get(f"entropy/{task}", 0.0)
