@@ -114,7 +114,8 @@ def _projections(block, rows: int, pack: bool, fuse: bool = True, cast: torch.dt
     cast once to that dtype (`CastLinear`)."""
     attn, mlp = block.attn, block.mlp
     if cast is not None:
-        return _cast(attn.c_attn, cast), _cast(attn.c_proj, cast), _cast(mlp.c_fc, cast), mlp.act, _cast(mlp.c_proj, cast)
+        qkv, out, up, down = (_cast(m, cast) for m in (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj))
+        return qkv, out, up, mlp.act, down
     if not pack:
         return attn.c_attn, attn.c_proj, mlp.c_fc, mlp.act, mlp.c_proj
     from transformers.activations import GELUTanh
