@@ -81,10 +81,10 @@ def _data(args: argparse.Namespace) -> int:
         import random
 
         from rookworld_rlvr.data.histories import on_side, opening_transitions, short_history_copies
-        from rookworld_rlvr.data.io import iter_samples, write_samples
+        from rookworld_rlvr.data.io import read_samples, write_samples
 
         rng = random.Random(f"{args.seed}:short")
-        rows = [s for path in args.sources for s in iter_samples(path) if s.task == "A" and on_side(s.fen, args.side)]
+        rows = [s for path in args.sources for s in read_samples(path) if s.task == "A" and on_side(s.fen, args.side)]
         cut = list(short_history_copies(rows, args.cut_share, rng, args.lengths))
         starts = opening_transitions(args.openings, args.max_plies, args.seed, args.side)
         written = write_samples(args.out, cut + starts)
