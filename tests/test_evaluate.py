@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from conftest import REFERENCE, random_transitions
+from conftest import REFERENCE, REPO, random_transitions
 from rookworld_rlvr import evaluate as ev
 from rookworld_rlvr import metrics as mt
 from rookworld_rlvr import tables
@@ -499,3 +499,9 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--limit", "0"])
     err = capsys.readouterr().err
     assert rc == 1 and f"--limit 0 takes no sample of {data_file}, and no other set was asked for" in err
+    # the held-out short histories alone are a set of their own
+    out = tmp_path / "histories.json"
+    rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--limit", "0", "--histories",
+               str(REPO / "data" / "eval_histories.jsonl.gz"), "--json", str(out), "--device", "cpu", "--quiet"])
+    result = json.loads(out.read_text())
+    assert rc == 0 and result["histories"]["n"] == 505 and result["policy"]["n"] == result["environment"]["n"] == 0

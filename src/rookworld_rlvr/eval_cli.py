@@ -85,9 +85,9 @@ def run(args: argparse.Namespace, name: str) -> int:
     ok, samples = _guarded(args, f"read data {args.data}", lambda: limit_per_task(iter_samples(args.data), args.limit))
     if not ok:
         return 1
-    if not samples and not args.puzzles and not args.strength and not args.selfplay:
+    if not samples and not args.puzzles and not args.strength and not args.histories and not args.selfplay:
         took = f"--limit 0 takes no sample of {args.data}" if args.limit == 0 else f"no samples in {args.data}"
-        return _fail(f"{took}, and no other set was asked for (--strength, --puzzles, --selfplay)")
+        return _fail(f"{took}, and no other set was asked for (--strength, --puzzles, --histories, --selfplay)")
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
 
     judged = puzzles = None
