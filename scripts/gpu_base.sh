@@ -217,6 +217,7 @@ pin_sft=()  # a CPU-affinity prefix for SFT (taskset), while the preparation has
 sft_run() {  # data, rows cache, more sft options...: one invocation of the base's SFT
   local data=$1 cache=$2
   shift 2
+  echo "gpu_base: SFT on $data starts at +$(( $(date +%s) - t_start )) s"  # where a GPU machine's minutes go
   "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz \
     --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
 }
@@ -291,6 +292,7 @@ else
 fi
 echo "$used" > "$work/train.used"
 
+echo "gpu_base: SFT done at +$(( $(date +%s) - t_start )) s"
 rm -rf "$work/export"
 "$py" scripts/export_bf16.py "$work/base" "$work/export"
 rm -f "$out"/*.safetensors "$out/meta.tar"

@@ -17,6 +17,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -201,14 +202,21 @@ def training_rows(data: str | Path, tokenizer, layout: str, order: str, legal: b
     if not cache:
         samples = read_samples(data)
         return {t: encode_many(tokenizer, [s for s in samples if s.task == t], layout, order, legal=legal) for t in TASKS}
+    start = time.monotonic()  # the seconds the messages give: a GPU machine's minutes before the first step
+
+    def took() -> str:
+        return f" ({time.monotonic() - start:.1f} s)"
+
     key = cache_key(data, tokenizer, layout, order, legal)
     if Path(cache).exists():
         if not load and _stored_key(cache) == key:
             say(f"sft: the rows cache {cache} holds these rows already")
             return {}
         if load and (rows := load_rows(cache, key)) is not None:
-            say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}")
+            say(f"sft: {sum(map(len, rows.values()))} rows from the rows cache {cache}{took()}")
             return rows
         say(f"sft: the rows cache {cache} does not hold these rows (other data or settings): encoding afresh")
-    say(f"sft: {encode_into(cache, key, data, tokenizer, layout, order, legal)} rows kept in {cache}")
-    return load_rows(cache, key) if load else {}  # the rows as the cache gives them: the same as encoding's
+    n = encode_into(cache, key, data, tokenizer, layout, order, legal)
+    rows = load_rows(cache, key) if load else {}  # the rows as the cache gives them: the same as encoding's
+    say(f"sft: {n} rows kept in {cache}{took()}")
+    return rows
