@@ -18,7 +18,7 @@ from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo.trainer import Trainer
-from rookworld_rlvr.interrupt import Interrupted, StopOnSignal, forked_pool
+from rookworld_rlvr.interrupt import Interrupted, StopOnSignal, forked_pool, pool_size
 from rookworld_rlvr.sft import SFTConfig, train as sft_train
 from test_faults import _fields, _records, varied_reward
 
@@ -88,6 +88,17 @@ def test_pool_workers_start_with_sigterms_default_action_whatever_handler_the_pa
     finally:
         signal.signal(signal.SIGTERM, found)
     assert seen == [str(signal.SIG_DFL)] * 4
+
+
+def test_a_pools_default_size_is_the_cores_this_process_may_use_not_the_machines():
+    """A GPU machine's data preparation runs pinned to some of its cores (taskset, beside SFT): its pools take
+    those cores, not the machine's count; at most the cap. Run in a child, pinned to one core."""
+    code = ("import os; from rookworld_rlvr.interrupt import pool_size; "
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(pool_size(), pool_size(cap=1))")
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert pinned == ["1", "1"]
+    cores = len(os.sched_getaffinity(0))
+    assert pool_size() == min(16, cores) and pool_size(cap=1) == 1
 
 
 def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_the_straight_run(

@@ -818,7 +818,7 @@ def test_positions_in_check_are_told_apart_in_forked_workers_as_in_one_process(m
     real = data_io.mp.get_context
     monkeypatch.setattr(data_io.mp, "get_context", lambda method: forks.append(method) or real(method))
     monkeypatch.setattr(data_io, "PARALLEL_ROWS", 1000)
-    monkeypatch.setattr(prompts.os, "cpu_count", lambda: 2)  # the default workers, on any machine
+    monkeypatch.setattr(prompts, "pool_size", lambda: 2)  # the default workers, on any machine
     assert in_check_flags(pol, workers=2) == serial and forks == ["fork"]
     assert out_of_check(pol) == [s for s, check in zip(pol, serial) if not check] and len(forks) == 2
     split = PromptSampler({"P": pol}, seed=0, check_share=0.5).pools

@@ -32,6 +32,14 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+def pool_size(cap: int = 16) -> int:
+    """How many workers a forked pool takes by default: the cores this process may run on (a taskset's or a
+    container's CPU set, not the machine's count, which a GPU machine's pinned data preparation would
+    oversubscribe), at most `cap`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cap, cores))
+
+
 def forked_pool(workers: int) -> mp.pool.Pool:
     """A multiprocessing Pool of `workers` forked processes that start with SIGTERM's default action,
     whatever handler this process has. A process forked under a Python handler loses a signal that comes

@@ -16,13 +16,12 @@ import hashlib
 import itertools
 import json
 import multiprocessing as mp
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from rookworld_rlvr.data.io import data_lines, file_sha256, parse_lines, read_samples
-from rookworld_rlvr.interrupt import forked_pool
+from rookworld_rlvr.interrupt import forked_pool, pool_size
 from rookworld_rlvr.sft_rows import Row, encode, encode_many
 
 FORMAT = 1
@@ -110,16 +109,16 @@ def _encode_part(bounds: tuple[int, int]) -> dict:
 
 def encode_into(cache: str | Path, key: str, data: str | Path, tokenizer, layout: str, order: str, legal: bool,
                 workers: int | None = None) -> int:
-    """Fill `cache` from `data` with no rows in this process: forked workers (default: the cores, at most 8) each
-    parse, encode and flatten a part of the lines, and this process joins their arrays. Reading samples and rows
-    back into one process was most of --encode-only's time (on 2 cores 130 of 313 s for 1.4M rows, and it does not
-    spread over more cores). Token ids as uint16 where the vocabulary fits (half the bytes); returns the count."""
+    """Fill `cache` from `data` with no rows in this process: forked workers (default: `interrupt.pool_size()`,
+    the cores it may use, at most 16) each parse, encode and flatten a part of the lines, and this process joins
+    their arrays. Reading samples and rows back into one process was most of --encode-only's time (on 2 cores 130
+    of 313 s for 1.4M rows, and it does not spread over more cores). Token ids as uint16 where the vocabulary fits (half the bytes); returns the count."""
     import numpy as np
 
     global _JOB
     lines = list(data_lines(Path(data)))
     token = np.uint16 if len(tokenizer) <= 2**16 else np.int32
-    workers = workers or min(8, os.cpu_count() or 1)
+    workers = workers or pool_size()
     size = max(-(-len(lines) // (workers * 4)), 1)
     bounds = [(i, i + size) for i in range(0, len(lines), size)] or [(0, 0)]
     _JOB = (data, lines, tokenizer, layout, order, legal, token)  # the workers inherit it: no line is pickled to them

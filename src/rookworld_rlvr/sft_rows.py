@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import bisect
 import multiprocessing as mp
-import os
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
-from rookworld_rlvr.interrupt import forked_pool
+from rookworld_rlvr.interrupt import forked_pool, pool_size
 
 if TYPE_CHECKING:
     import random
@@ -77,11 +76,11 @@ _JOB: tuple | None = None  # (tokenizer, samples, layout, order, legal): set bef
 
 def encode_many(tokenizer, samples, layout: str, order: str = "given", legal: bool = False,
                 workers: int | None = None, min_rows: int = PARALLEL_ROWS) -> list[Row]:
-    """encode() of a large training set in `workers` forked processes (default: the cores, at most 8), from
-    `min_rows` samples on: the same rows in the same order. Tokenizing and finding the bans cost ~0.2 ms a
+    """encode() of a large training set in `workers` forked processes (default: `interrupt.pool_size()`, the
+    cores it may use, at most 16), from `min_rows` samples on: the same rows in the same order. Tokenizing and finding the bans cost ~0.2 ms a
     row in one process: a GPU base's 1.5M rows took minutes of its GPU time before the first step."""
     global _JOB
-    workers = workers or min(8, os.cpu_count() or 1)
+    workers = workers or pool_size()
     if workers < 2 or len(samples) < max(min_rows, 2) or "fork" not in mp.get_all_start_methods():
         return encode(tokenizer, samples, layout, order, legal)
     size = -(-len(samples) // (workers * 4))

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import chess
 
-from rookworld_rlvr.interrupt import forked_pool
+from rookworld_rlvr.interrupt import forked_pool, pool_size
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import EnvTruth
@@ -250,12 +250,12 @@ def can_fork(workers: int, n: int) -> bool:
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
                  workers: int | None = None) -> list[Sample]:
     """Every sample of a file, as iter_samples gives them. Validating a row costs ~0.1 ms (python-chess
-    checks its moves), so from PARALLEL_ROWS rows on `workers` forked processes (default: the cores, at
-    most 8) parse chunks of the file: the same samples in the same order, the same first error, the
+    checks its moves), so from PARALLEL_ROWS rows on `workers` forked processes (default:
+    `interrupt.pool_size()`, the cores it may use, at most 16) parse chunks of the file: the same samples in the same order, the same first error, the
     same report; a GPU run's 700k rows in seconds instead of minutes."""
     path = Path(path)
     report = report if report is not None else ReadReport()
-    workers = workers or min(8, os.cpu_count() or 1)
+    workers = workers or pool_size()
     lines = list(data_lines(path))
     parallel = can_fork(workers, len(lines))
     size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)

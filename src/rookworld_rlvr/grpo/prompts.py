@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import random
 
 from rookworld_rlvr.data.io import can_fork, forked_map
+from rookworld_rlvr.interrupt import pool_size
 from rookworld_rlvr.tasks.strength import in_check
 
 
@@ -24,9 +24,10 @@ def split_tasks(samples) -> dict[str, list]:
 def in_check_flags(samples, workers: int | None = None) -> list[bool]:
     """Whether each P: sample's position is in check, in order. python-chess parses each FEN (about 35 us),
     so a GPU base's million positions (`check_share` and the anchor's `out_of_check` each ask) are spread
-    over `workers` forked processes (default: the cores, at most 8), as `read_samples` spreads its rows."""
+    over `workers` forked processes (default: `interrupt.pool_size()`, the cores it may use, at most 16), as
+    `read_samples` spreads its rows."""
     fens = [s.truth.fen for s in samples]
-    workers = workers or min(8, os.cpu_count() or 1)
+    workers = workers or pool_size()
     return forked_map(in_check, fens, workers) if can_fork(workers, len(fens)) else [in_check(f) for f in fens]
 
 
