@@ -253,6 +253,10 @@ else
   if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && taskset -c "${cpus[0]}" true 2> /dev/null; then
     pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:4}")")
     pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
+    # the shipped data's rows encoded first on every core: pinned to 4, SFT would spend 4 times as long on them
+    # before its first step (its own pools take the cores it may use)
+    "$py" -m rookworld_rlvr sft --data "$work/train0.jsonl.gz" --rows-cache "$work/rows0.safetensors" --encode-only \
+      --device cpu --eval-data "" --out "$work/base" --quiet
   fi
   echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
        "(log: $work/prepare.log)"
