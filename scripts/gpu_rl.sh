@@ -185,7 +185,8 @@ echo "$mode" > "$work/mode"
 # with a deadline, the base is done RESERVE seconds before it (SFT cut to fit): the base comes back first
 [ -n "$deadline" ] && base_args+=(--end-by $(( deadline - reserve )))
 base_stage() {
-  PYTHON="$py" WORK="$work/sft" ${RESUME_SFT:+RESUME=1} scripts/gpu_base.sh "$work/base-out" "${base_args[@]}" \
+  # (an assignment is a literal word: one an expansion makes would run as a command)
+  PYTHON="$py" WORK="$work/sft" RESUME="${RESUME_SFT:-}" scripts/gpu_base.sh "$work/base-out" "${base_args[@]}" \
     "${more[@]}"
 }
 [ -f "$work/sft/base.checkpoint/config.json" ] && [ ! -f "$work/base.done" ] && export RESUME_SFT=1

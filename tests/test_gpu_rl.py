@@ -171,6 +171,23 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         assert name in text
 
 
+    # a call stopped in the base's SFT (by its timeout: a checkpoint, no base yet) is continued by the same command
+    # on that machine: SFT resumes from its checkpoint instead of starting a new base, and the same base comes back
+    # (here the checkpoint is the last step's, so the resumed run only ends and exports it)
+    for name in ("base.done", "base_model"):
+        (work / name).unlink()
+    shutil.rmtree(work / "sft" / "base")
+    shutil.rmtree(work / "base-out")
+    assert (work / "sft" / "base.checkpoint" / "sft_state.json").exists()
+    out7 = tmp_path / "out7"
+    proc = subprocess.run(cmd[:2] + [str(out7), *cmd[3:]], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sft: resumed at step 3" in proc.stdout and "gpu_rl: grpo done before" in proc.stdout
+    shards = sorted((out / "base").glob("*.safetensors"))
+    assert shards and all((out7 / "base" / p.name).read_bytes() == p.read_bytes() for p in shards)
+    resumed = unpack(out7 / "base", tmp_path / "resumed")
+    assert [json.loads(x)["step"] for x in (resumed / "sft_log.jsonl").read_text().splitlines()] == [1, 2, 3]
+
     # GRPO from a given base (one an earlier call trained and sent back), from a tree slimmed to travel beside it
     # (docs/gpu.md: no game records, no models/rookworld-board): the first stage makes only the training data (no
     # records asked for here), the base's match against the shipped base is skipped, named, and OUT holds the
