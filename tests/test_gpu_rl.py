@@ -171,20 +171,20 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         assert name in text
 
 
-    # a call stopped in the base's SFT (by its timeout: a checkpoint, no base yet) is continued by the same command
-    # on that machine: SFT resumes from its checkpoint instead of starting a new base, and the same base comes back
-    # (here the checkpoint is the last step's, so the resumed run only ends and exports it)
-    for name in ("base.done", "base_model"):
+    # calls stopped in the base's SFT and in GRPO (by their timeouts: checkpoints, no base and no trained model yet)
+    # are continued by the same command on that machine: each resumes from its checkpoint instead of starting
+    # afresh, and the same models come back (here the checkpoints are the last steps', so each run only ends)
+    for name in ("base.done", "base_model", "grpo.done"):
         (work / name).unlink()
-    shutil.rmtree(work / "sft" / "base")
-    shutil.rmtree(work / "base-out")
-    assert (work / "sft" / "base.checkpoint" / "sft_state.json").exists()
+    for name in ("sft/base", "base-out", "grpo/final", "export"):
+        shutil.rmtree(work / name)
+    assert (work / "sft" / "base.checkpoint" / "sft_state.json").exists() and (work / "grpo" / "checkpoints").is_dir()
     out7 = tmp_path / "out7"
     proc = subprocess.run(cmd[:2] + [str(out7), *cmd[3:]], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "sft: resumed at step 3" in proc.stdout and "gpu_rl: grpo done before" in proc.stdout
-    shards = sorted((out / "base").glob("*.safetensors"))
-    assert shards and all((out7 / "base" / p.name).read_bytes() == p.read_bytes() for p in shards)
+    assert "sft: resumed at step 3" in proc.stdout and re.search(r"resumed from \S+ at step 2", proc.stdout)
+    shards = sorted((out / "base").glob("*.safetensors")) + sorted((out / "trained").glob("*.safetensors"))
+    assert len(shards) >= 2 and all((out7 / p.relative_to(out)).read_bytes() == p.read_bytes() for p in shards)
     resumed = unpack(out7 / "base", tmp_path / "resumed")
     assert [json.loads(x)["step"] for x in (resumed / "sft_log.jsonl").read_text().splitlines()] == [1, 2, 3]
 
