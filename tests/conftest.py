@@ -30,6 +30,27 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 STRICT = os.environ.get("ROOKWORLD_TEST_STRICT") == "1"
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build) -> Path:
+    """A folder that `build(folder)` fills once per test session and pytest-xdist's workers share: a module
+    fixture that ran two ranks (10-40 s) was built again on every worker that ran one of its tests, both at once
+    on 2 cores. The first worker to ask builds it under a lock; the others wait for it and read it."""
+    import fcntl
+    import shutil
+
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # under xdist, each worker's folder lies in the session's own
+        root = root.parent
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            (out / ".built").touch()
+    return out
+
+
 def held_out_files() -> list[Path]:
     """The held-out files, as scripts/held_out.sh lists them for the GPU scripts (the one list)."""
     import subprocess

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from conftest import built_once
 from ranks import WORLD, free_port
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.model import load_policy
@@ -96,9 +97,9 @@ def _rank_main(rank: int, port: int, data: str, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, small_data):
-    out = tmp_path_factory.mktemp("sft_ranks")
-    mp.spawn(_rank_main, args=(free_port(), str(small_data), str(out)), nprocs=WORLD)
+def two_ranks(tmp_path_factory, worker_id, small_data):
+    out = built_once(tmp_path_factory, worker_id, "sft_ranks",
+                     lambda out: mp.spawn(_rank_main, args=(free_port(), str(small_data), str(out)), nprocs=WORLD))
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
