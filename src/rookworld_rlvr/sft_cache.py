@@ -112,7 +112,8 @@ def encode_into(cache: str | Path, key: str, data: str | Path, tokenizer, layout
     """Fill `cache` from `data` with no rows in this process: forked workers (default: `interrupt.pool_size()`,
     the cores it may use, at most 16) each parse, encode and flatten a part of the lines, and this process joins
     their arrays. Reading samples and rows back into one process was most of --encode-only's time (on 2 cores 130
-    of 313 s for 1.4M rows, and it does not spread over more cores). Token ids as uint16 where the vocabulary fits (half the bytes); returns the count."""
+    of 313 s for 1.4M rows, and it does not spread over more cores). Token ids as uint16 where the vocabulary
+    fits (half the bytes); returns the count."""
     import numpy as np
 
     global _JOB

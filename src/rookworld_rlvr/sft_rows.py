@@ -77,8 +77,9 @@ _JOB: tuple | None = None  # (tokenizer, samples, layout, order, legal): set bef
 def encode_many(tokenizer, samples, layout: str, order: str = "given", legal: bool = False,
                 workers: int | None = None, min_rows: int = PARALLEL_ROWS) -> list[Row]:
     """encode() of a large training set in `workers` forked processes (default: `interrupt.pool_size()`, the
-    cores it may use, at most 16), from `min_rows` samples on: the same rows in the same order. Tokenizing and finding the bans cost ~0.2 ms a
-    row in one process: a GPU base's 1.5M rows took minutes of its GPU time before the first step."""
+    cores it may use, at most 16), from `min_rows` samples on: the same rows in the same order. Tokenizing and
+    finding the bans cost ~0.2 ms a row in one process: a GPU base's 1.5M rows took minutes of its GPU time
+    before the first step."""
     global _JOB
     workers = workers or pool_size()
     if workers < 2 or len(samples) < max(min_rows, 2) or "fork" not in mp.get_all_start_methods():

@@ -251,8 +251,9 @@ def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
                  workers: int | None = None) -> list[Sample]:
     """Every sample of a file, as iter_samples gives them. Validating a row costs ~0.1 ms (python-chess
     checks its moves), so from PARALLEL_ROWS rows on `workers` forked processes (default:
-    `interrupt.pool_size()`, the cores it may use, at most 16) parse chunks of the file: the same samples in the same order, the same first error, the
-    same report; a GPU run's 700k rows in seconds instead of minutes."""
+    `interrupt.pool_size()`, the cores it may use, at most 16) parse chunks of the file: the same samples in
+    the same order, the same first error, the same report; a GPU run's 700k rows in seconds instead of
+    minutes."""
     path = Path(path)
     report = report if report is not None else ReadReport()
     workers = workers or pool_size()
