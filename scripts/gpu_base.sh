@@ -221,9 +221,12 @@ sft_run() {  # data, rows cache, more sft options...: one invocation of the base
   "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz \
     --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
 }
+encode_rows() {  # data, rows cache: SFT's rows encoded into the cache its runs read (the same encoding flags)
+  "$py" -m rookworld_rlvr sft --data "$1" --rows-cache "$2" --encode-only --device cpu --eval-data "" \
+    --out "$work/base" --quiet
+}
 encode_all() {
-  "$py" -m rookworld_rlvr sft --data "$work/train.jsonl.gz" --rows-cache "$work/rows.safetensors" --encode-only \
-    --device cpu --eval-data "" --out "$work/base" --quiet
+  encode_rows "$work/train.jsonl.gz" "$work/rows.safetensors"
   echo "gpu_base: its rows encoded at +$(( $(date +%s) - t_start )) s"
   cat "$work/train.inputs" > "$work/ready"
 }
@@ -255,14 +258,13 @@ else
     pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
     # the shipped data's rows encoded first on every core: pinned to 4, SFT would spend 4 times as long on them
     # before its first step (its own pools take the cores it may use)
-    "$py" -m rookworld_rlvr sft --data "$work/train0.jsonl.gz" --rows-cache "$work/rows0.safetensors" --encode-only \
-      --device cpu --eval-data "" --out "$work/base" --quiet
+    encode_rows "$work/train0.jsonl.gz" "$work/rows0.safetensors"
   fi
   echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
        "(log: $work/prepare.log)"
   set -m  # the preparation in a process group of its own, so that it can be stopped whole
   "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start make_picks
-    declare -f prepare rows encode_all picks_of picks_key); set -euo pipefail; prepare; encode_all" \
+    declare -f prepare rows encode_rows encode_all picks_of picks_key); set -euo pipefail; prepare; encode_all" \
     > "$work/prepare.log" 2>&1 &
   prep=$!
   set +m

@@ -31,14 +31,14 @@ STRICT = os.environ.get("ROOKWORLD_TEST_STRICT") == "1"
 
 
 def built_once(tmp_path_factory, worker_id: str, name: str, build) -> Path:
-    """A folder that `build(folder)` fills once per test session and pytest-xdist's workers share: a module
+    """A folder that `build(folder)` fills once per pytest run and pytest-xdist's workers share: a module
     fixture that ran two ranks (10-40 s) was built again on every worker that ran one of its tests, both at once
     on 2 cores. The first worker to ask builds it under a lock; the others wait for it and read it."""
     import fcntl
     import shutil
 
     root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":  # under xdist, each worker's folder lies in the session's own
+    if worker_id != "master":  # under xdist, each worker's folder lies in the run's own
         root = root.parent
     out = root / name
     with open(root / f"{name}.lock", "w") as lock:
