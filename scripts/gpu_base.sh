@@ -18,7 +18,8 @@
 #    minutes of training (default 8), checkpointed every 500 steps (rerun with the same OUT_DIR and RESUME=1 to
 #    continue). With records or more data, SFT does not wait for them: it starts on the shipped data and its game
 #    starts (ready in seconds) on 4 cores while the other cores replay (with picks: no merge), read and encode the
-#    rest (`sft --encode-only`, into WORK/rows.safetensors; log WORK/prepare.log); once that is ready SFT stops
+#    rest (`sft --encode-only`, into WORK/rows.safetensors; log WORK/prepare.log; pinned apart by taskset on
+#    PIN_MIN_CORES cores or more, default 8, with half the cores each below 8); once that is ready SFT stops
 #    checkpointed (`--stop-when`) and resumes on all of it with the same schedule. If the rest cannot be prepared,
 #    the base trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it
 #    trained on);
@@ -72,6 +73,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 py=${PYTHON:-python3}
+[[ ${PIN_MIN_CORES:-8} =~ ^[0-9]+$ ]] || {
+  echo "gpu_base.sh: PIN_MIN_CORES needs a number of cores, got '$PIN_MIN_CORES'" >&2; exit 2; }
 mkdir -p "$out"
 work=${WORK:-/tmp/gpu-base}
 mkdir -p "$work"
@@ -252,10 +255,15 @@ else
   rm -f "$work/ready"
   cpus=($("$py" -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
   pin_prep=()
-  # 4 cores feed the GPU (where taskset works: a sandbox may refuse to set affinities, and then nothing is pinned)
-  if [ $smoke = 0 ] && [ ${#cpus[@]} -ge 8 ] && taskset -c "${cpus[0]}" true 2> /dev/null; then
-    pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:4}")")
-    pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:4}")")
+  # on PIN_MIN_CORES cores or more (default 8), 4 cores feed the GPU (half of them below 8) and the preparation has
+  # the rest, so that neither takes the other's (where taskset works: a sandbox may refuse to set affinities, and
+  # then nothing is pinned)
+  if [ ${#cpus[@]} -ge "${PIN_MIN_CORES:-8}" ] && [ ${#cpus[@]} -ge 2 ] && taskset -c "${cpus[0]}" true 2> /dev/null
+  then
+    k=$(( ${#cpus[@]} >= 8 ? 4 : ${#cpus[@]} / 2 ))
+    pin_sft=(taskset -c "$(IFS=,; echo "${cpus[*]:0:k}")")
+    pin_prep=(taskset -c "$(IFS=,; echo "${cpus[*]:k}")")
+    echo "gpu_base: SFT on cores ${pin_sft[2]} and the preparation on ${pin_prep[2]} until the handover"
     # the shipped data's rows encoded first on every core: pinned to 4, SFT would spend 4 times as long on them
     # before its first step (its own pools take the cores it may use)
     encode_rows "$work/train0.jsonl.gz" "$work/rows0.safetensors"
@@ -264,7 +272,9 @@ else
        "(log: $work/prepare.log)"
   set -m  # the preparation in a process group of its own, so that it can be stopped whole
   "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start make_picks
-    declare -f prepare rows encode_rows encode_all picks_of picks_key); set -euo pipefail; prepare; encode_all" \
+    declare -f prepare rows encode_rows encode_all picks_of picks_key); set -euo pipefail
+    ! command -v taskset > /dev/null || echo \"gpu_base: preparing on cores \$(taskset -cp \$\$ | sed 's/.*: //')\"
+    prepare; encode_all" \
     > "$work/prepare.log" 2>&1 &
   prep=$!
   set +m

@@ -58,7 +58,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games", str(records[0]),
            "--more-games", str(records[1]), "--more-data", str(more), "--sft-minutes", "40", "--deadline-minutes",
            "30", "--grpo-minutes", "40"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RESERVE": "60"}, timeout=900)
+    # PIN_MIN_CORES 2: SFT and the preparation pinned apart by taskset, as on a GPU machine's 8 cores or more
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RESERVE": "60", "PIN_MIN_CORES": "2"},
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p for p in out.rglob("*") if p.is_file())
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
@@ -123,6 +125,18 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
     prepared = (record / "sft" / "prepare.log").read_text()  # where the GPU machine's minutes before SFT went
     assert "replayed and merged at +" in prepared and "its rows encoded at +" in prepared
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:  # half the cores each (4 and the rest on 8 or more), the preparation on those it was given
+        k = 4 if len(cpus) >= 8 else len(cpus) // 2
+        assert (f"gpu_base: SFT on cores {','.join(map(str, cpus[:k]))} and the preparation on "
+                f"{','.join(map(str, cpus[k:]))} until the handover") in proc.stdout
+        ranges = re.search(r"gpu_base: preparing on cores (\S+)", prepared).group(1)  # taskset's list: 1,4-7
+        given = [n for r in ranges.split(",") for a, _, b in [r.partition("-")] for n in range(int(a), int(b or a) + 1)]
+        assert given == cpus[k:]
+        # the shipped data's rows, encoded on every core before the pinning, are the ones pinned SFT reads
+        assert re.search(rf"sft: \d+ rows from the rows cache {work}/sft/rows0.safetensors", proc.stdout)
+    else:
+        assert "gpu_base: SFT on cores" not in proc.stdout
     plies = {}
     for name in ("base", "trained"):  # one greedy game from the start each, at most 8 plies in the smoke
         sp = json.loads((record / f"selfplay_{name}.json").read_text())["selfplay"]
@@ -278,6 +292,17 @@ def test_a_continuing_call_on_a_machine_without_the_base_stops_before_spending_i
                            str(REPO / "models" / "rookworld-board")], capture_output=True, text=True, env=env,
                           timeout=60)
     assert proc.returncode == 2 and "--continue and --base" in proc.stderr
+
+
+def test_a_pin_min_cores_that_is_not_a_number_stops_gpu_base_before_anything_runs(tmp_path):
+    """PIN_MIN_CORES (the fewest cores on which SFT and the data's preparation are pinned apart) is checked first:
+    misspelt, it would otherwise leave nothing pinned without a word."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_base.sh"), str(tmp_path / "out"), "--smoke"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work"),
+                               "PIN_MIN_CORES": "eight"})
+    assert proc.returncode == 2 and "PIN_MIN_CORES needs a number of cores, got 'eight'" in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
 def test_the_documented_gpu_rl_commands_use_only_its_options():
