@@ -55,3 +55,30 @@ def test_devices_that_are_not_here_are_clear_errors():
     with pytest.raises(ValueError, match="unsupported device"):
         resolve_device("meta")
     assert dist.local_device(torch.device("cuda")) == torch.device("cuda")  # one process: left as asked
+
+
+def test_on_cuda_our_forwards_attend_without_cudnn_and_put_the_choice_back():
+    """cuDNN's attention builds an execution graph for every new shape (3.9 ms of host time a call on an H200,
+    and our passes change shape with every batch): `device_context`, which every forward of ours runs under,
+    takes it out of scaled-dot-product attention's choices on CUDA and puts the process's setting back after.
+    Elsewhere it only autocasts where asked. (Flags only here; tests/gpu profiles the kernels a step runs.)"""
+    from rookworld_rlvr.model.generate import device_context
+
+    cuda = torch.backends.cuda
+
+    def choices() -> tuple[bool, bool, bool, bool]:
+        return cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), \
+            cuda.math_sdp_enabled()
+
+    before = choices()
+    with device_context(torch.device("cuda"), None):
+        assert choices() == (False, True, True, True) and not torch.is_autocast_enabled("cuda")
+    assert choices() == before
+    with pytest.raises(RuntimeError, match="inside"), device_context(torch.device("cuda"), None):
+        raise RuntimeError("a failure inside")
+    assert choices() == before
+    with device_context(torch.device("cpu"), torch.bfloat16):
+        assert choices() == before and torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with device_context(torch.device("cpu"), None):
+        assert not torch.is_autocast_enabled("cpu")

@@ -87,6 +87,7 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     """
     import torch
     import torch.nn.functional as F
+    from rookworld_rlvr.model.generate import attention_backends
     from rookworld_rlvr.model.padding import causal_mask
 
     batches = batches or micro_batches(rows, pad_id, loss_on)
@@ -95,7 +96,7 @@ def _accumulate(model, rows, pad_id: int, loss_on: str, autocast, device, distin
     for b in batches:
         ids = on_device(b.input_ids, device)
         mask = causal_mask(model, ids)  # the padding mask is moved only for a model that needs it
-        with autocast:
+        with autocast, attention_backends(device):
             logits = model(input_ids=ids, attention_mask=on_device(b.mask, device) if mask is None else mask).logits
         targets = on_device(b.labels, device)[:, 1:]
         nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,

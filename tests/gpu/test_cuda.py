@@ -213,6 +213,29 @@ def test_one_grpo_step_a_checkpoint_a_resume_and_the_same_next_step(tmp_path, ti
     assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "b" / "run"))["step"] == 2
 
 
+def test_our_attention_takes_no_cudnn_kernel_on_the_device(tmp_path, tiny_model_dir, small_data, device,
+                                                           record_testsuite_property):
+    """cuDNN's attention builds an execution graph for every new shape: 3.9 ms of host time a call on an H200,
+    where our passes change shape with every batch. A GRPO step (sampling, the policy pass forward and
+    backward) and an SFT step attend without it (`attention_backends`: flash, memory-efficient or math), and
+    leave the process's choice as it was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rookworld_rlvr.sft import SFTConfig, train
+
+    flags = torch.backends.cuda.cudnn_sdp_enabled()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer(tmp_path, tiny_model_dir, small_data, device, steps=1).train()
+        train(SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=1,
+                        batch_size=4, save_every=1, device=str(device), threads=None), progress=False)
+    ops = {e.key: e.count for e in prof.key_averages()}
+    attention = {k: n for k, n in ops.items() if "attention" in k}
+    record_testsuite_property("attention_ops", json.dumps(attention))
+    assert ops.get("aten::scaled_dot_product_attention", 0) > 0, attention
+    assert not [k for k in attention if "cudnn" in k], attention
+    assert torch.backends.cuda.cudnn_sdp_enabled() == flags
+
+
 def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device, capsys):
     from rookworld_rlvr.cli import main
     from rookworld_rlvr.sft import SFTConfig, train

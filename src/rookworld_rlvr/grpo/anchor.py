@@ -16,7 +16,7 @@ from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.prompts import PromptSampler, out_of_check
 from rookworld_rlvr.model import token_logprobs
-from rookworld_rlvr.model.generate import autocast_context, max_positions, positions_from_mask
+from rookworld_rlvr.model.generate import device_context, max_positions, positions_from_mask
 from rookworld_rlvr.model.padding import pad_pairs
 
 AnchorBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]  # ids, attention mask, positions, answer width
@@ -64,7 +64,7 @@ class Anchor:
         summed gradients equal one process's); logs this rank's NLL as anchor_nll. False (and no
         backward) when the loss is not finite."""
         ids, mask, pos, width = batch
-        with autocast_context(self.device, amp):
+        with device_context(self.device, amp):
             logp = token_logprobs(model, ids, mask, pos, width, grad_dtype=grad_dtype)["logprobs"]
         answer = mask[:, -width:].float()
         tokens = dist.all_gather_tensor(answer.sum().reshape(1)).sum()

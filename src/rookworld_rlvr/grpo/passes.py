@@ -17,7 +17,7 @@ import torch
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo.rollout import Batch, Row
 from rookworld_rlvr.model import token_logprobs
-from rookworld_rlvr.model.generate import autocast_context
+from rookworld_rlvr.model.generate import device_context
 from rookworld_rlvr.model.gpt2_decode import packed_projections
 
 
@@ -56,7 +56,7 @@ class Passes:
         first = int(am.any(0).long().argmax())  # left-pad columns no row of this minibatch uses (shorter prompts)
         ids, am, pos = ids[:, first:], am[:, first:], pos[:, first:]
         temp = self.cfg.sampling_for(batch.rows[rows.start].task, self.step)["temperature"]
-        with autocast_context(device, self.amp):  # one prompt pass per group (the G rows share it): same numbers
+        with device_context(device, self.amp):  # one prompt pass per group (the G rows share it): same numbers
             return token_logprobs(model, ids, am, pos, batch.n_completion, temperature=temp,
                                   return_entropy=entropy, return_logits=want_logits, group_size=self.cfg.group_size,
                                   entropy_grad=self.cfg.entropy_coef != 0,  # otherwise it is only logged

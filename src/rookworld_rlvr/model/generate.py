@@ -13,7 +13,7 @@ import contextlib
 import functools
 import inspect
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -82,11 +82,25 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
         return False
 
 
-def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Device-agnostic autocast, or a no-op when dtype is None."""
-    if dtype is None:
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """On CUDA, PyTorch's scaled-dot-product attention without its cuDNN kernel. cuDNN's attention builds
+    an execution graph for every new shape, and our passes change shape with every batch (prompt and
+    completion lengths): on an H200 its calls took 3.9 ms of host time each (3.1 ms backward), 1.4 s of
+    the 4.1 s two GRPO steps of the 124M preset spent on the host (benchmarks/gpu/grpo_profile.txt),
+    where flash and memory-efficient attention launch in microseconds. Elsewhere: nothing to choose."""
+    if device.type != "cuda":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+@contextlib.contextmanager
+def device_context(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """What a forward runs under: autocast to `dtype` (none where None) and `attention_backends`."""
+    amp = contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+    with amp, attention_backends(device):
+        yield
 
 
 def _check_prompts(prompts) -> None:
@@ -271,7 +285,7 @@ def generate(
     # Autocast is entered once for the rollout: its cache keeps each weight's bf16 copy from the
     # prefill on (entered per token, it re-cast every weight, the LM head included, at every step).
     amp = contextlib.ExitStack()
-    amp.enter_context(autocast_context(device, autocast_dtype))
+    amp.enter_context(device_context(device, autocast_dtype))
     try:
         logits = forward(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
