@@ -20,9 +20,11 @@ def held_out(model, tokenizer, eval_rows: dict, eval_samples: list, layout: str,
     `limit` samples per task (0: none)."""
     import torch
 
+    from rookworld_rlvr.model.generate import attention_backends
+
     model.eval()
     out: dict = {}
-    with torch.no_grad():
+    with torch.no_grad(), attention_backends(torch.device(device)):
         for t, rows in eval_rows.items():
             if rows:
                 ids, mask, labels = (x.to(device) for x in make_batch(rows[:128], tokenizer.pad_token_id, "completion"))
