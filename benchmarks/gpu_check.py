@@ -15,6 +15,8 @@ the timings are the trainer's own. Medians over the measured repeats, after one 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import itertools
 import json
 import platform
@@ -196,30 +198,37 @@ def grpo_config(model_dir: Path, data: Path, device: torch.device, out: Path, st
 
 
 def grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
-    """The preset's steps with decode_graph off and on, and once with log-prob scoring chunks 4x the default
-    (`logprobs.SCORE_CHUNK_ELEMENTS`: 4 rows a chunk at GPT-2's vocabulary; fewer, larger chunks launch fewer
-    kernels and hold more memory, which this row prices)."""
+    """The preset's steps with decode_graph off and on, once with attention as torch chooses it (cuDNN's kernel
+    included, which our forwards leave out on CUDA: `model.generate.attention_backends`; this row prices that
+    choice), and once with log-prob scoring chunks 4x the default (`logprobs.SCORE_CHUNK_ELEMENTS`: 4 rows a chunk
+    at GPT-2's vocabulary; fewer, larger chunks launch fewer kernels and hold more memory, which this row prices)."""
     from rookworld_rlvr.model import logprobs
 
-    default_chunk = logprobs.SCORE_CHUNK_ELEMENTS
+    generate = importlib.import_module("rookworld_rlvr.model.generate")  # the module (the package's name: a function)
+    default_chunk, our_attention = logprobs.SCORE_CHUNK_ELEMENTS, generate.attention_backends
     # (torch.compile was a setting once; config.REMOVED says why it went)
-    for autocast, graph, chunk in (("none", False, 1), ("bf16", False, 1), ("bf16", True, 1), ("bf16", True, 4)):
+    for autocast, graph, chunk, torch_attention in (("none", False, 1, False), ("bf16", False, 1, False),
+                                                     ("bf16", True, 1, False), ("bf16", True, 1, True),
+                                                     ("bf16", True, 4, False)):
         name = f"autocast {autocast}" + (", decode_graph" if graph else "") + (f", scoring chunks x{chunk}"
-                                                                               if chunk > 1 else "")
+                                                                               if chunk > 1 else "") \
+            + (", attention as torch chooses (cuDNN's too)" if torch_attention else "")
         if not res.in_time(f"grpo {name}"):
             continue
         try:
-            out = tmp / f"grpo-{autocast}-{graph}-{chunk}"
+            out = tmp / f"grpo-{autocast}-{graph}-{chunk}-{torch_attention}"
             cfg = grpo_config(model_dir, data, device, out, steps, smoke, autocast, graph)
             tr = Trainer(cfg, toy_reward, read_samples(cfg.data), None, log=lambda *_: None)
             reset_peak(device)
             logprobs.SCORE_CHUNK_ELEMENTS = default_chunk * chunk
+            if torch_attention:
+                generate.attention_backends = lambda _device: contextlib.nullcontext()
             tr.train()
         except Exception as e:  # noqa: BLE001 - a configuration that fails is a result too
             failed(res, "grpo", {"config": name}, f"grpo {name}", e)
             continue
         finally:
-            logprobs.SCORE_CHUNK_ELEMENTS = default_chunk
+            logprobs.SCORE_CHUNK_ELEMENTS, generate.attention_backends = default_chunk, our_attention
         recs = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()][1:]
         step = statistics.median(r["time/step"] for r in recs)
         phases = {k[5:]: round(statistics.median(r[k] for r in recs) / step, 3)

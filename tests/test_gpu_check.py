@@ -37,7 +37,8 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
         (dtype, graph, 2, 2) for dtype in ("float32", "bf16") for graph in (False, True)}
     assert all(r["tokens_per_s"] > 0 for r in result["generation"])
     assert [r["config"] for r in result["grpo"]] == ["autocast none", "autocast bf16", "autocast bf16, decode_graph",
-                                                     "autocast bf16, decode_graph, scoring chunks x4"]
+                                                     "autocast bf16, decode_graph, attention as torch chooses "
+                                                     "(cuDNN's too)", "autocast bf16, decode_graph, scoring chunks x4"]
     assert all(r["s_per_step"] > 0 and r["peak_memory_gib"] > 0 and "generate" in r["phase_share"]
                for r in result["grpo"])
     assert [(r["preset"], r["own_repeats"]) for r in result["sft"]] == [("tiny", 0), ("tiny", 2)]
@@ -100,7 +101,7 @@ def test_a_gpu_check_past_its_deadline_starts_no_measurement_and_names_each(tmp_
     assert proc.wait(timeout=120) == 0, proc.stdout.read()
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["complete"] and result["generation"] == result["grpo"] == result["sft"] == []
-    assert len(result["not_measured"]) == 4 + 4 + 2  # generation: 2 dtypes x decode_graph off/on; GRPO; SFT
+    assert len(result["not_measured"]) == 4 + 5 + 2  # generation: 2 dtypes x decode_graph off/on; GRPO; SFT
     assert "sft tiny batch 4 own_repeats 2: the deadline had passed" in result["not_measured"]
     assert "- not measured: grpo autocast bf16, decode_graph: the deadline had passed" in \
         (tmp_path / "gpu_check.md").read_text()
@@ -141,10 +142,12 @@ def test_a_measurement_that_fails_is_named_and_the_others_still_run(tmp_path, mo
     assert len(gen) == 4 and all(gen[d, False]["tokens_per_s"] > 0 for d in ("float32", "bf16"))
     assert all(gen[d, True]["error"].startswith("RuntimeError: CUDA error: operation not permitted")
                and "tokens_per_s" not in gen[d, True] for d in ("float32", "bf16"))
-    assert len(result["grpo"]) == 4 and all(r["s_per_step"] > 0 for r in result["grpo"])
+    assert len(result["grpo"]) == 5 and all(r["s_per_step"] > 0 for r in result["grpo"])
     from rookworld_rlvr.model import logprobs  # the row with larger scoring chunks gave the default back
+    from rookworld_rlvr.model.generate import attention_backends  # and torch's attention row our choice
 
     assert logprobs.SCORE_CHUNK_ELEMENTS == 2**25
+    assert attention_backends.__module__ == "rookworld_rlvr.model.generate"
     measured, oom = result["sft"]
     assert measured["s_per_step"] > 0 and oom["own_repeats"] == 2 and oom["error"].startswith("OutOfMemoryError")
     table = (tmp_path / "gpu_check.md").read_text()
