@@ -301,6 +301,12 @@ ROWS = [
     Row("eval_limit", {"eval_limit": 1}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: (o["policy"]["n"], o["environment"]["n"]) == (1, 1) and b["policy"]["n"] == 2,
         base={"eval_data": "EVALFILE", "eval_limit": 2}),
+    # the held-out prompts decoded one at a time instead of 64 at once: the same answers, item for item
+    Row("eval_batch_size", {"eval_batch_size": 1}, P(lambda env, over: _evaluate(env, over)),
+        lambda b, o: (b["meta"]["config"]["batch_size"], o["meta"]["config"]["batch_size"]) == (64, 1)
+        and all(b[t][k] == o[t][k] and len(b[t][k]) == 2 for t in ("policy", "environment") for k in b[t]
+                if k.endswith("_items")) and any(k.endswith("_items") for k in b["environment"]),
+        base={"eval_data": "EVALFILE", "eval_limit": 2}),
     Row("strength_data", {"strength_data": "JUDGEDFILE"}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: "strength" not in b and o["strength"]["n"] == 2 and "random" in o["strength"],
         base={"eval_data": "EVALFILE", "eval_limit": 1}),
@@ -762,6 +768,7 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"mix_env_ratio": 0.0, "temperature": 0.9, "task_sampling": {"P": {"temperature": 0.7}}},
               "temperature: every sampled task sets its own"),
              ({"eval_data": "", "eval_every": 5}, "eval_every: eval_data is empty"),
+             ({"eval_data": "", "eval_batch_size": 256}, "eval_batch_size: eval_data is empty"),
              ({"step_timeout_minutes": 5.0}, "step_timeout_minutes: one process")]
     for over, expected in cases:
         notes = load_config(None, over).inert_settings()

@@ -58,14 +58,13 @@ class TrainConfig:
                                      "(log-probs, ratios) stays float32 (auto = bf16 where a bf16 product measures >= 1.5x "
                                      "faster; plain GPT-2 policies only)")
     record_rollout: str = _f("auto", "auto | always | never: keep each layer's projection outputs and the logits from "
-                                     "sampling and skip those matrix products (the LM head's included) in the first update "
-                                     "on the batch (the same log-probs and gradients). Memory per row and new token, for the "
-                                     "whole batch: about 36 x n_embd x n_layer bytes, plus 4 x vocabulary for the logits "
-                                     "(64 rows x 100 of GPT-2 124M: 2.1 GB, plus 1.3 GB with its 50k vocabulary). auto = "
-                                     "on a CPU, for models from n_embd "
-                                     "512 (124M, 768 wide: a 40% shorter policy pass; the tiny model, 256 wide: no gain; "
-                                     "unmeasured on GPUs: always tries it there). Plain GPT-2 policies without autocast or "
-                                     "LoRA; the log says if it is on")
+                                     "sampling and skip those matrix products (the LM head's included) in the first "
+                                     "update on the batch (the same log-probs and gradients). Memory per row and new "
+                                     "token, for the whole batch: about 36 x n_embd x n_layer bytes, plus 4 x "
+                                     "vocabulary for the logits (64 rows x 100 of GPT-2 124M: 2.1 GB, plus 1.3 GB with "
+                                     "its 50k vocabulary). auto = on a CPU from n_embd 512 (124M, 768 wide: a 40% "
+                                     "shorter policy pass; the tiny model, 256 wide: no gain), and on GPUs (unmeasured "
+                                     "there). Plain GPT-2 policies without autocast or LoRA; the log says if it is on")
     decode_graph: bool = _f(False, "decode with a shape-stable step: every row stays in the batch to the end and, on "
                                    "CUDA, each token replays one captured CUDA graph of the whole model (one launch "
                                    "instead of hundreds from Python); the same samples up to float reordering. Plain "
@@ -82,6 +81,7 @@ class TrainConfig:
     data: str = _f("data/train.jsonl.xz", "training prompts: our JSONL (.gz, .xz) or upstream RookWorld text lines")
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
     eval_limit: int = _f(200, "eval_data samples per task per evaluation (0 = all); the other held-out sets run whole")
+    eval_batch_size: int = _f(64, "prompts a held-out evaluation decodes at once (same answers; a GPU gains most)")
     skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")
     layout: str = _f("compact", "P: prompt layout: compact | padded (upstream columns; use for RookWorld-LM)")
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")

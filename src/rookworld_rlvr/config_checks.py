@@ -24,8 +24,8 @@ AT_LEAST = {"steps": 1, "batch_positions": 1, "top_k": 0, "max_new_tokens": 1, "
             "kl_coef": 0, "kl_horizon": 1, "kl_warmup_steps": 0, "kl_warmup_factor": 0, "ref_refresh_every": 0,
             "nan_max_consecutive": 1, "nan_max_rollbacks": 0, "guard_window": 3, "guard_patience": 1,
             "guard_max_recoveries": 0, "guard_snapshot_every": 1, "dynamic_sampling": 0,
-            "dynamic_sampling_oversample": 1, "eval_limit": 0, "eval_every": 0, "save_every": 1, "keep_last": 1,
-            "engine_depth": 1, "engine_workers": 1}
+            "dynamic_sampling_oversample": 1, "eval_limit": 0, "eval_batch_size": 1, "eval_every": 0, "save_every": 1,
+            "keep_last": 1, "engine_depth": 1, "engine_workers": 1}
 SHARES = ("mix_env_ratio", "mix_puzzle_ratio", "min_lr_ratio", "ref_mix_alpha")
 CHOICES = {"loss_type": LOSS_TYPES, "importance_sampling_level": LEVELS, "scale_rewards": SCALES,
            "kl_estimator": KL_ESTIMATORS, "std_floor_mode": ("max", "add"), "kl_mode": ("fixed", "adaptive"),
@@ -171,7 +171,7 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
         (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
         (("check_share",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
          "no P: positions are sampled (mix_env_ratio 1 or mix_puzzle_ratio 1)"),
-        (("eval_limit", "eval_every", "history_eval_data"), not cfg.eval_data,
+        (("eval_limit", "eval_batch_size", "eval_every", "history_eval_data"), not cfg.eval_data,
          "eval_data is empty (no evaluation)"),
         (("step_timeout_minutes",), processes == 1,
          "one process: it bounds how long torchrun's ranks wait for each other"),

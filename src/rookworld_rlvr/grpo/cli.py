@@ -67,7 +67,7 @@ def build(cfg: TrainConfig, log=print):
     eval_samples = limit_per_task(eval_samples, cfg.eval_limit or None)
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
     scorer = RewardScorer(cfg.reward_config(), engine=pool)  # the reward function (score_batch, prefetch)
-    eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens)
+    eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size)
 
     def eval_fn(model, tokenizer, journal=None):
         if not eval_samples:
