@@ -164,7 +164,7 @@ else
   device=cuda
   base_args=(--minutes "$sft_minutes" --preset "$preset")
   grpo=(--engine-workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
-  games=(--games 200)
+  games=(--games 200 --batch-size 256)  # each ply's moves of a model (about 100 games) in one decode batch
   selfplay_plies=150
   reserve=${RESERVE:-150}
 fi

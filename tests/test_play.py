@@ -144,6 +144,34 @@ def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, c
         read_openings(bad)
 
 
+def test_match_batch_size_decodes_a_plys_moves_in_batches_of_that_size_and_plays_the_same_games(tmp_path,
+                                                                                               tiny_model_dir, capsys):
+    """--batch-size: a model's moves of one ply decoded that many at once (on a GPU fewer, larger decode steps);
+    greedy answers do not depend on it, so the games are the same, move for move."""
+    from rookworld_rlvr.model import completions
+
+    openings = tmp_path / "openings.txt"
+    openings.write_text("\n".join(OPENINGS) + "\n")
+    batches, real_run = [], completions.Completer.run
+
+    def counted(self, prompts, **kw):
+        batches.append((self.batch_size, len(prompts)))
+        return real_run(self, prompts, **kw)
+
+    pgns = {}
+    for size in ("64", "1"):
+        pgns[size] = tmp_path / f"games-{size}.pgn"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(completions.Completer, "run", counted)
+            assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", "4",
+                         "--pgn", str(pgns[size]), "--quiet", "--max-plies", "16", "--legal-moves",
+                         "--batch-size", size]) == 0
+    assert {b for b, _ in batches} == {64, 1} and any(n > 1 for _, n in batches)  # plies with moves of several games
+    assert pgns["1"].read_text() == pgns["64"].read_text() and pgns["1"].read_text().count("[Event ") == 4
+    assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", "2",
+                 "--batch-size", "0"]) == 1 and "--batch-size must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_a_match_stopped_part_way_replays_its_kept_moves_and_ends_as_the_straight_match(tmp_path, tiny_model_dir,
                                                                                         batch_fault, capsys):
     """Two greedy models (legal moves only, so the games run to the ply limit), Ctrl-C as the fifth batch of moves

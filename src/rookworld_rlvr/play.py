@@ -321,6 +321,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--engine-timeout", type=float, default=30.0,
                    help="seconds a Stockfish player may take for any call (start, each move) before the match stops")
     p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=64, help="a model's moves of one ply decoded at once (the same "
+                   "games at any size; on a GPU larger is faster)")
     add_threads(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -367,7 +369,7 @@ def make_player(spec: str, args: argparse.Namespace, seed: int, journal: Path | 
             print(f"match: {spec}: {len(kept.done)} batches of moves from an earlier run of this match, stopped part "
                   f"way, are kept ({journal})", file=sys.stderr)
     return ModelPlayer(model, tokenizer, spec, layout=args.layout, temperature=args.temperature, seed=seed,
-                       legal_moves=args.legal_moves, journal=kept)
+                       batch_size=args.batch_size, legal_moves=args.legal_moves, journal=kept)
 
 
 def run(args: argparse.Namespace, name: str) -> int:
@@ -375,6 +377,8 @@ def run(args: argparse.Namespace, name: str) -> int:
 
     if args.games < 2 or args.games % 2:
         raise ValueError(f"--games must be an even number >= 2 (two games per opening), got {args.games}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     openings = read_openings(args.openings)
     if len(openings) < args.games // 2:
         raise ValueError(f"{args.openings} has {len(openings)} openings; {args.games} games need {args.games // 2}")
