@@ -137,6 +137,22 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     assert f"{bad}:1:" in err and "truth" in err
 
 
+@pytest.mark.parametrize("command,rest,hint", [
+    ("train", ["--stepz", "3"], "--stepz: did you mean --steps?"),
+    ("train", ["--kl_coeff=0.1"], "--kl_coeff: did you mean --kl_coef or --kl-coef"),
+    ("data generate", ["--gams", "3"], "--gams: did you mean --games?"),
+    ("match", ["a", "b", "c"], None),  # no option: nothing to mean (a and b are its two players)
+])
+def test_a_mistyped_option_is_named_with_the_options_of_its_command_it_may_mean(command, rest, hint, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*command.split(), *rest])
+    err = capsys.readouterr().err.strip()
+    unrecognized = " ".join(rest) if hint else rest[-1]
+    assert e.value.code == 2 and err.startswith(f"rookworld {command}: error: unrecognized arguments: {unrecognized}")
+    assert (hint in err) if hint else "did you mean" not in err
+    assert err.endswith(f"(rookworld {command} --help lists its options)") and len(err.splitlines()) == 1
+
+
 def test_stats_counts(tmp_path, reference_lines):
     from rookworld_rlvr.data.importer import stats
     from rookworld_rlvr.tasks import policy as P

@@ -231,11 +231,15 @@ def test_prompt_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, s
         tr.collect(0, {})
 
 
-def test_config_rejects_bad_values_and_unknown_fields():
+def test_config_rejects_bad_values_and_unknown_fields(tmp_path):
     with pytest.raises(ValueError, match="group_size"):
         load_config(None, {"group_size": 1})
-    with pytest.raises(ValueError, match="unknown config field 'kl_coeff'"):
+    with pytest.raises(ValueError, match="unknown config field 'kl_coeff'; did you mean one of 'kl_coef', "):
         load_config(None, {"kl_coeff": "0.1"})
+    preset = tmp_path / "typo.yaml"  # a mistyped field in a file: its line, and the field it may mean
+    preset.write_text("model: models/rookworld-board\nstepz: 3\n")
+    with pytest.raises(ValueError, match=f"^{preset}:2: unknown config field 'stepz'; did you mean 'steps'\\?$"):
+        load_config(str(preset))
     with pytest.raises(ValueError, match="loss_type"):
         load_config(None, {"loss_type": "ppo"})
     with pytest.raises(ValueError, match="backward_dtype"):

@@ -299,7 +299,9 @@ def _add_optional(sub, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from rookworld_rlvr.cli_args import parse
+
+    args = parse(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

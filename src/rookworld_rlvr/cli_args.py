@@ -4,12 +4,14 @@ Owns `at_least_one` (a count that must be positive) and `--threads` for the comm
 model outside the trainer (`eval`, `match`, `uci`): two torch processes on the same cores, each
 with torch's default of one thread per core, wait on each other's spinning threads (a 78-second
 match took 30 minutes beside a training run on 2 cores), so such a command takes a share.
-Imports only argparse; torch is imported when the threads are set.
+Also `parse`: argparse's parsing, where an option no command takes is named with the options of
+that command it may mean. Imports only argparse; torch is imported when the threads are set.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 
 
 def at_least_one(text: str) -> int:
@@ -35,3 +37,20 @@ def apply_threads(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, but arguments no option takes are an error of the (sub)command given, with its
+    options that a mistyped one may mean (`--stepz 3`: did you mean --steps?)."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    while subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]:
+        if getattr(args, subs[0].dest, None) not in subs[0].choices:
+            break
+        parser = subs[0].choices[getattr(args, subs[0].dest)]
+    options = [o for a in parser._actions for o in a.option_strings]
+    hints = [f"; {name}: did you mean {' or '.join(close)}?" for name in (w.split("=")[0] for w in extra)
+             if name.startswith("-") and (close := difflib.get_close_matches(name, options, n=3, cutoff=0.75))]
+    parser.exit(2, f"{parser.prog}: error: unrecognized arguments: {' '.join(extra)}{''.join(hints)} "
+                   f"({parser.prog} --help lists its options)\n")

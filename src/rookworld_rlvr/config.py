@@ -331,17 +331,10 @@ class TrainConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
-def unknown_field(name: str) -> str:
-    """The error for a name that is not a field: why it was removed, or the closest fields."""
-    if name in REMOVED:
-        return f"config field '{name}' was {REMOVED[name]}"
-    close = [n for n in FIELDS if n.split("_")[0] == name.split("_")[0]][:5]
-    return f"unknown config field '{name}'" + (f"; did you mean one of {close}?" if close else "")
-
-
 def coerce(name: str, text: str) -> Any:
     """Parse a command-line / environment string for field `name` (YAML syntax: 1e-5, true, null, {a: 1})."""
     if name not in FIELDS:
+        from rookworld_rlvr.config_checks import unknown_field
         raise ValueError(unknown_field(name))
     if text.strip() == "":
         if str(FIELDS[name].type).split(" | ")[0] == "str":
@@ -371,12 +364,13 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ValueError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
-        for k in loaded:
-            if k not in FIELDS:
-                raise ValueError(f"{path}: {unknown_field(k)}")
+        if unknown := [k for k in loaded if k not in FIELDS]:
+            from rookworld_rlvr.config_checks import unknown_field, where_set
+            raise ValueError(where_set(unknown_field(unknown[0]), path, {unknown[0]}))
         data.update(loaded)
     for k, v in (overrides or {}).items():
         if k not in FIELDS:
+            from rookworld_rlvr.config_checks import unknown_field
             raise ValueError(unknown_field(k))
         data[k] = coerce(k, v) if isinstance(v, str) else v
     cfg = TrainConfig(**data)

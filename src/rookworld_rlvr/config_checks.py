@@ -8,6 +8,7 @@ checks itself (`grpo.control.CurriculumSchedule`, imported when validating).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Iterable
 
 import yaml
 
-from rookworld_rlvr.config import FIELDS, KL_ESTIMATORS, LEVELS, LOSS_TYPES, SCALES, TrainConfig
+from rookworld_rlvr.config import FIELDS, KL_ESTIMATORS, LEVELS, LOSS_TYPES, REMOVED, SCALES, TrainConfig
 
 
 # fields whose only rule is a lower bound, a share in [0, 1], a closed set of choices, or > 0 unless null
@@ -127,10 +128,26 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"config field 'curriculum': {e}") from None
 
 
+def close_fields(name: str) -> list[str]:
+    """The fields a mistyped `name` may mean: the closest spellings, then those of its first word (kl_, eval_)."""
+    first = name.split("_")[0]
+    return list(dict.fromkeys(difflib.get_close_matches(name, FIELDS, n=3)
+                              + [f for f in FIELDS if f.split("_")[0] == first]))[:5]
+
+
+def unknown_field(name: str) -> str:
+    """The error for a name that is not a field: why it was removed, or the fields it may mean."""
+    if name in REMOVED:
+        return f"config field '{name}' was {REMOVED[name]}"
+    close = close_fields(name)
+    hint = f"; did you mean {'one of ' * (len(close) > 1)}{', '.join(map(repr, close))}?" if close else ""
+    return f"unknown config field '{name}'{hint}"
+
+
 def where_set(error: str, path: str | None, from_file: set[str]) -> str:
     """`error` led by `path:line` when the field it names was set in the YAML file at `path` (and not
     overridden on the command line), so that a bad value in a preset is found where it was written."""
-    m = re.match(r"(?:config field '|reward\.)(\w+)", error)
+    m = re.match(r"(?:(?:unknown )?config field '|reward\.)(\w+)", error)
     if not path or not m or m.group(1) not in from_file:
         return error
     node = yaml.compose(Path(path).read_text())

@@ -7,7 +7,6 @@ the first trial runs. Imports no torch and nothing of the trainer; optuna inside
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import json
 import math
@@ -18,6 +17,7 @@ from typing import Any
 import yaml
 
 from rookworld_rlvr.config import FIELDS, coerce, load_config
+from rookworld_rlvr.config_checks import close_fields
 
 SAMPLERS = ("grid", "tpe")
 MANAGED = ("output_dir", "resume")  # set by the sweep for every trial
@@ -113,7 +113,7 @@ def _typed(name: str, value: Any) -> Any:
 
 
 def _unknown(path: str, where: str, name: str) -> ValueError:
-    close = difflib.get_close_matches(name, list(FIELDS), n=3)
+    close = close_fields(name)[:3]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return ValueError(f"{path}: {where}: '{name}' is not a config field{hint} (fields: rookworld train --help)")
 
