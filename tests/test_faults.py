@@ -264,6 +264,54 @@ print("FINISHED", flush=True)
 """
 
 
+FILE_SIZE_LIMIT = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so that the kernel fails the write (EFBIG) instead of the process
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+from rookworld_rlvr.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from_the_one_before(
+        tmp_path, tiny_model_dir, small_data, stockfish_path):
+    """A write the machine refuses, as on a full disk (here the kernel's limit on a file's size, from the real
+    write): `rookworld train` ends with one line naming the checkpoint it could not write and the next naming the
+    one `--resume` continues from, which is whole; nothing half-written is left; --resume then ends the run. Saved
+    directories read as under the umask (not private, as temporary directories and safetensors' files are)."""
+    run = tmp_path / "run"
+    fields = _fields(tiny_model_dir, small_data, run, steps=3, save_every=2)
+    args = ["train", "--engine-cache", "null"] + [
+        a for k, v in fields.items() if k != "engine_cache" for a in (f"--{k.replace('_', '-')}", str(v))]
+    weights = (tiny_model_dir / "model.safetensors").stat().st_size
+    # the weights fit; Adam's two moments (a file twice their size, from step 1 on) do not: step 0's checkpoint is
+    # written, step 2's is refused
+    script = tmp_path / "limited.py"
+    script.write_text(FILE_SIZE_LIMIT.format(limit=weights * 3 // 2))
+    env = {**os.environ, "PYTHONPATH": str(SRC), "STOCKFISH_PATH": stockfish_path}
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    err = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and err[-2].startswith(
+        f"error: cannot write {run}/checkpoints/step_000002: ") and "File too large" in err[-2], err[-3:]
+    assert err[-2].endswith("; nothing was written under that name")
+    assert err[-1] == f"once there is room, the same command with --resume continues from {run}/checkpoints/step_000000"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000000"]  # no half-written copy
+    assert ckpt.load_state(ckpt.latest_checkpoint(run))["step"] == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    saved = run / "checkpoints" / "step_000000"
+    assert saved.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in saved.iterdir())
+
+    again = subprocess.run([sys.executable, "-m", "rookworld_rlvr", *args, "--resume", "true"], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {saved} at step 0" in again.stdout
+    assert [r["step"] for r in _records(run)] == [1, 2, 3] and (run / "final" / "model.safetensors").exists()
+
+
 @pytest.mark.slow
 def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, tiny_model_dir, small_data):
     from transformers import AutoModelForCausalLM

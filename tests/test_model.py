@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from rookworld_rlvr.atomic import SaveError
 from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer, build_square_tokenizer
 from rookworld_rlvr.model import (
     ModelLoadError,
@@ -319,10 +321,28 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(type(tok), "save_pretrained", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SaveError, match=f"^cannot write {out}: disk full; the one there before is kept$"):
         save_pretrained_atomic(tiny_gpt2(len(tok), seed=5), tok, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert (out / "model.safetensors").read_bytes() == before
+    monkeypatch.setattr(type(tok), "save_pretrained", lambda *a, **k: 1 / 0)  # a fault of the code stays as it is
+    with pytest.raises(ZeroDivisionError):
+        save_pretrained_atomic(tiny_gpt2(len(tok), seed=5), tok, out)
+    assert (out / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_a_saved_model_reads_as_the_umask_says_not_private(tmp_path, umask):
+    """Temporary directories are 0700 and safetensors writes 0600: published, a model directory and its files get
+    what a plain mkdir and write would (a model saved on a shared machine reads like any other file there)."""
+    tok = build_chess_tokenizer()
+    before = os.umask(umask)
+    try:
+        out = save_pretrained_atomic(tiny_gpt2(len(tok)), tok, tmp_path / "model")
+    finally:
+        os.umask(before)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {p.name: 0o666 & ~umask for p in out.iterdir()}
 
 
 # 5. strict loading -------------------------------------------------------------------------------

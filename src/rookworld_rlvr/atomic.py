@@ -7,6 +7,11 @@ point leaves either the old directory or the new one under the name, never neith
 between the two renames, the old one is still whole beside it (`.NAME.old-*`) and
 `restore_aside` puts it back.
 
+A directory published so gets the permissions a plain `mkdir` and file writes would give under
+the process's umask (temporary directories and safetensors' files are private: 0700 and 0600),
+so that a model saved on a shared machine reads like any other. A save that fails on I/O (a full
+disk) raises `SaveError`, which names the directory and says that the one there before is kept.
+
 Owns the rename dance shared by model saves, GRPO checkpoints and SFT checkpoints. Pure
 Python: imports nothing of the package.
 """
@@ -19,6 +24,28 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+
+class SaveError(OSError):
+    """A directory that could not be written, for a reason of the machine's (a full disk, a read-only
+    file system): nothing under its name changed."""
+
+
+def io_failure(error: BaseException) -> bool:
+    """Whether `error` is a failed read or write of the machine's rather than a fault of the code: an
+    OSError, or safetensors' own error for one ("I/O error: No space left on device (os error 28)")."""
+    return isinstance(error, OSError) or (type(error).__name__ == "SafetensorError" and "I/O error" in str(error))
+
+
+def publish_modes(root: Path) -> None:
+    """Give `root` and everything under it the permissions of a plain mkdir and file write under
+    the umask (directories 0777, files 0666, less the umask), as `write_dir` publishes it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
 
 
 def fsync_tree(root: Path) -> None:
@@ -88,7 +115,8 @@ def write_dir(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on a fresh temporary directory beside `final`, then swap it into place
     (see the module doc); returns `final`. On any error `final` is left as it was. What a killed
     save of the same name left (`.NAME.tmp-*`, `.NAME.del-*`: one writer per name) is deleted first,
-    or each kill during a model's save would leave a model-sized hidden copy for good."""
+    or each kill during a model's save would leave a model-sized hidden copy for good. A failure
+    of the machine's (`io_failure`: a full disk) is raised as a `SaveError` naming `final`."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     restore_aside(final)
@@ -97,18 +125,22 @@ def write_dir(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     old: Path | None = None
     try:
         write(tmp)
+        publish_modes(tmp)
         fsync_tree(tmp)
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
             os.replace(final, old / final.name)
         os.replace(tmp, final)
         fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             if not final.exists():  # put the previous directory back
                 os.replace(old / final.name, final)
             shutil.rmtree(old, ignore_errors=True)
+        if io_failure(e) and not isinstance(e, SaveError):
+            kept = "the one there before is kept" if final.exists() else "nothing was written under that name"
+            raise SaveError(f"cannot write {final}: {e}; {kept}") from e
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

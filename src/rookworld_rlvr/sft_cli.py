@@ -8,6 +8,7 @@ imports torch inside functions only, so `rookworld sft --help` stays fast.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from dataclasses import asdict
 
 from rookworld_rlvr.sft import SFTConfig, train
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.model import resolve_device
 
+    from rookworld_rlvr.atomic import SaveError
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.interrupt import StopOnSignal
 
@@ -83,5 +85,10 @@ def run(args: argparse.Namespace, name: str) -> int:
         if note and dist.is_main():
             print(f"sft: {note}")
         with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM: paused and saved after this step
-            train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
+            try:
+                train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
+            except SaveError as e:  # a full disk: the checkpoint saved before stands
+                kept = Path(cfg.out).parent / f"{Path(cfg.out).name}.checkpoint"  # sft.train's checkpoint
+                raise SaveError(f"{e}" + (f"; once there is room, the same command with --resume continues from {kept}"
+                                          if kept.is_dir() else "")) from e
     return 128 + stop.asked if stop.asked else 0
