@@ -600,3 +600,19 @@ def test_a_model_save_killed_midway_leaves_nothing_behind_once_saved_again(tmp_p
     write_dir(final, lambda tmp: (tmp / "model.safetensors").write_bytes(b"new"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "final2"]
     assert (final / "model.safetensors").read_bytes() == b"new"
+
+
+def test_a_write_the_machine_refuses_names_its_file_in_one_line(capsys, stockfish_path):
+    """/dev/full refuses every write (ENOSPC), as a full disk does, and a write or close refused so names no file:
+    the logs, journals and game records the commands append to name theirs, and a command says it in one line."""
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.grpo.runlog import append_jsonl
+    from rookworld_rlvr.model.journal import Journal
+
+    refused = r"\[Errno 28\] No space left on device: '/dev/full'"
+    with pytest.raises(OSError, match=refused):
+        append_jsonl(Path("/dev/full"), {"step": 1})
+    with pytest.raises(OSError, match=refused):
+        Journal(Path("/dev/full"), {}).add(["P: x"], 8, ["y"], ["eos"])
+    assert main(["match", "random", "stockfish:0:1", "--games", "2", "--pgn", "/dev/full"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {refused}".replace("\\", "")

@@ -12,12 +12,14 @@ the process's umask (temporary directories and safetensors' files are private: 0
 so that a model saved on a shared machine reads like any other. A save that fails on I/O (a full
 disk) raises `SaveError`, which names the directory and says that the one there before is kept.
 
-Owns the rename dance shared by model saves, GRPO checkpoints and SFT checkpoints. Pure
-Python: imports nothing of the package.
+Owns the rename dance shared by model saves, GRPO checkpoints and SFT checkpoints, and
+`write_text`, the appends of logs and journals, whose errors name their file. Pure Python:
+imports nothing of the package.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import shutil
@@ -35,6 +37,31 @@ def io_failure(error: BaseException) -> bool:
     """Whether `error` is a failed read or write of the machine's rather than a fault of the code: an
     OSError, or safetensors' own error for one ("I/O error: No space left on device (os error 28)")."""
     return isinstance(error, OSError) or (type(error).__name__ == "SafetensorError" and "I/O error" in str(error))
+
+
+# the errors of a machine that refuses a write: a full disk, a quota, a file-size limit, a read-only file system, a
+# failing device
+REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def refused_write(error: BaseException) -> bool:
+    """Whether `error` is the machine refusing a write (`SaveError`, or an OSError of `REFUSED`): said in one line
+    by the commands, not as a fault of the code."""
+    return isinstance(error, SaveError) or (isinstance(error, OSError) and error.errno in REFUSED)
+
+
+def named(error: OSError, path: str | os.PathLike) -> OSError:
+    """`error` naming `path` where it names no file (a write or close refused on a full disk names none)."""
+    return OSError(error.errno, error.strerror, os.fspath(path)) if error.filename is None and error.errno else error
+
+
+def write_text(path: str | os.PathLike, text: str, append: bool = True) -> None:
+    """`text` appended to `path` (or written afresh), an OSError naming `path` where the machine refuses it."""
+    try:
+        with open(path, "a" if append else "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as e:
+        raise named(e, path) from e
 
 
 def publish_modes(root: Path) -> None:

@@ -308,13 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # user-facing errors: one clear line, no traceback, unless asked
-        from rookworld_rlvr.atomic import SaveError
+        from rookworld_rlvr.atomic import refused_write
         from rookworld_rlvr.data.io import DataError
         from rookworld_rlvr.engine import EngineError, StockfishNotFound
         from rookworld_rlvr.model.load import ModelLoadError
 
-        if isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, ValueError, FileNotFoundError,
-                          SaveError)) and \
+        if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, ValueError, FileNotFoundError))
+                or refused_write(e)) and \
                 not getattr(args, "traceback", False):
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -32,6 +32,7 @@ import chess
 import chess.engine
 import chess.pgn
 
+from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.cli_args import add_threads, apply_threads
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
@@ -394,8 +395,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     def ended(game: Game) -> None:  # each game's PGN as it ends: a crash later loses none of them
         finished.append(game)
         if pgn is not None:
-            with open(pgn, "a") as fh:
-                fh.write(game.pgn() + "\n\n")
+            write_text(pgn, game.pgn() + "\n\n")
 
     out = args.json or args.pgn  # a model's answers are kept beside it until the match is written
     journals = {role: Path(f"{out}.{role}-answers.jsonl") for role in "ab"} if out else {}

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.sft_cache import training_rows
 from rookworld_rlvr.sft_config import SFTConfig
 from rookworld_rlvr.sft_rows import (MicroBatch, draw_batch, encode, legality_loss, make_batch, micro_batches,
@@ -342,8 +343,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
             if main:
                 bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}))
         if main:
-            with open(log_path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            write_text(log_path, json.dumps(record) + "\n")
         if step % cfg.save_every == 0 and not done:
             save()
     bar.close()

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.model import resolve_device
 
-    from rookworld_rlvr.atomic import SaveError
+    from rookworld_rlvr.atomic import SaveError, refused_write
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.interrupt import StopOnSignal
 
@@ -87,8 +87,9 @@ def run(args: argparse.Namespace, name: str) -> int:
         with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM: paused and saved after this step
             try:
                 train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
-            except SaveError as e:  # a full disk: the checkpoint saved before stands
+            except OSError as e:  # a full disk: the checkpoint saved before stands
                 kept = Path(cfg.out).parent / f"{Path(cfg.out).name}.checkpoint"  # sft.train's checkpoint
-                raise SaveError(f"{e}" + (f"; once there is room, the same command with --resume continues from {kept}"
-                                          if kept.is_dir() else "")) from e
+                if not refused_write(e) or not kept.is_dir():
+                    raise
+                raise SaveError(f"{e}; once there is room, the same command with --resume continues from {kept}") from e
     return 128 + stop.asked if stop.asked else 0

@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import chess
 
+from rookworld_rlvr.atomic import named
 from rookworld_rlvr.interrupt import forked_pool, pool_size
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -329,9 +330,11 @@ def atomic_write_text(path: str | Path, chunks: Iterable[str]) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; published files get normal permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise named(e, path) from e
         raise
 
 

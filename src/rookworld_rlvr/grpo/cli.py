@@ -151,7 +151,7 @@ def _train(cfg: TrainConfig) -> int:
 
 
 def _train_here(cfg: TrainConfig) -> int:
-    from rookworld_rlvr.atomic import SaveError
+    from rookworld_rlvr.atomic import SaveError, refused_write
     from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.guards import TrainingStopped
@@ -171,12 +171,15 @@ def _train_here(cfg: TrainConfig) -> int:
         if main:
             print(f"train: {e}", file=sys.stderr)
         return e.exit_code
-    except SaveError as e:  # a full disk: what was saved before stands
+    except OSError as e:  # a full disk: what was saved before stands
+        if not refused_write(e):
+            raise
         if main:
             from rookworld_rlvr.grpo.checkpoint import latest_checkpoint
 
             latest = latest_checkpoint(cfg.output_dir)
-            print(f"error: {e}\n" + (f"once there is room, the same command with --resume continues from {latest}"
+            where = "" if e.filename or isinstance(e, SaveError) else f"writing in {cfg.output_dir}: "
+            print(f"error: {where}{e}\n" + (f"once there is room, the same command with --resume continues from {latest}"
                                      if latest else "no checkpoint of this run was written"), file=sys.stderr)
         return 1
     finally:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from rookworld_rlvr import __version__
+from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.data.io import atomic_write_text, read_log
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.loss import zero_variance_groups
@@ -74,8 +75,7 @@ def timed(timings: dict[str, float], phase: str, device: torch.device | None = N
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record, default=float) + "\n")
+    write_text(path, json.dumps(record, default=float) + "\n")
 
 
 def set_aside(run_dir: Path, log: Callable[[str], None]) -> None:

@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from rookworld_rlvr.atomic import write_text
+
 NAME = "eval_answers.jsonl"
 
 
@@ -45,9 +47,7 @@ class Journal:
             return
         self.done[key] = (list(texts), list(reasons))
         if self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"key": key, "texts": texts, "reasons": reasons}) + "\n")
-                fh.flush()
+            write_text(self.path, json.dumps({"key": key, "texts": texts, "reasons": reasons}) + "\n")
 
 
 def arithmetic(device: torch.device) -> str:
@@ -104,10 +104,8 @@ def read(path: Path, header: dict[str, Any]) -> dict[str, tuple[list[str], list[
 def start(path: Path, header: dict[str, Any], done: dict) -> Journal:
     """A journal with this `header` written afresh at `path`, holding `done` (what `read` found)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(header) + "\n")
-        for key, (texts, reasons) in done.items():
-            fh.write(json.dumps({"key": key, "texts": texts, "reasons": reasons}) + "\n")
+    lines = [header] + [{"key": key, "texts": texts, "reasons": reasons} for key, (texts, reasons) in done.items()]
+    write_text(path, "".join(json.dumps(line) + "\n" for line in lines), append=False)
     return Journal(path, done)
 
 
