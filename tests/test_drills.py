@@ -4,6 +4,7 @@ files; monkeypatch only injects the faults."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -614,5 +615,10 @@ def test_a_write_the_machine_refuses_names_its_file_in_one_line(capsys, stockfis
         append_jsonl(Path("/dev/full"), {"step": 1})
     with pytest.raises(OSError, match=refused):
         Journal(Path("/dev/full"), {}).add(["P: x"], 8, ["y"], ["eos"])
+    from rookworld_rlvr.atomic import refused_write  # which errors are the machine's: said in one line
+
+    assert all(refused_write(OSError(n, os.strerror(n), "f")) for n in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                                                                       errno.EROFS, errno.EACCES))
+    assert not refused_write(IsADirectoryError(errno.EISDIR, "Is a directory", "f")) and not refused_write(KeyError())
     assert main(["match", "random", "stockfish:0:1", "--games", "2", "--pgn", "/dev/full"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {refused}".replace("\\", "")

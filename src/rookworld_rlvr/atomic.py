@@ -40,8 +40,8 @@ def io_failure(error: BaseException) -> bool:
 
 
 # the errors of a machine that refuses a write: a full disk, a quota, a file-size limit, a read-only file system, a
-# failing device
-REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+# failing device, a folder the user may not write in
+REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
 
 
 def refused_write(error: BaseException) -> bool:
