@@ -270,6 +270,50 @@ def test_sft_dropout_setting_reaches_modules_and_saved_config(tmp_path, small_da
     assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
 
 
+def test_sft_weight_decay_grad_clip_context_and_layout_do_what_they_say(tmp_path, small_data, tiny_model_dir):
+    """weight_decay: one step's weights differ by exactly -lr x decay x w on the matrices and not at all on biases
+    and layer norms; grad_clip: a tight clip changes the step, and 0 is no clip (the same as one that never binds);
+    n_positions: a fresh model's context, and rows longer than it are an error; layout: the text trained on.
+    Values that mean nothing are named before any work."""
+    from safetensors.torch import load_file
+
+    from rookworld_rlvr.data.io import read_samples
+
+    def run(name: str, **over) -> tuple[dict, dict]:
+        cfg = dict(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), init=str(tiny_model_dir),
+                   steps=1, batch_size=8, lr=1e-2, warmup_steps=1, own_repeats=0, device="cpu", threads=1)
+        train(SFTConfig(**{**cfg, **over}), progress=False)
+        log = json.loads((tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()[-1])
+        return load_file(tmp_path / name / "model.safetensors"), log
+
+    plain, log = run("plain", weight_decay=0.0)
+    decayed, _ = run("decayed", weight_decay=0.5)
+    start = load_file(tiny_model_dir / "model.safetensors")
+    for name, w in start.items():
+        expected = -log["lr"] * 0.5 * w if w.dim() >= 2 else torch.zeros_like(w)
+        torch.testing.assert_close(decayed[name] - plain[name], expected, rtol=0, atol=1e-6, msg=name)
+    unclipped, log = run("unclipped", grad_clip=0.0)
+    never, _ = run("never", grad_clip=1e9)
+    tight, tight_log = run("tight", grad_clip=1e-4)
+    assert all(torch.equal(unclipped[k], never[k]) for k in unclipped)
+    assert not all(torch.equal(unclipped[k], tight[k]) for k in unclipped)
+    assert tight_log["grad_norm"] == log["grad_norm"] > 1e-4  # logged before clipping
+    wide, _ = run("wide", init=None, preset="tiny", n_positions=400)
+    assert wide["transformer.wpe.weight"].shape[0] == 400
+    with pytest.raises(ValueError, match=r"samples are longer than the model context \(40 tokens\)"):
+        run("short", init=None, preset="tiny", n_positions=40)
+    _, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    p = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:1]
+    assert tok.decode(encode(tok, p, "padded")[0][0]).startswith(f"P: {p[0].truth.fen:90}M: ")
+    assert run("padded", layout="padded")[1]["loss"] != run("compact", layout="compact")[1]["loss"]
+    for bad, why in ((dict(grad_clip=-1.0), "grad_clip must be finite and >= 0"),
+                     (dict(weight_decay=float("nan")), "weight_decay must be finite and >= 0"),
+                     (dict(n_positions=0), "n_positions must be >= 1"), (dict(save_every=0), "save_every must be >= 1"),
+                     (dict(eval_every=0), "eval_every must be >= 1"), (dict(layout="padde"), "layout must be one of")):
+        with pytest.raises(ValueError, match=f"sft.{why}"):
+            SFTConfig(data=str(small_data / "train.jsonl"), **bad).validate()
+
+
 @pytest.mark.slow
 def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     out = tmp_path / "m"

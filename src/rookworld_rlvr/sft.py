@@ -315,7 +315,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         sums = _accumulate(model, rows, pad_id, cfg.loss_on, autocast, device, cfg.distinct_coef, cfg.legal_coef,
                            batches, n_tokens)
         dist.all_reduce_grads(list(model.parameters()))  # summed: one process's gradient of the whole batch
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))  # 0: none
         opt.step()
         step += 1
         drawn = rng.getstate()

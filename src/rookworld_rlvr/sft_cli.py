@@ -49,6 +49,13 @@ _HELP = {
     "step_timeout_minutes": "under torchrun: how long a rank waits for the others at a step or an evaluation; a "
                             "rank that hangs then ends the run (torchrun stops the rest) instead of holding every "
                             "device. Rank 0's saves are waited for 15 minutes. Default 10",
+    "grad_clip": "clip the gradient's norm to this before each step (the log's grad_norm is before clipping); "
+                 "0 = no clipping. Default 1",
+    "weight_decay": "AdamW's decoupled weight decay of the weight matrices (not biases or layer norms). Default 0.1",
+    "n_positions": "the context of a fresh model in tokens (its position embeddings); every training row must "
+                   "fit it. Default 320",
+    "layout": "how P: samples are written: compact (single spaces) or padded (upstream RookWorld's: the FEN, moves "
+              "and evals padded with spaces to fixed widths). Default compact",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",

@@ -59,7 +59,7 @@ class SFTConfig:
     cooldown_steps: int = 0
     warmup_steps: int = 100
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # the gradient's norm is clipped to this; 0 = no clipping
     dropout: float = 0.0  # 0: the tiny model under-fits, and CPU attention runs ~4x slower with dropout
     # none | bf16 | auto (bf16 where the hardware does it well: CUDA with bf16, a CPU with AMX; on a CPU
     # without bf16 units, bf16 autocast measured 16x slower than float32)
@@ -75,10 +75,17 @@ class SFTConfig:
     step_timeout_minutes: float = 10.0
 
     def validate(self) -> None:
-        from rookworld_rlvr.tasks.policy import ORDERS
+        from rookworld_rlvr.tasks.policy import LAYOUTS, ORDERS
 
         if self.order not in ORDERS:
             raise ValueError(f"sft.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"sft.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        for name, low in (("n_positions", 1), ("warmup_steps", 0), ("eval_every", 1), ("eval_samples", 0),
+                          ("save_every", 1), ("threads", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"sft.{name} must be >= {low}, got {value}")
         if self.loss_on not in ("full", "completion"):
             raise ValueError("sft.loss_on must be 'full' or 'completion'")
         if self.autocast not in ("none", "bf16", "auto"):
@@ -93,7 +100,7 @@ class SFTConfig:
             raise ValueError("sft.grow_layers deepens an --init model; a fresh model takes its shape from --preset")
         if self.own_repeats < 0:
             raise ValueError(f"sft.own_repeats must be >= 0, got {self.own_repeats}")
-        for name in ("distinct_coef", "legal_coef"):
+        for name in ("distinct_coef", "legal_coef", "weight_decay", "grad_clip"):
             value = getattr(self, name)
             if not 0 <= value or not math.isfinite(value):
                 raise ValueError(f"sft.{name} must be finite and >= 0, got {value}")
