@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REFERENCE, held_out_files, random_transitions
+from conftest import REFERENCE, REPO, held_out_files, random_transitions
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.importer import import_data
@@ -151,6 +151,28 @@ def test_a_mistyped_option_is_named_with_the_options_of_its_command_it_may_mean(
     assert e.value.code == 2 and err.startswith(f"rookworld {command}: error: unrecognized arguments: {unrecognized}")
     assert (hint in err) if hint else "did you mean" not in err
     assert err.endswith(f"(rookworld {command} --help lists its options)") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["match", "random", "stockfish:0:1", "--max-plies", "0"], "argument --max-plies: must be at least 1, got 0"),
+    (["match", "random", "stockfish:0:1", "--temperature", "-1"], "argument --temperature: must be a finite number"),
+    (["uci", "--model", "m", "--temperature", "nan"], "argument --temperature: must be a finite number"),
+    (["eval", "--model", "m", "--data", "d", "--examples", "-1"], "argument --examples: must be at least 0, got -1"),
+])
+def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, why, capsys):
+    """Before, `match --max-plies 0` played 100 games of no move, all drawn, and a negative temperature was greedy."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,why", [("--save-every 0", "sft.save_every must be >= 1, got 0"),
+                                        ("--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),
+                                        ("--layout padde", "sft.layout must be one of padded, compact, got 'padde'")])
+def test_an_sft_setting_that_means_nothing_stops_the_command_before_any_work(option, why, tmp_path, capsys):
+    out = tmp_path / "model"
+    assert main(["sft", "--data", str(REPO / "data" / "eval.jsonl.gz"), "--out", str(out), *option.split()]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {why}" and not list(tmp_path.iterdir())
 
 
 def test_stats_counts(tmp_path, reference_lines):

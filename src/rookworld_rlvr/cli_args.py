@@ -1,6 +1,6 @@
 """Command-line argument types and options that several subcommands share.
 
-Owns `at_least_one` (a count that must be positive) and `--threads` for the commands that run a
+Owns the argument types `at_least_one`, `zero_or_more` and `temperature`, and `--threads` for the commands that run a
 model outside the trainer (`eval`, `match`, `uci`): two torch processes on the same cores, each
 with torch's default of one thread per core, wait on each other's spinning threads (a 78-second
 match took 30 minutes beside a training run on 2 cores), so such a command takes a share.
@@ -14,14 +14,34 @@ import argparse
 import difflib
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1, or an error naming the value."""
+def _integer(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1, or an error naming the value."""
+    return _integer(text, 1)
+
+
+def zero_or_more(text: str) -> int:
+    """An argparse type: an integer >= 0 (a count that may be none), or an error naming the value."""
+    return _integer(text, 0)
+
+
+def temperature(text: str) -> float:
+    """An argparse type: a finite number >= 0 (0 = greedy), or an error naming the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {text}")
     return value
 
 

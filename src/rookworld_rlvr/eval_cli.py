@@ -14,7 +14,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
-from rookworld_rlvr.cli_args import add_threads, apply_threads
+from rookworld_rlvr.cli_args import add_threads, apply_threads, zero_or_more
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.tables import format_table
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--dtype", default="float32")
     add_threads(p)
     p.add_argument("--depth", type=int, default=d.engine_depth, help="Stockfish depth for moves outside the top 5")
-    p.add_argument("--examples", type=int, default=0, metavar="N", help="keep N examples per task in the JSON")
+    p.add_argument("--examples", type=zero_or_more, default=0, metavar="N", help="keep N examples per task in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--traceback", action="store_true", help="show tracebacks instead of one-line errors")
 

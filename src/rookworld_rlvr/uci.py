@@ -27,7 +27,7 @@ from typing import IO, Iterable
 
 import chess
 
-from rookworld_rlvr.cli_args import add_threads, apply_threads
+from rookworld_rlvr.cli_args import add_threads, apply_threads, temperature
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
 
@@ -140,7 +140,7 @@ class UCIEngine:
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--model", required=True, help="model directory or Hub id")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--legal-moves", action="store_true", help="decode moves among legal moves only")
     p.add_argument("--device", default="auto")
     add_threads(p)
