@@ -166,12 +166,19 @@ def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, 
     assert e.value.code == 2 and why in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option,why", [("--save-every 0", "sft.save_every must be >= 1, got 0"),
-                                        ("--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),
-                                        ("--layout padde", "sft.layout must be one of padded, compact, got 'padde'")])
-def test_an_sft_setting_that_means_nothing_stops_the_command_before_any_work(option, why, tmp_path, capsys):
-    out = tmp_path / "model"
-    assert main(["sft", "--data", str(REPO / "data" / "eval.jsonl.gz"), "--out", str(out), *option.split()]) == 1
+@pytest.mark.parametrize("command,option,why", [
+    ("sft", "--save-every 0", "sft.save_every must be >= 1, got 0"),
+    ("sft", "--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),
+    ("sft", "--layout padde", "sft.layout must be one of padded, compact, got 'padde'"),
+    ("data generate", "--max-plies 0", "max_plies must be >= 1 and eval_per_task >= 0, got 0 and 1000"),
+    ("data generate", "--eval-per-task -1", "max_plies must be >= 1 and eval_per_task >= 0, got 160 and -1"),
+])
+def test_a_setting_that_means_nothing_stops_the_command_before_any_work(command, option, why, tmp_path, capsys):
+    """Before, `sft --save-every 0` failed with a ZeroDivisionError after its first step and `data generate
+    --max-plies 0` wrote 700 games of no move."""
+    out = tmp_path / "out"
+    given = ["--data", str(REPO / "data" / "eval.jsonl.gz")] if command == "sft" else []
+    assert main([*command.split(), *given, "--out", str(out), *option.split()]) == 1
     assert capsys.readouterr().err.strip() == f"error: {why}" and not list(tmp_path.iterdir())
 
 

@@ -66,6 +66,9 @@ class GenerateConfig:
             raise ValueError("short_history_share must be in [0, 1]")
         if not 0 < self.eval_permille < 1000:
             raise ValueError("eval_permille must be in (0, 1000)")
+        if self.max_plies < 1 or self.eval_per_task < 0:
+            raise ValueError(f"max_plies must be >= 1 and eval_per_task >= 0, got {self.max_plies} and "
+                             f"{self.eval_per_task}")
         if any(t <= 0 for t in self.temperatures):
             raise ValueError("temperatures must be > 0")
         for f in self.extra_positions:
