@@ -158,9 +158,13 @@ def test_a_mistyped_option_is_named_with_the_options_of_its_command_it_may_mean(
     (["match", "random", "stockfish:0:1", "--temperature", "-1"], "argument --temperature: must be a finite number"),
     (["uci", "--model", "m", "--temperature", "nan"], "argument --temperature: must be a finite number"),
     (["eval", "--model", "m", "--data", "d", "--examples", "-1"], "argument --examples: must be at least 0, got -1"),
+    (["data", "judge", "f", "--out", "o", "--positions", "-1"], "argument --positions: must be at least 0, got -1"),
+    (["data", "checks", "f", "--out", "o", "--n", "-1"], "argument --n: must be at least 1, got -1"),
+    (["data", "openings", "--out", "o", "--n", "0"], "argument --n: must be at least 1, got 0"),
 ])
 def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, why, capsys):
-    """Before, `match --max-plies 0` played 100 games of no move, all drawn, and a negative temperature was greedy."""
+    """Before, `match --max-plies 0` played 100 games of no move, all drawn, a negative temperature was greedy, `data
+    judge --positions -1` judged all but the last position and `data openings --n 0` wrote an empty file."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and why in capsys.readouterr().err

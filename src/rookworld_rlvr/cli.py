@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from rookworld_rlvr.cli_args import at_least_one
+from rookworld_rlvr.cli_args import at_least_one, zero_or_more
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out", required=True)
     i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
     i.add_argument("--split", default="train", help="Hub dataset split")
-    i.add_argument("--limit", type=int, default=None)
+    i.add_argument("--limit", type=at_least_one, default=None)
     i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
                                       "(the strength sets `rookworld eval` and training runs report on)")
@@ -200,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--puzzles-out", default="data/puzzles_eval.jsonl.gz",
                    help="mates in one (all source positions) and tactics (among the judged ones); '' = none. "
                         "With --positions 0 --tactic-pool 0: the mates alone, python-chess without Stockfish")
-    j.add_argument("--positions", type=int, default=600, help="positions in the strength set")
-    j.add_argument("--tactic-pool", type=int, default=0, help="further positions judged only to find tactics")
+    j.add_argument("--positions", type=zero_or_more, default=600, help="positions in the strength set (0: none)")
+    j.add_argument("--tactic-pool", type=zero_or_more, default=0, help="further positions judged only to find tactics")
     j.add_argument("--screen", action="store_true", help="the tactic pool takes only positions whose recorded "
                                                          "evals could make a tactic (the best keeps a win, the "
                                                          "third best loses much): a large source, judged faster")
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--derive", action="store_true", help="add every position one checking move away from a P: position")
     c.add_argument("--exclude", nargs="*", help="files whose positions are left out (the other split's samples, "
                                                 "puzzles or judged positions)")
-    c.add_argument("--n", type=int, default=None, help="at most this many (a seeded shuffle; default: all)")
+    c.add_argument("--n", type=at_least_one, default=None, help="at most this many (a seeded shuffle; default: all)")
     c.add_argument("--seed", type=int, default=0)
     h = dsub.add_parser("histories", help="A: transitions of every history length (game starts, short histories): "
                                           "python-chess alone; `data merge` adds them to a training set")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--cut-share", type=float, default=0.2, help="share of the sources' A: rows copied with their "
                                                                 "history cut to 1 .. len - 1 moves")
-    h.add_argument("--lengths", type=int, nargs="+", help="cut to one of these history lengths, drawn uniformly "
+    h.add_argument("--lengths", type=at_least_one, nargs="+", help="cut to one of these history lengths, drawn uniformly "
                                                           "(default: any of 1 .. len - 1)")
     h.add_argument("--openings", type=int, default=0, help="random games from the start position whose every "
                                                            "transition is written with its true history")
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--seed", type=int, default=0)
     o = dsub.add_parser("openings", help="held-out opening positions for `rookworld match`")
     o.add_argument("--out", default="data/openings.txt")
-    o.add_argument("--n", type=int, default=100)
+    o.add_argument("--n", type=at_least_one, default=100)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--depth", type=int, default=6, help="Stockfish depth that picks the moves and checks balance")
     o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "in the way, onto an own piece) from a training set's A: positions")
     nm.add_argument("source", help="our JSONL(.gz) training set; its A: positions and histories are used")
     nm.add_argument("--out", required=True)
-    nm.add_argument("--n", type=int, default=15000, help="samples to write, one per position")
+    nm.add_argument("--n", type=at_least_one, default=15000, help="samples to write, one per position")
     nm.add_argument("--seed", type=int, default=0)
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
     s.add_argument("file")
