@@ -112,6 +112,14 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert f"{bad}:121" in capsys.readouterr().out
     assert main(base + ["--group-size", "1"]) == 1
     assert "group_size" in capsys.readouterr().err
+    # a device this machine lacks: a warning in a dry run (the run may be prepared here for another machine), and
+    # the run itself stops at once, before its data is read (here: a file with a bad line it never reaches)
+    assert main(base + ["--device", "cuda:99"]) == 0
+    assert "warning: config field 'device': device 'cuda:99' requested but " in capsys.readouterr().out
+    run = ["train", "--model", str(tiny_model_dir), "--data", str(bad), "--output-dir", str(tmp_path / "run")]
+    assert main(run + ["--ref-device", "cuda:99"]) == 1
+    err = capsys.readouterr().err
+    assert "error: config field 'ref_device': device 'cuda:99' requested but " in err and str(bad) not in err
 
 
 def test_dry_run_checks_the_anchors_own_data(tmp_path, tiny_model_dir, small_data, capsys):

@@ -43,11 +43,14 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.trainer import Trainer
     from rookworld_rlvr.hostmem import for_device
+    from rookworld_rlvr.grpo.dryrun import device_problems
     from rookworld_rlvr.model.load import ModelLoadError, local_model_problem
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
     if problem := local_model_problem(cfg.model):  # said before the data is read, not after
         raise ModelLoadError(problem)
+    if lacking := device_problems(cfg):  # likewise a device this machine lacks
+        raise ValueError(lacking[0])
 
     def read(field: str, path: str) -> list:
         report = ReadReport()

@@ -1,6 +1,8 @@
 """`rookworld train --dry-run`: check everything that can be checked without a model or an engine.
 
-Owns the dry run's checks and the printed plan. Imports no torch, nothing of the model or trainer.
+Owns the dry run's checks and the printed plan, and `device_problems` (the run's devices this machine
+lacks: a warning here, an error at the start of a run). Imports nothing of the trainer; the model package
+only for its checks of a model's location and of a device (those import torch).
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def plan(cfg: TrainConfig) -> list[str]:
     lines.append(f"evaluations: before step 1, {'at steps ' + str(evals) + ', ' if evals else ''}and at the end")
     lines.append(f"checkpoints every {cfg.save_every} steps into {cfg.output_dir}/checkpoints (keep last {cfg.keep_last} + best)")
     return lines
+
+
+def device_problems(cfg: TrainConfig) -> list[str]:
+    """The run's devices (`device`, `ref_device`) this machine lacks, one line each (imports torch)."""
+    from rookworld_rlvr.model.load import resolve_device
+
+    problems = []
+    for name in ("device", "ref_device"):
+        if value := getattr(cfg, name):
+            try:
+                resolve_device(value)
+            except ValueError as e:
+                problems.append(f"config field '{name}': {e}")
+    return problems
 
 
 def dry_run(cfg: TrainConfig, out=print) -> int:
@@ -102,6 +118,8 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
             f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
     else:
         out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
+    for problem in device_problems(cfg):  # a warning only: a run prepared here may run on another machine
+        out(f"warning: {problem} on this machine; the run stops at once here")
     for line in plan(cfg):
         out(line)
     if problems:
