@@ -64,11 +64,24 @@ def write_text(path: str | os.PathLike, text: str, append: bool = True) -> None:
         raise named(e, path) from e
 
 
+def current_umask() -> int:
+    """The process's umask, read where Linux shows it: setting it to read it back (os.umask's only way) would
+    leave it at 0 for an instant in which another thread's new file (a log, TensorBoard's) is world-writable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # elsewhere: the instant errs on the private side
+    os.umask(umask)
+    return umask
+
+
 def publish_modes(root: Path) -> None:
     """Give `root` and everything under it the permissions of a plain mkdir and file write under
     the umask (directories 0777, files 0666, less the umask), as `write_dir` publishes it."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     for dirpath, _, files in os.walk(root):
         os.chmod(dirpath, 0o777 & ~umask)
         for name in files:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import chess
 
-from rookworld_rlvr.atomic import named
+from rookworld_rlvr.atomic import current_umask, named
 from rookworld_rlvr.interrupt import forked_pool, pool_size
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -326,9 +326,7 @@ def atomic_write_text(path: str | Path, chunks: Iterable[str]) -> None:
                     raw.write(chunk.encode("utf-8"))
             raw.flush()
             os.fsync(raw.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; published files get normal permissions
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; published files get normal permissions
         os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
