@@ -273,7 +273,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=14)
 def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from_the_one_before(
         tmp_path, tiny_model_dir, small_data, stockfish_path):
     """A write the machine refuses, as on a full disk (here the kernel's limit on a file's size, from the real
@@ -304,6 +304,9 @@ def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from
     saved = run / "checkpoints" / "step_000000"
     assert saved.stat().st_mode & 0o777 == 0o777 & ~umask
     assert all(p.stat().st_mode & 0o777 == 0o666 & ~umask for p in saved.iterdir())
+    asked = subprocess.run([sys.executable, str(script), *args, "--resume", "true", "--traceback"], capture_output=True,
+                           text=True, env=env, timeout=300)  # --traceback: the traceback, as for any other error
+    assert asked.returncode == 1 and "Traceback" in asked.stderr and "SaveError: cannot write" in asked.stderr
 
     again = subprocess.run([sys.executable, "-m", "rookworld_rlvr", *args, "--resume", "true"], capture_output=True,
                            text=True, env=env, timeout=300)

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace, name: str) -> int:
 
         return dry_run(cfg)
     if name == "train":
-        return _train(cfg)
+        return _train(cfg, args.traceback)
     return _sanity(cfg, name, args)
 
 
@@ -144,16 +144,16 @@ def _sanity(cfg: TrainConfig, name: str, args: argparse.Namespace) -> int:
             pool.close()
 
 
-def _train(cfg: TrainConfig) -> int:
+def _train(cfg: TrainConfig, traceback: bool = False) -> int:
     """One process, or one rank of `torchrun --nproc_per_node N -m rookworld_rlvr train ...`
     (torch.distributed: gloo on CPU, NCCL on GPUs); under torchrun rank 0 alone prints and writes."""
     from rookworld_rlvr.grpo import distributed as dist
 
     with dist.joined(cfg.device, cfg.step_timeout_minutes):
-        return _train_here(cfg)
+        return _train_here(cfg, traceback)
 
 
-def _train_here(cfg: TrainConfig) -> int:
+def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
     from rookworld_rlvr.atomic import SaveError, refused_write
     from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
@@ -175,7 +175,7 @@ def _train_here(cfg: TrainConfig) -> int:
             print(f"train: {e}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # a full disk: what was saved before stands
-        if not refused_write(e):
+        if traceback or not refused_write(e):
             raise
         if main:
             from rookworld_rlvr.grpo.checkpoint import latest_checkpoint
