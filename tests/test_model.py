@@ -406,6 +406,15 @@ def test_load_policy_missing_weight_raises(checkpoint):
         load_policy(str(checkpoint), device="cpu", verbose=False)
 
 
+def test_a_weights_file_cut_short_is_named_as_damaged(checkpoint):
+    """safetensors' own words ("incomplete metadata, file not fully covered") name neither the file nor the fault."""
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match=rf"model {checkpoint}: its safetensors weights could not be read, a file "
+                                             r"cut short or damaged \(model\.safetensors\): "):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+
+
 def test_load_policy_unexpected_and_mismatched_raise(checkpoint):
     edit_weights(checkpoint, lambda t: t.update({"transformer.extra.weight": torch.zeros(3)}))
     with pytest.raises(ModelLoadError, match=r"unexpected_keys: transformer\.extra\.weight"):

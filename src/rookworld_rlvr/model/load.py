@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -250,6 +251,10 @@ def load_policy(
                 ignore_mismatched_sizes=True,
             )
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except SafetensorError as e:  # its words alone do not say which file, nor that it is damaged
+        raise ModelLoadError(f"model {name_or_path}: its safetensors weights could not be read, a file cut short or "
+                             f"damaged ({', '.join(p.name for p in path.glob('*.safetensors')) or 'downloaded'}): "
+                             f"{e}") from e
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
         hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
                                     "directory)")
