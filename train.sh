@@ -14,7 +14,8 @@
 #  - a bare one-word name (and OUTPUT_DIR, CONFIG) still works, since it is the interface this
 #    script's users know, but is listed with a warning: write ROOKWORLD_<FIELD> when it is meant
 #    for this run (never warned about), unset it when it is not;
-#  - a field set both ways must have the same value in both, or the script stops.
+#  - a field set both ways must have the same value in both, or the script stops;
+#  - a ROOKWORLD_<NAME> that is no field (a typo: ROOKWORLD_KL_COEFF) stops it, naming the fields it may mean.
 # Multi-word names (KL_COEF, BATCH_POSITIONS, ...) are specific to this trainer and never warned about.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -64,6 +65,16 @@ for f in $fields; do
     args+=("--$f" "$value")
     list "$f" "$var"
   fi
+done
+# a ROOKWORLD_ name is meant for this run: one that is no field (ROOKWORLD_KL_COEFF) would change nothing, so it stops
+# the run, naming the fields it may mean (ROOKWORLD_TEST_* and ROOKWORLD_DRILL_* are the test suite's and the drill's)
+for var in $(compgen -e | grep '^ROOKWORLD_' || true); do
+  name=$(echo "${var#ROOKWORLD_}" | tr '[:upper:]' '[:lower:]')
+  case " $fields config " in *" $name "*) continue ;; esac
+  case $name in test_*|drill_*) continue ;; esac
+  echo "train.sh: $var: $(.venv/bin/python -c 'import sys; from rookworld_rlvr.config_checks import unknown_field
+print(unknown_field(sys.argv[1]))' "$name")" >&2
+  exit 2
 done
 if [ ${#listed[@]} -eq 0 ]; then
   echo "train.sh: no settings from the environment" >&2

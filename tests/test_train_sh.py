@@ -84,3 +84,14 @@ def test_an_exported_empty_variable_is_an_error_naming_the_field(script):
     done = run(script, {"STEPS": "", "CONFIG": str(REPO / "configs" / "default.yaml")}, "--dry-run")
     assert done.returncode != 0
     assert "config field 'steps' needs a value, got an empty one" in done.stderr, done.stderr[-1500:]
+
+
+def test_a_prefixed_name_that_is_no_field_stops_the_run_naming_the_fields_it_may_mean(script):
+    """ROOKWORLD_KL_COEFF (a typo) is meant for this run and would change nothing: the run does not start. The test
+    suite's and the drill's own ROOKWORLD_TEST_* / ROOKWORLD_DRILL_* variables are not fields and pass."""
+    config = {"ROOKWORLD_CONFIG": str(REPO / "configs" / "default.yaml")}
+    done = run(script, {**config, "ROOKWORLD_KL_COEFF": "0.1"}, "--dry-run")
+    assert done.returncode == 2 and "+ rookworld" not in done.stderr
+    assert "train.sh: ROOKWORLD_KL_COEFF: unknown config field 'kl_coeff'; did you mean one of 'kl_coef', " in done.stderr
+    done = run(script, {**config, "ROOKWORLD_TEST_STRICT": "1", "ROOKWORLD_DRILL_RUN": "x"}, "--help")
+    assert done.returncode == 0 and "+ rookworld train" in done.stderr, done.stderr[-2000:]
