@@ -161,10 +161,14 @@ def test_a_mistyped_option_is_named_with_the_options_of_its_command_it_may_mean(
     (["data", "judge", "f", "--out", "o", "--positions", "-1"], "argument --positions: must be at least 0, got -1"),
     (["data", "checks", "f", "--out", "o", "--n", "-1"], "argument --n: must be at least 1, got -1"),
     (["data", "openings", "--out", "o", "--n", "0"], "argument --n: must be at least 1, got 0"),
+    (["overfit", "--overfit-steps", "0"], "argument --overfit-steps: must be at least 1, got 0"),
+    (["check-batch", "--max-truncation", "-1"], "argument --max-truncation: must be a share in [0, 1], got -1"),
+    (["sweep", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
 ])
 def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, why, capsys):
     """Before, `match --max-plies 0` played 100 games of no move, all drawn, a negative temperature was greedy, `data
-    judge --positions -1` judged all but the last position and `data openings --n 0` wrote an empty file."""
+    judge --positions -1` judged all but the last position, `data openings --n 0` wrote an empty file and `overfit
+    --overfit-steps 0` failed on "max() arg is an empty sequence"."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and why in capsys.readouterr().err

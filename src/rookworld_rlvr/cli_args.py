@@ -1,6 +1,6 @@
 """Command-line argument types and options that several subcommands share.
 
-Owns the argument types `at_least_one`, `zero_or_more` and `temperature`, and `--threads` for the commands that run a
+Owns the argument types `at_least_one`, `zero_or_more`, `share` and `temperature`, and `--threads` for the commands that run a
 model outside the trainer (`eval`, `match`, `uci`): two torch processes on the same cores, each
 with torch's default of one thread per core, wait on each other's spinning threads (a 78-second
 match took 30 minutes beside a training run on 2 cores), so such a command takes a share.
@@ -32,6 +32,17 @@ def at_least_one(text: str) -> int:
 def zero_or_more(text: str) -> int:
     """An argparse type: an integer >= 0 (a count that may be none), or an error naming the value."""
     return _integer(text, 0)
+
+
+def share(text: str) -> float:
+    """An argparse type: a number in [0, 1], or an error naming the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text}")
+    return value
 
 
 def temperature(text: str) -> float:

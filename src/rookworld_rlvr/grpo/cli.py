@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from rookworld_rlvr.cli_args import at_least_one, share
 from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
 
 
@@ -21,10 +22,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate config and data, print the plan, load nothing heavy")
     p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
     if name == "check-batch":
-        p.add_argument("--max-truncation", type=float, default=0.5, help="fail when more completions hit the length limit")
+        p.add_argument("--max-truncation", type=share, default=0.5, help="fail when more completions hit the length limit")
     if name == "overfit":
-        p.add_argument("--overfit-steps", type=int, default=40, help="training steps on the fixed batch")
-        p.add_argument("--max-kl-share", type=float, default=0.7, help="fail when KL is a larger share of the loss")
+        p.add_argument("--overfit-steps", type=at_least_one, default=40, help="training steps on the fixed batch")
+        p.add_argument("--max-kl-share", type=share, default=0.7, help="fail when KL is a larger share of the loss")
     group = p.add_argument_group("config fields (any field of TrainConfig; YAML syntax for values)")
     add_field_arguments(group)
 
