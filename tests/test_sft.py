@@ -280,8 +280,9 @@ def test_sft_weight_decay_grad_clip_context_and_layout_do_what_they_say(tmp_path
     from rookworld_rlvr.data.io import read_samples
 
     def run(name: str, **over) -> tuple[dict, dict]:
-        cfg = dict(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name), init=str(tiny_model_dir),
-                   steps=1, batch_size=8, lr=1e-2, warmup_steps=1, own_repeats=0, device="cpu", threads=1)
+        cfg = dict(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / name),
+                   init=str(tiny_model_dir), steps=1, batch_size=8, lr=1e-2, warmup_steps=1, own_repeats=0,
+                   device="cpu", threads=1)
         train(SFTConfig(**{**cfg, **over}), progress=False)
         log = json.loads((tmp_path / f"{name}.sft_log.jsonl").read_text().splitlines()[-1])
         return load_file(tmp_path / name / "model.safetensors"), log

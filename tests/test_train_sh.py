@@ -92,6 +92,7 @@ def test_a_prefixed_name_that_is_no_field_stops_the_run_naming_the_fields_it_may
     config = {"ROOKWORLD_CONFIG": str(REPO / "configs" / "default.yaml")}
     done = run(script, {**config, "ROOKWORLD_KL_COEFF": "0.1"}, "--dry-run")
     assert done.returncode == 2 and "+ rookworld" not in done.stderr
-    assert "train.sh: ROOKWORLD_KL_COEFF: unknown config field 'kl_coeff'; did you mean one of 'kl_coef', " in done.stderr
+    assert ("train.sh: ROOKWORLD_KL_COEFF: unknown config field 'kl_coeff'; did you mean one of 'kl_coef', "
+            in done.stderr)
     done = run(script, {**config, "ROOKWORLD_TEST_STRICT": "1", "ROOKWORLD_DRILL_RUN": "x"}, "--help")
     assert done.returncode == 0 and "+ rookworld train" in done.stderr, done.stderr[-2000:]

@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--cut-share", type=float, default=0.2, help="share of the sources' A: rows copied with their "
                                                                 "history cut to 1 .. len - 1 moves")
-    h.add_argument("--lengths", type=at_least_one, nargs="+", help="cut to one of these history lengths, drawn uniformly "
-                                                          "(default: any of 1 .. len - 1)")
+    h.add_argument("--lengths", type=at_least_one, nargs="+",
+                   help="cut to one of these history lengths, drawn uniformly (default: any of 1 .. len - 1)")
     h.add_argument("--openings", type=int, default=0, help="random games from the start position whose every "
                                                            "transition is written with its true history")
     h.add_argument("--max-plies", type=int, default=10, help="plies of each opening game (drawn from 1 .. this)")

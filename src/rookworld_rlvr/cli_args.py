@@ -1,9 +1,10 @@
 """Command-line argument types and options that several subcommands share.
 
-Owns the argument types `at_least_one`, `zero_or_more`, `share` and `temperature`, and `--threads` for the commands that run a
-model outside the trainer (`eval`, `match`, `uci`): two torch processes on the same cores, each
-with torch's default of one thread per core, wait on each other's spinning threads (a 78-second
-match took 30 minutes beside a training run on 2 cores), so such a command takes a share.
+Owns the argument types `at_least_one`, `zero_or_more`, `share` and `temperature`, and `--threads`
+for the commands that run a model outside the trainer (`eval`, `match`, `uci`): two torch processes
+on the same cores, each with torch's default of one thread per core, wait on each other's spinning
+threads (a 78-second match took 30 minutes beside a training run on 2 cores), so such a command
+takes a share.
 Also `parse`: argparse's parsing, where an option no command takes is named with the options of
 that command it may mean. Imports only argparse; torch is imported when the threads are set.
 """
@@ -34,26 +35,24 @@ def zero_or_more(text: str) -> int:
     return _integer(text, 0)
 
 
-def share(text: str) -> float:
-    """An argparse type: a number in [0, 1], or an error naming the value."""
+def _number(text: str, ok, rule: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text}")
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
     return value
+
+
+def share(text: str) -> float:
+    """An argparse type: a number in [0, 1], or an error naming the value."""
+    return _number(text, lambda v: 0 <= v <= 1, "a share in [0, 1]")
 
 
 def temperature(text: str) -> float:
     """An argparse type: a finite number >= 0 (0 = greedy), or an error naming the value."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {text}")
-    return value
+    return _number(text, lambda v: 0 <= v < float("inf"), "a finite number >= 0 (0 = greedy)")
 
 
 def add_threads(p: argparse.ArgumentParser) -> None:

@@ -308,7 +308,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("b", help="player B (the same kinds)")
     p.add_argument("--openings", default="data/openings.txt", help="held-out opening FENs, one per line")
     p.add_argument("--games", type=int, default=100, help="games (an even number: two per opening, colours swapped)")
-    p.add_argument("--max-plies", type=at_least_one, default=300, help="a game still going after this many plies is a draw")
+    p.add_argument("--max-plies", type=at_least_one, default=300,
+                   help="a game still going after this many plies is a draw")
     p.add_argument("--temperature", type=temperature, default=0.0, help="model sampling temperature (0 = greedy)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout of the models")
     p.add_argument("--pgn", metavar="OUT", help="write the games as PGN")

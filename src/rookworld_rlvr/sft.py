@@ -152,7 +152,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     rng = random.Random(cfg.seed)
     device = dist.local_device(resolve_device(cfg.device))  # under torchrun a bare cuda is cuda:LOCAL_RANK
     out = Path(cfg.out)
-    ckpt = out.parent / f"{out.name}.checkpoint"
+    ckpt = cfg.checkpoint_dir()
     state = None
     if resume:
         if main:

@@ -8,7 +8,6 @@ imports torch inside functions only, so `rookworld sft --help` stays fast.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from dataclasses import asdict
 
 from rookworld_rlvr.sft import SFTConfig, train
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace, name: str) -> int:
             try:
                 train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
             except OSError as e:  # a full disk: the checkpoint saved before stands
-                kept = Path(cfg.out).parent / f"{Path(cfg.out).name}.checkpoint"  # sft.train's checkpoint
+                kept = cfg.checkpoint_dir()
                 if not refused_write(e) or not kept.is_dir():
                     raise
                 raise SaveError(f"{e}; once there is room, the same command with --resume continues from {kept}") from e

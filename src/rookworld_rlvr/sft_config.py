@@ -74,6 +74,11 @@ class SFTConfig:
     # (torchrun then stops the rest) instead of holding every device; rank 0's saves are waited for 15 minutes
     step_timeout_minutes: float = 10.0
 
+    def checkpoint_dir(self) -> Path:
+        """Where the run's checkpoint lives (what --resume continues from): `<out>.checkpoint` beside `out`."""
+        out = Path(self.out)
+        return out.parent / f"{out.name}.checkpoint"
+
     def validate(self) -> None:
         from rookworld_rlvr.tasks.policy import LAYOUTS, ORDERS
 

@@ -22,10 +22,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate config and data, print the plan, load nothing heavy")
     p.add_argument("--traceback", action="store_true", help="show full tracebacks on errors")
     if name == "check-batch":
-        p.add_argument("--max-truncation", type=share, default=0.5, help="fail when more completions hit the length limit")
+        p.add_argument("--max-truncation", type=share, default=0.5,
+                       help="fail when more completions hit the length limit")
     if name == "overfit":
         p.add_argument("--overfit-steps", type=at_least_one, default=40, help="training steps on the fixed batch")
-        p.add_argument("--max-kl-share", type=share, default=0.7, help="fail when KL is a larger share of the loss")
+        p.add_argument("--max-kl-share", type=share, default=0.7,
+                       help="fail when KL is a larger share of the loss")
     group = p.add_argument_group("config fields (any field of TrainConfig; YAML syntax for values)")
     add_field_arguments(group)
 
@@ -42,9 +44,9 @@ def build(cfg: TrainConfig, log=print):
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
     from rookworld_rlvr.grpo import distributed as dist
+    from rookworld_rlvr.grpo.dryrun import device_problems
     from rookworld_rlvr.grpo.trainer import Trainer
     from rookworld_rlvr.hostmem import for_device
-    from rookworld_rlvr.grpo.dryrun import device_problems
     from rookworld_rlvr.model.load import ModelLoadError, local_model_problem
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
@@ -183,8 +185,9 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
 
             latest = latest_checkpoint(cfg.output_dir)
             where = "" if e.filename or isinstance(e, SaveError) else f"writing in {cfg.output_dir}: "
-            print(f"error: {where}{e}\n" + (f"once there is room, the same command with --resume continues from {latest}"
-                                     if latest else "no checkpoint of this run was written"), file=sys.stderr)
+            go_on = f"once there is room, the same command with --resume continues from {latest}" if latest \
+                else "no checkpoint of this run was written"
+            print(f"error: {where}{e}\n{go_on}", file=sys.stderr)
         return 1
     finally:
         pool.close()

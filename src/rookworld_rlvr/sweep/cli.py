@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                      "share the work. See configs/sweeps/README.md.")
     p.add_argument("--space", help="search space YAML (configs/sweeps/stability.yaml)")
     p.add_argument("--config", help="base preset (default: the space file's config:, else the built-in defaults)")
-    p.add_argument("--trials", type=at_least_one, help="trials in the study (default: the grid size, or trials: in the file)")
+    p.add_argument("--trials", type=at_least_one,
+                   help="trials in the study (default: the grid size, or trials: in the file)")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db; "
                                      "postgresql://... or mysql+pymysql://... for several machines)")
     p.add_argument("--study", help="study name (default: the space file's name)")
