@@ -622,3 +622,44 @@ def test_a_write_the_machine_refuses_names_its_file_in_one_line(capsys, stockfis
     assert not refused_write(IsADirectoryError(errno.EISDIR, "Is a directory", "f")) and not refused_write(KeyError())
     assert main(["match", "random", "stockfish:0:1", "--games", "2", "--pgn", "/dev/full"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {refused}".replace("\\", "")
+
+
+@pytest.mark.parametrize("writes", [0, 40], ids=["at-the-start", "mid-run"])
+def test_tensorboard_refused_a_write_is_one_error_line_naming_its_folder_and_resume_goes_on(
+        tmp_path, tiny_model_dir, small_data, capsys, monkeypatch, writes):
+    """TensorBoard writes from a thread of its own, which printed its traceback around the run's one-line error when
+    the disk was full (at the run's first event, or later); now the line alone names TensorBoard's folder, and once
+    there is room `--resume` goes on, each step logged once."""
+    import threading
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from rookworld_rlvr.cli import main
+
+    done, thread_errors, write = [0], [], RecordWriter.write
+
+    def full_disk(self, data):  # the fault: the disk fills after `writes` events
+        done[0] += 1
+        if done[0] > writes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", full_disk)
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)  # what a thread's error would print
+    run = tmp_path / "run"
+    fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data="", output_dir=run, steps=3,
+                  batch_positions=2, group_size=4, max_new_tokens=16, save_every=1, tensorboard="true",
+                  progress="false", report="false", engine_cache="null", device="cpu", threads=1)
+    args = ["train"] + [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not thread_errors and not any("Traceback" in line for line in err)
+    assert err[-2] == f"error: [Errno 28] No space left on device: '{run / 'tb'}'"
+    latest = ckpt.latest_checkpoint(run)
+    if writes == 0:
+        assert latest is None and err[-1] == "no checkpoint of this run was written"
+        return
+    assert err[-1] == f"once there is room, the same command with --resume continues from {latest}"
+    monkeypatch.setattr(RecordWriter, "write", write)
+    assert main(args + ["--resume", "true"]) == 0
+    assert [r["step"] for r in read_log(run / "metrics.jsonl")] == [1, 2, 3] and not thread_errors

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,14 +99,7 @@ def _writer(cfg: TrainConfig):
     """TensorBoard (and wandb) sinks for per-step records."""
     sinks = []
     if cfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ValueError("tensorboard: true needs the tensorboard package (pip install tensorboard) "
-                             "or set tensorboard: false") from None
-        tb = SummaryWriter(str(Path(cfg.output_dir) / "tb"))
-        sinks.append(lambda r: [tb.add_scalar(k, v, r["step"]) for k, v in r.items()
-                                if isinstance(v, (int, float)) and k != "step"] and tb.flush())
+        sinks.append(_tensorboard(Path(cfg.output_dir) / "tb"))
     if cfg.wandb:
         try:
             import wandb
@@ -114,6 +108,50 @@ def _writer(cfg: TrainConfig):
         run = wandb.init(project="rookworld-rlvr", config=cfg.to_dict(), dir=cfg.output_dir)
         sinks.append(lambda r: run.log(r, step=r["step"]))
     return (lambda r: [s(r) for s in sinks]) if sinks else None
+
+
+def _tensorboard(out: Path):
+    """A sink for each record's numbers into TensorBoard's event file in `out`. A write the machine refuses (a full
+    disk) raises from the sink as an OSError naming `out`, which the command says in one line."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError("tensorboard: true needs the tensorboard package (pip install tensorboard) "
+                         "or set tensorboard: false") from None
+    from rookworld_rlvr.atomic import named
+
+    _quiet_tensorboard_thread()
+    try:
+        tb = SummaryWriter(str(out))
+    except OSError as e:
+        raise named(e, out) from e
+
+    def sink(record: dict) -> None:
+        try:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    tb.add_scalar(key, value, record["step"])
+            tb.flush()
+        except OSError as e:
+            raise named(e, out) from e
+    return sink
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard writes from a thread of its own, which hands a failed write to the next call of the thread that
+    writes (the sink above, which says it in one line) and also prints its own traceback: the same error twice, the
+    traceback around the line. Leave that traceback out; every other thread's error prints as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
 
 
 def run(args: argparse.Namespace, name: str) -> int:
