@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from conftest import REFERENCE, REPO, random_transitions
+from conftest import REFERENCE, REPO, held_out_fields, random_transitions
 from rookworld_rlvr import evaluate as ev
 from rookworld_rlvr import metrics as mt
 from rookworld_rlvr import tables
@@ -505,3 +505,21 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
                str(REPO / "data" / "eval_histories.jsonl.gz"), "--json", str(out), "--device", "cpu", "--quiet"])
     result = json.loads(out.read_text())
     assert rc == 0 and result["histories"]["n"] == 505 and result["policy"]["n"] == result["environment"]["n"] == 0
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_path, tiny_model_dir, small_data,
+                                                                         capsys, progress):
+    """`rookworld train`'s held-out evaluations (minutes at the start and the end of `make train` on a CPU) showed
+    nothing while they ran, as if the run hung; with `progress` they show a bar per task, as the steps do."""
+    run = tmp_path / "run"
+    fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data=small_data / "eval.jsonl",
+                  output_dir=run, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, tensorboard="false",
+                  progress=str(progress).lower(), report="false", engine_cache="null", device="cpu", threads=1,
+                  **held_out_fields(small_data))
+    assert main(["train"] + [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]) == 0
+    err = capsys.readouterr().err
+    for bar in ("eval P", "eval A", "strength", "puzzles"):  # each bar's first display, at the base and at the end
+        rows = {"strength": 6, "puzzles": 9}.get(bar, 20)
+        assert len(re.findall(rf"{bar}:\s+0%\|[^|]*\| 0/{rows} ", err)) == (2 if progress else 0), err[-3000:]
+    assert ("grpo: 100%" in err) is progress

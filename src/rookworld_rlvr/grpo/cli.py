@@ -79,9 +79,10 @@ def build(cfg: TrainConfig, log=print):
     def eval_fn(model, tokenizer, journal=None):
         if not eval_samples:
             return None
+        # its bars (`progress`): minutes at the start and the end of a CPU run that would otherwise print nothing
         return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
                         puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread,
-                        journal=journal)
+                        journal=journal, progress=cfg.progress and dist.is_main())
 
     try:
         trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles,
