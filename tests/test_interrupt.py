@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM (a scheduler, a timeout, torchrun passing its own on) end a run at the next step boundary
-with a checkpoint there, so --resume continues from that step and ends where the uninterrupted run ends; a second
-signal stops at once. Real signals, sent to this process."""
+"""Ctrl-C, SIGTERM (a scheduler, a timeout, torchrun passing its own on) and SIGHUP (a closed terminal) end a run
+at the next step boundary with a checkpoint there, so --resume continues from that step and ends where the
+uninterrupted run ends; a second Ctrl-C or SIGTERM stops at once. Real signals, sent to this process."""
 
 from __future__ import annotations
 
@@ -354,3 +354,42 @@ def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, ti
     assert again.wait(timeout=120) == 143
     steps = [r["step"] for r in _records(run)]
     assert steps == list(range(1, len(steps) + 1)), steps  # continued from the step after the checkpoint
+
+
+def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in_hand(tmp_path, tiny_model_dir,
+                                                                                       small_data):
+    """A run in a terminal that goes away (an SSH connection lost): the terminal hangs up, after which every write
+    to it fails, and SIGHUP comes, twice (the terminal's and its shell's). The run ended where it stood, losing the
+    steps since its last periodic checkpoint; now it finishes the step in hand, saves it and exits 129."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    run = tmp_path / "run"
+    fields = _fields(tiny_model_dir, small_data, run, steps=10_000, save_every=1000, lr=1e-5)  # no collapse
+    args = [sys.executable, "-m", "rookworld_rlvr", "train", "--engine-cache", "null", "--progress", "true"] + [
+        a for k, v in fields.items() if k not in ("engine_cache", "progress")
+        for a in (f"--{k.replace('_', '-')}", str(v))]
+    terminal, its_end = pty.openpty()
+    fcntl.ioctl(its_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal's size: a bar's width
+    proc = subprocess.Popen(args, stdin=its_end, stdout=its_end, stderr=its_end,  # a test runner may ignore SIGHUP
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    os.close(its_end)
+    shown, deadline = b"", time.time() + 240
+    # until a step is logged and the terminal shows the run's progress bar (each step writes to it)
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip() \
+            or b"grpo:" not in shown:
+        assert proc.poll() is None and time.time() < deadline, shown[-2000:]
+        if select.select([terminal], [], [], 0.2)[0]:
+            try:
+                shown += os.read(terminal, 1 << 16)
+            except OSError:  # EIO: the run has ended (the assertion above then says how)
+                time.sleep(1)
+    os.close(terminal)  # the terminal goes away
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 129
+    last = _records(run)[-1]["step"]
+    assert last > 1 and ckpt.latest_checkpoint(run) == ckpt.checkpoint_dir(run, last)

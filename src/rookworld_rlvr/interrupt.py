@@ -1,8 +1,9 @@
 """Stopping a long job where it stands when asked to: Ctrl-C, a scheduler's or a timeout's SIGTERM,
-or torchrun passing its own SIGTERM on to every rank. The job finishes the step it is in, saves a
-checkpoint there and exits, so `--resume` continues from that step, not from the last periodic
-checkpoint; a second signal ends it at once, as it would have without this. Work that follows a
-checkpoint and changes nothing in it (a held-out evaluation, minutes long on a CPU) stops at once.
+the terminal closed under it (SIGHUP: an SSH connection lost), or torchrun passing its own on to
+every rank. The job finishes the step it is in, saves a checkpoint there and exits, so `--resume`
+continues from that step, not from the last periodic checkpoint; a second Ctrl-C or SIGTERM ends it
+at once, as it would have without this. Work that follows a checkpoint and changes nothing in it (a
+held-out evaluation, minutes long on a CPU) stops at once.
 
 Owns the signal handlers (installed by the command-line entry points only: a library caller keeps
 its own), the exception that says a run stopped on request, and the forked worker pools, which must
@@ -58,8 +59,10 @@ def forked_pool(workers: int) -> mp.pool.Pool:
 
 
 class StopOnSignal:
-    """Once entered and `arm`ed by the job at its first step (in the main thread), the first SIGINT or
-    SIGTERM only sets `asked` to its number and says so on stderr; the job checks `asked` between steps.
+    """Once entered and `arm`ed by the job at its first step (in the main thread), the first SIGINT,
+    SIGTERM or SIGHUP only sets `asked` to its number and says so on stderr; the job checks `asked` between
+    steps. A SIGHUP also points stdout and stderr, where they were a terminal, at /dev/null (that terminal is
+    gone), and one that comes again is no second signal.
     Before that (reading or encoding data: no step to end, no checkpoint to save), after the block and at
     a second signal, the handlers found at `arm` take the signal as they would have (Ctrl-C raises
     KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks.
@@ -67,7 +70,7 @@ class StopOnSignal:
     Only from the first step: the data a job reads first is read by forked workers, and those must start
     with SIGTERM's default action (`forked_pool`)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, verbose: bool = True) -> None:
         self.asked: int | None = None
@@ -76,6 +79,7 @@ class StopOnSignal:
         self._entered = False
         self._at_once: int | None = None
         self._previous: dict[int, object] = {}
+        self._terminal: list[int] = []
         self._pid = os.getpid()
 
     def __enter__(self) -> StopOnSignal:
@@ -87,6 +91,7 @@ class StopOnSignal:
         if self.armed or not self._entered or threading.current_thread() is not threading.main_thread():
             return
         self.armed, self._pid = True, os.getpid()
+        self._terminal = [fd for fd in (1, 2) if _is_terminal(fd)]  # asked now: a hung-up terminal says it is none
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
                           if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
         # set outside Python (None: it could not be restored): left as it is
@@ -111,6 +116,10 @@ class StopOnSignal:
             self._at_once = None
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP and os.getpid() == self._pid:
+            _off_the_terminal(self._terminal)
+            if self.asked is not None:  # a hangup comes twice (the terminal's, its shell's): it never means "now"
+                return
         if self.asked is not None or os.getpid() != self._pid:
             self._restore()
             signal.raise_signal(signum)
@@ -124,3 +133,24 @@ class StopOnSignal:
         if self.verbose:  # os.write, not print: a handler may run while the main thread is inside a print
             os.write(2, f"\n{name}: stopping after this step with a checkpoint (--resume continues from it); send "
                         "it again to stop at once\n".encode())
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _off_the_terminal(fds: list[int]) -> None:
+    """Point `fds` (this process's stdout and stderr where they were a terminal) at /dev/null, as nohup would:
+    once the terminal has hung up every write to it fails (EIO), and a print or a progress bar would end the
+    job before its step is saved. A log redirected to a file or a pipe is not a terminal and keeps its lines."""
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)

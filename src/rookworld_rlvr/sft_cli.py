@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, name: str) -> int:
         note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
         if note and dist.is_main():
             print(f"sft: {note}")
-        with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM: paused and saved after this step
+        with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM, SIGHUP: paused, saved after this step
             try:
                 train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
             except OSError as e:  # a full disk: the checkpoint saved before stands

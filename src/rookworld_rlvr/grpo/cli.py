@@ -206,7 +206,7 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
     main = dist.is_main()
     trainer, pool = build(cfg, log=print if main else (lambda *_: None))
     try:
-        with StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM: saved at the next step boundary
+        with StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM, SIGHUP: saved at the step's end
             summary = trainer.train(writer=_writer(cfg) if main else None)
     except TrainingStopped as e:  # every rank took the same decision
         if main:
