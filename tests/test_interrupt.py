@@ -356,11 +356,13 @@ def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, ti
     assert steps == list(range(1, len(steps) + 1)), steps  # continued from the step after the checkpoint
 
 
+@pytest.mark.parametrize("log", ["terminal", "file"])
 def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in_hand(tmp_path, tiny_model_dir,
-                                                                                       small_data):
+                                                                                       small_data, log):
     """A run in a terminal that goes away (an SSH connection lost): the terminal hangs up, after which every write
     to it fails, and SIGHUP comes, twice (the terminal's and its shell's). The run ended where it stood, losing the
-    steps since its last periodic checkpoint; now it finishes the step in hand, saves it and exits 129."""
+    steps since its last periodic checkpoint; now it finishes the step in hand, saves it and exits 129. Its stderr
+    (the bar, the messages) on the terminal or in a file it was sent to (`2> train.log`): the file keeps them."""
     import fcntl
     import pty
     import select
@@ -374,13 +376,20 @@ def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in
         for a in (f"--{k.replace('_', '-')}", str(v))]
     terminal, its_end = pty.openpty()
     fcntl.ioctl(its_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal's size: a bar's width
-    proc = subprocess.Popen(args, stdin=its_end, stdout=its_end, stderr=its_end,  # a test runner may ignore SIGHUP
+    err_log = tmp_path / "train.log"
+    stderr = its_end if log == "terminal" else err_log.open("wb")
+    proc = subprocess.Popen(args, stdin=its_end, stdout=its_end, stderr=stderr,  # a test runner may ignore SIGHUP
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     os.close(its_end)
+    if log == "file":
+        stderr.close()  # the run's own copy stays open
     shown, deadline = b"", time.time() + 240
-    # until a step is logged and the terminal shows the run's progress bar (each step writes to it)
-    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip() \
-            or b"grpo:" not in shown:
+
+    def bar_shown() -> bool:
+        return b"grpo:" in (shown if log == "terminal" else err_log.read_bytes())
+
+    # until a step is logged and the run's progress bar is shown (each step writes to it)
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip() or not bar_shown():
         assert proc.poll() is None and time.time() < deadline, shown[-2000:]
         if select.select([terminal], [], [], 0.2)[0]:
             try:
@@ -393,3 +402,7 @@ def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in
     assert proc.wait(timeout=120) == 129
     last = _records(run)[-1]["step"]
     assert last > 1 and ckpt.latest_checkpoint(run) == ckpt.checkpoint_dir(run, last)
+    if log == "file":
+        text = err_log.read_text()
+        assert "SIGHUP: stopping after this step with a checkpoint (--resume continues from it)\n" in text
+        assert f"train: stopped at step {last} on SIGHUP: checkpoint saved, --resume continues from it" in text

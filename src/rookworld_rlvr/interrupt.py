@@ -91,7 +91,7 @@ class StopOnSignal:
         if self.armed or not self._entered or threading.current_thread() is not threading.main_thread():
             return
         self.armed, self._pid = True, os.getpid()
-        self._terminal = [fd for fd in (1, 2) if _is_terminal(fd)]  # asked now: a hung-up terminal says it is none
+        self._terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # asked now: a hung-up terminal says it is none
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
                           if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
         # set outside Python (None: it could not be restored): left as it is
@@ -131,15 +131,9 @@ class StopOnSignal:
                 os.write(2, f"\n{name}: stopping now; the checkpoint of step {self._at_once} is saved\n".encode())
             raise Interrupted(signum, self._at_once)
         if self.verbose:  # os.write, not print: a handler may run while the main thread is inside a print
-            os.write(2, f"\n{name}: stopping after this step with a checkpoint (--resume continues from it); send "
-                        "it again to stop at once\n".encode())
-
-
-def _is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
+            again = "" if signum == signal.SIGHUP else "; send it again to stop at once"
+            os.write(2, f"\n{name}: stopping after this step with a checkpoint (--resume continues from it){again}\n"
+                     .encode())
 
 
 def _off_the_terminal(fds: list[int]) -> None:
