@@ -519,7 +519,7 @@ def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_pat
                   **held_out_fields(small_data))
     assert main(["train"] + [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]) == 0
     err = capsys.readouterr().err
-    for bar in ("eval P", "eval A", "strength", "puzzles"):  # each bar's first display, at the base and at the end
-        rows = {"strength": 6, "puzzles": 9}.get(bar, 20)
+    for bar in ("eval P", "eval A", "histories A", "strength", "puzzles"):  # each one's first display, at the base
+        rows = {"histories A": 6, "strength": 6, "puzzles": 9}.get(bar, 20)  # and at the end
         assert len(re.findall(rf"{bar}:\s+0%\|[^|]*\| 0/{rows} ", err)) == (2 if progress else 0), err[-3000:]
     assert ("grpo: 100%" in err) is progress

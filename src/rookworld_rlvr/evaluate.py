@@ -98,8 +98,9 @@ def limit_per_task(samples: Iterable[Sample], limit: int | None) -> list[Sample]
 
 
 def _generate_tasks(gen: Completer, samples: Sequence[Sample], config: EvalConfig,
-                    progress: bool) -> tuple[list[str], list[str]]:
-    """Greedy (or sampled, with config.temperature) completions for every sample; each task in its own batches."""
+                    progress: bool, label: str = "eval") -> tuple[list[str], list[str]]:
+    """Greedy (or sampled, with config.temperature) completions for every sample; each task in its own batches
+    (its progress bar named `label` and the task)."""
     from rookworld_rlvr.model.completions import sampling
 
     completions = [""] * len(samples)
@@ -109,7 +110,7 @@ def _generate_tasks(gen: Completer, samples: Sequence[Sample], config: EvalConfi
         idx = [i for i, s in enumerate(samples) if s.task == task]
         if not idx:
             continue
-        with progress_bar(progress, len(idx), f"eval {task}") as bar:
+        with progress_bar(progress, len(idx), f"{label} {task}") as bar:
             texts, why = gen.run([samples[i].render(config.layout)[0] for i in idx], bar=bar, **settings)
         for i, t, r in zip(idx, texts, why):
             completions[i], reasons[i] = t, r
@@ -203,7 +204,7 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
         results[name]["hit_max_tokens"] = share(r == "length" for r in why)
     if histories:
         t0 = time.perf_counter()
-        texts, _ = _generate_tasks(gen, histories, config, progress)
+        texts, _ = _generate_tasks(gen, histories, config, progress, "histories")
         results["histories"] = score_completions(histories, texts, used if samples else RewardScorer(),
                                                  layout=config.layout, spread=spread)["environment"]
         timings["histories"] = time.perf_counter() - t0
