@@ -275,6 +275,13 @@ def small_data(tmp_path_factory, reference_lines):
 HELD_OUT_SLICES = {"puzzles_eval": 3, "strength": 6, "eval_histories": 6}
 
 
+def as_options(fields: dict) -> list[str]:
+    """Config fields as a command's options, `--the-field VALUE` (None as null, booleans as true or false)."""
+    def text(value) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", text(v))]
+
+
 def held_out_fields(root: Path) -> dict[str, str]:
     """The config fields that point a run's other held-out sets at small_data's slices of them."""
     return {"puzzle_eval_data": str(root / "puzzles_eval.jsonl"), "strength_data": str(root / "strength.jsonl"),

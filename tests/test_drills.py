@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import as_options
 from rookworld_rlvr import atomic
 from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import DataError, read_log, read_samples
@@ -650,7 +651,7 @@ def test_tensorboard_refused_a_write_is_one_error_line_naming_its_folder_and_res
     fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data="", output_dir=run, steps=3,
                   batch_positions=2, group_size=4, max_new_tokens=16, save_every=1, tensorboard="true",
                   progress="false", report="false", engine_cache="null", device="cpu", threads=1)
-    args = ["train"] + [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    args = ["train"] + as_options(fields)
     assert main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert not thread_errors and not any("Traceback" in line for line in err)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from conftest import REFERENCE, REPO, held_out_fields, random_transitions
+from conftest import REFERENCE, REPO, as_options, held_out_fields, random_transitions
 from rookworld_rlvr import evaluate as ev
 from rookworld_rlvr import metrics as mt
 from rookworld_rlvr import tables
@@ -517,7 +517,7 @@ def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_pat
                   output_dir=run, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, tensorboard="false",
                   progress=str(progress).lower(), report="false", engine_cache="null", device="cpu", threads=1,
                   **held_out_fields(small_data))
-    assert main(["train"] + [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]) == 0
+    assert main(["train"] + as_options(fields)) == 0
     err = capsys.readouterr().err
     for bar in ("eval P", "eval A", "histories A", "strength", "puzzles"):  # each one's first display, at the base
         rows = {"histories A": 6, "strength": 6, "puzzles": 9}.get(bar, 20)  # and at the end

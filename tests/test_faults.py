@@ -18,6 +18,7 @@ import chess
 import pytest
 import torch
 
+from conftest import as_options
 from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import DataError, read_samples
 from rookworld_rlvr.engine import EngineConfig, StockfishPool, find_stockfish
@@ -282,8 +283,7 @@ def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from
     directories read as under the umask (not private, as temporary directories and safetensors' files are)."""
     run = tmp_path / "run"
     fields = _fields(tiny_model_dir, small_data, run, steps=3, save_every=2)
-    args = ["train", "--engine-cache", "null"] + [
-        a for k, v in fields.items() if k != "engine_cache" for a in (f"--{k.replace('_', '-')}", str(v))]
+    args = ["train"] + as_options(fields)
     weights = (tiny_model_dir / "model.safetensors").stat().st_size
     # the weights fit; Adam's two moments (a file twice their size, from step 1 on) do not: step 0's checkpoint is
     # written, step 2's is refused

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from conftest import as_options
 from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
@@ -329,8 +330,7 @@ def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, ti
     exits 130 with the checkpoint of its last logged step, and --resume continues from the step after it."""
     run = tmp_path / "run"
     fields = _fields(tiny_model_dir, small_data, run, steps=10_000, save_every=1000)
-    args = [sys.executable, "-m", "rookworld_rlvr", "train", "--engine-cache", "null"] + [
-        a for k, v in fields.items() if k != "engine_cache" for a in (f"--{k.replace('_', '-')}", str(v))]
+    args = [sys.executable, "-m", "rookworld_rlvr", "train"] + as_options(fields)
     # as from a terminal: SIGINT not ignored (a test runner's worker may ignore it, and a child inherits that)
     terminal = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -371,9 +371,7 @@ def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in
 
     run = tmp_path / "run"
     fields = _fields(tiny_model_dir, small_data, run, steps=10_000, save_every=1000, lr=1e-5)  # no collapse
-    args = [sys.executable, "-m", "rookworld_rlvr", "train", "--engine-cache", "null", "--progress", "true"] + [
-        a for k, v in fields.items() if k not in ("engine_cache", "progress")
-        for a in (f"--{k.replace('_', '-')}", str(v))]
+    args = [sys.executable, "-m", "rookworld_rlvr", "train"] + as_options({**fields, "progress": True})
     terminal, its_end = pty.openpty()
     fcntl.ioctl(its_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal's size: a bar's width
     err_log = tmp_path / "train.log"
