@@ -45,6 +45,7 @@ TASKS = ("grpo", "sft", "ddp", "sft-ddp")
 UNDER_TORCHRUN = ("ddp", "sft-ddp")
 RANKS = 2  # processes of the ddp task
 STEP_TIMEOUT_MINUTES = 0.25  # the ddp run's step_timeout_minutes: a stopped rank ends the run this long after
+ENGINE_GRACE_S = 5.0  # an engine quits once its rank is gone: what still runs this long after the end is left running
 TEARDOWN_S = 120.0  # after one rank is killed or stopped, torchrun must have ended the run within this (else: a hang)
 AGENT = "torchrun"  # a fault's target: torchrun itself rather than one of its ranks
 # the ddp task's faults in turn: (rank or torchrun, signal)
@@ -278,9 +279,8 @@ def kill_rank(proc: subprocess.Popen, run: str, rank: int | str, pid: int, sig: 
         time.sleep(0.05)
     hung = hung or bool(rank == AGENT and rank_pids(run))
     teardown = time.time() - t0
-    for _ in range(50):  # an engine whose rank died quits when it reads the end of its input: give it 5 s
-        if not (left := [pid for pid in marked(run) if pid != proc.pid]):
-            break
+    grace = time.time() + ENGINE_GRACE_S  # an engine whose rank died quits when it reads the end of its input
+    while (left := [pid for pid in marked(run) if pid != proc.pid]) and time.time() < grace:
         time.sleep(0.1)
     for pid in left + [proc.pid]:
         try:

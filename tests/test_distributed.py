@@ -253,7 +253,7 @@ def test_a_hung_rank_fails_the_step_after_its_timeout_while_rank_0_may_work_alon
     assert r1["broadcast_s"] > 2 * T and r1["barrier_s"] > 2 * T  # rank 1 waited well past the step timeout
     assert r0["gather"] == r1["gather"] == [0.0, 1.0]
     for name, where in (("barrier_hung", "a barrier"), ("gather_hung", "a step's collective")):
-        assert r0[name].startswith(f"error: RuntimeError: rank 0 stopped waiting for the other ranks at {where}: one "
+        assert r0[name].startswith(f"error: RankTimeout: rank 0 stopped waiting for the other ranks at {where}: one "
                                    "of them hangs or died. A step's collectives (evaluations, the first meeting) wait "
                                    "step_timeout_minutes (0.01)"), r0[name]
         assert T * 0.9 < r0[name + "_s"] < T + 3, (name, r0[name + "_s"])
@@ -263,7 +263,7 @@ def test_a_rank_0_hung_in_its_lone_work_fails_the_others_after_lone_work(tmp_pat
     """Rank 0 hangs while it works alone (a save, say): rank 1 waits for it LONE_WORK (15 minutes; 3 s here), well
     past the step timeout, then gives up with an error that says where and how long, and the run ends."""
     r0, r1 = spawn_waits(0.01, "lone_hang", tmp_path)
-    assert r1["barrier_hung"].startswith("error: RuntimeError: rank 1 stopped waiting for the other ranks at a "
+    assert r1["barrier_hung"].startswith("error: RankTimeout: rank 1 stopped waiting for the other ranks at a "
                                          "barrier: one of them hangs or died."), r1["barrier_hung"]
     assert "the others wait 0.05 minutes for rank 0's saves" in r1["barrier_hung"]
     assert 2.7 < r1["barrier_hung_s"] < 6, r1["barrier_hung_s"]
@@ -277,7 +277,7 @@ def test_an_evaluation_shared_out_among_ranks_keeps_item_order_and_a_rank_hung_i
     T = 0.6
     r0, r1 = spawn_waits(0.01, "spread", tmp_path)
     assert r0["spread"] == r1["spread"] == [[0, 0], [1, 1], [2, 0], [3, 1], [4, 0]]  # (item, the rank that did it)
-    assert r1["spread_hung"].startswith("error: RuntimeError: rank 1 stopped waiting for the other ranks at a step's "
+    assert r1["spread_hung"].startswith("error: RankTimeout: rank 1 stopped waiting for the other ranks at a step's "
                                         "collective: one of them hangs or died."), r1["spread_hung"]
     assert T * 0.9 < r1["spread_hung_s"] < T + 3, r1["spread_hung_s"]
 

@@ -109,6 +109,7 @@ def test_the_drill_names_a_torchrun_that_hangs_or_leaves_a_rank_running(tmp_path
     process the run started, the stopped one included."""
     drill = drill_module()
     monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
+    monkeypatch.setattr(drill, "ENGINE_GRACE_S", 0.5)  # the stand-in starts no engine
     log = tmp_path / "run.log"
     finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, mode], log, 0.0, rank=1, sig=sig)
     assert not finished and found["rank"] == 1 and found["signal"] == sig
@@ -122,6 +123,7 @@ def test_the_drill_names_ranks_that_run_on_after_torchrun_is_killed(tmp_path, mo
     reports as a hang, and it kills them."""
     drill = drill_module()
     monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
+    monkeypatch.setattr(drill, "ENGINE_GRACE_S", 0.5)  # the stand-in starts no engine
     log = tmp_path / "run.log"
     finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, "orphan"], log, 0.0, rank=drill.AGENT)
     assert not finished and found["rank"] == "torchrun" and found["hung"] and found["left_running"] == 2

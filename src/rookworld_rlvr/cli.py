@@ -311,9 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         from rookworld_rlvr.atomic import refused_write
         from rookworld_rlvr.data.io import DataError
         from rookworld_rlvr.engine import EngineError, StockfishNotFound
+        from rookworld_rlvr.grpo.distributed import RankTimeout
         from rookworld_rlvr.model.load import ModelLoadError
 
-        if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, ValueError, FileNotFoundError))
+        if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, RankTimeout, ValueError,
+                           FileNotFoundError))
                 or refused_write(e)) and \
                 not getattr(args, "traceback", False):
             print(f"error: {e}", file=sys.stderr)

@@ -51,6 +51,10 @@ _step_minutes = 0.0  # init_from_env's step_timeout_minutes
 _watching = False  # watch_torchrun's thread runs
 
 
+class RankTimeout(RuntimeError):
+    """A rank stopped waiting for the others (one hangs or died): the command says so in one line."""
+
+
 @contextmanager
 def _waiting(where: str):
     """A wait that timed out (gloo raises; NCCL's watchdog ends the process itself) says where and why."""
@@ -61,7 +65,7 @@ def _waiting(where: str):
             raise
         lone = LONE_WORK.total_seconds() / 60
         who = rank() if active() else os.environ.get("RANK", "0")  # before the first meeting: torchrun's word
-        raise RuntimeError(f"rank {who} stopped waiting for the other ranks at {where}: one of them hangs or "
+        raise RankTimeout(f"rank {who} stopped waiting for the other ranks at {where}: one of them hangs or "
                            f"died. A step's collectives (evaluations, the first meeting) wait step_timeout_minutes "
                            f"({_step_minutes:g}); the others wait {lone:g} minutes for rank 0's saves. ({e})") from e
 
