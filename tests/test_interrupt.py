@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -405,3 +407,55 @@ def test_a_closed_terminal_ends_rookworld_train_with_a_checkpoint_of_the_step_in
         text = err_log.read_text()
         assert "SIGHUP: stopping after this step with a checkpoint (--resume continues from it)\n" in text
         assert f"train: stopped at step {last} on SIGHUP: checkpoint saved, --resume continues from it" in text
+
+
+WRITE_SYSCALL = {"x86_64": 1, "aarch64": 64}  # write(2)'s number where /proc/PID/syscall shows it
+
+
+def _writing(pid: int) -> bool:
+    """Whether process `pid` waits in a write(2) to its stdout or stderr (/proc/PID/syscall: number, arguments)."""
+    fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    return fields[0] == str(WRITE_SYSCALL[platform.machine()]) and int(fields[1], 16) in (1, 2)
+
+
+def test_a_stalled_terminal_that_hangs_up_ends_rookworld_sft_with_a_checkpoint_of_the_step_in_hand(
+        tmp_path, tiny_model_dir, small_data):
+    """A lost SSH connection stalls before the server gives up on it: nobody reads the terminal, its buffer fills
+    and `rookworld sft` waits in its next write (here a step's held-out line: --quiet, no bar), which the hangup
+    then fails (EIO) before SIGHUP's handler runs. The run died of that write with nothing saved; now it saves
+    the step in hand and exits 129."""
+    import contextlib
+    import pty
+    import select
+
+    out = tmp_path / "m"
+    args = [sys.executable, "-m", "rookworld_rlvr", "sft", "--data", str(small_data / "train.jsonl"), "--eval-data",
+            str(small_data / "eval.jsonl"), "--out", str(out), "--init", str(tiny_model_dir), "--steps", "10000",
+            "--save-every", "1000", "--eval-every", "1", "--eval-samples", "2", "--batch-size", "4", "--device",
+            "cpu", "--threads", "1", "--quiet"]
+    terminal, its_end = pty.openpty()
+    name = os.ttyname(its_end)
+    proc = subprocess.Popen(args, stdin=its_end, stdout=its_end, stderr=its_end,  # a test runner may ignore SIGHUP
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    os.close(its_end)
+    shown, deadline = b"", time.time() + 240
+    while b'"step": 2' not in shown:  # a step past the first, so that the handlers are armed
+        assert proc.poll() is None and time.time() < deadline, shown[-2000:]
+        if select.select([terminal], [], [], 0.2)[0]:
+            shown += os.read(terminal, 1 << 16)
+    # the stall: another writer fills what the terminal holds for its reader, and the run waits in its next write
+    filler = os.open(name, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(filler, b"." * 1024)
+    while not _writing(proc.pid):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    os.close(filler)
+    os.close(terminal)  # the server gives up: the terminal hangs up, then SIGHUP, twice (the terminal's, its shell's)
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 129
+    logged = [json.loads(x)["step"] for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()]
+    state = json.loads((tmp_path / "m.checkpoint" / "sft_state.json").read_text())
+    assert logged == list(range(1, len(logged) + 1)) and state["step"] == logged[-1] >= 2

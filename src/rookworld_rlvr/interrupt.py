@@ -13,9 +13,11 @@ start without a handler of the parent's. Imports nothing of the package.
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -92,6 +94,10 @@ class StopOnSignal:
             return
         self.armed, self._pid = True, os.getpid()
         self._terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # asked now: a hung-up terminal says it is none
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if _fd(stream) in self._terminal:
+                setattr(sys, name, _TerminalStream(stream))
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS
                           if signal.getsignal(s) not in (signal.SIG_IGN, None)}  # ignored (nohup, `&`), or
         # set outside Python (None: it could not be restored): left as it is
@@ -104,6 +110,9 @@ class StopOnSignal:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}
+        for name in ("stdout", "stderr"):
+            if isinstance(stream := getattr(sys, name), _TerminalStream):
+                setattr(sys, name, stream.stream)
 
     @contextlib.contextmanager
     def at_once(self, step: int) -> Iterator[None]:
@@ -148,3 +157,40 @@ def _off_the_terminal(fds: list[int]) -> None:
             os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+def _fd(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test runner's capture, say, or closed
+        return None
+
+
+class _TerminalStream:
+    """sys.stdout or sys.stderr of an armed job, where a terminal: a write the terminal fails because it hung up
+    (EIO) points it at /dev/null, as SIGHUP's handler does, instead of ending the job. A lost SSH connection
+    stalls first: nobody reads the terminal, the job waits in its next write, and the hangup fails that write
+    before the job's SIGHUP handler runs. (tqdm's bars take EIO themselves; a print or `tqdm.write` did not.)"""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            _off_the_terminal([self.stream.fileno()])
+            return len(text)  # what the write kept in its buffer goes to /dev/null with the next flush
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            _off_the_terminal([self.stream.fileno()])
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
