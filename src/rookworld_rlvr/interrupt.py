@@ -64,7 +64,8 @@ class StopOnSignal:
     """Once entered and `arm`ed by the job at its first step (in the main thread), the first SIGINT,
     SIGTERM or SIGHUP only sets `asked` to its number and says so on stderr; the job checks `asked` between
     steps. A SIGHUP also points stdout and stderr, where they were a terminal, at /dev/null (that terminal is
-    gone), and one that comes again is no second signal.
+    gone), and one that comes again is no second signal; so does a write the hung-up terminal fails first
+    (`_TerminalStream`, sys.stdout and sys.stderr while armed).
     Before that (reading or encoding data: no step to end, no checkpoint to save), after the block and at
     a second signal, the handlers found at `arm` take the signal as they would have (Ctrl-C raises
     KeyboardInterrupt, SIGTERM ends the process); so do the processes this one forks.

@@ -66,8 +66,8 @@ def _waiting(where: str):
         lone = LONE_WORK.total_seconds() / 60
         who = rank() if active() else os.environ.get("RANK", "0")  # before the first meeting: torchrun's word
         raise RankTimeout(f"rank {who} stopped waiting for the other ranks at {where}: one of them hangs or "
-                           f"died. A step's collectives (evaluations, the first meeting) wait step_timeout_minutes "
-                           f"({_step_minutes:g}); the others wait {lone:g} minutes for rank 0's saves. ({e})") from e
+                          f"died. A step's collectives (evaluations, the first meeting) wait step_timeout_minutes "
+                          f"({_step_minutes:g}); the others wait {lone:g} minutes for rank 0's saves. ({e})") from e
 
 
 def active() -> bool:
