@@ -177,17 +177,19 @@ class _TerminalStream:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        try:
+        with self._hung_up():
             return self.stream.write(text)
-        except OSError as e:
-            if e.errno != errno.EIO:
-                raise
-            _off_the_terminal([self.stream.fileno()])
-            return len(text)  # what the write kept in its buffer goes to /dev/null with the next flush
+        return len(text)  # what the write kept in its buffer goes to /dev/null with the next flush
 
     def flush(self) -> None:
-        try:
+        with self._hung_up():
             self.stream.flush()
+
+    @contextlib.contextmanager
+    def _hung_up(self) -> Iterator[None]:
+        """EIO from the terminal: point it at /dev/null and go on; any other error raises."""
+        try:
+            yield
         except OSError as e:
             if e.errno != errno.EIO:
                 raise
