@@ -466,20 +466,58 @@ def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_complet
     assert run(tmp_path / "c.json", other_dir) == (0, 4)  # nothing kept: other weights
 
 
-def test_a_hub_model_out_of_reach_is_one_clear_line(data_file):
-    """A Hub id that cannot be fetched (offline here, as on a GPU machine without network) stops with one
-    line naming the model, the Hub and what to do, not transformers' traceback."""
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: refused at once, as a machine without network refuses
+
+
+def hub_env(**extra: str) -> dict[str, str]:
+    """The environment of a `rookworld` process whose Hub is out of reach (its HF_ENDPOINT refused)."""
     import os
+
+    return {**os.environ, "HF_ENDPOINT": UNREACHABLE_HUB, "HF_HUB_OFFLINE": "0", **extra}
+
+
+@pytest.mark.parametrize("hub", ["offline-mode", "out-of-reach"])
+def test_a_hub_model_out_of_reach_is_one_clear_line(data_file, tmp_path, hub):
+    """A Hub id that cannot be fetched stops with one line naming the model, the Hub and what to do, not
+    transformers' traceback: offline mode said (HF_HUB_OFFLINE=1), or a Hub out of reach (a GPU machine without
+    network): then at once, not after transformers' five retries of each file (a minute, twenty lines)."""
     import subprocess
     import sys
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = hub_env(HF_HUB_CACHE=str(tmp_path / "cache"), **({"HF_HUB_OFFLINE": "1"} if hub == "offline-mode" else {}))
     run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "nobody/no-such-model", "--data",
                           str(data_file), "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    (line,) = run.stderr.strip().splitlines()
-    assert line.startswith("error: cannot load the model: model nobody/no-such-model could not be loaded from the "
-                           "Hugging Face Hub: ") and "pass a local model directory" in line, line
+    (line,) = run.stderr.strip().splitlines()  # no retries
+    assert line.startswith("error: cannot load the model: model nobody/no-such-model could not be loaded") and \
+        "pass a local model directory" in line, line
+    if hub == "out-of-reach":
+        assert f"the Hugging Face Hub {UNREACHABLE_HUB} is out of reach (" in line and \
+            f"the local cache ({tmp_path / 'cache'}) does not hold it" in line, line
+
+
+def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(saved_model, data_file, tmp_path):
+    """Out of reach, a Hub id that was loaded once (the local cache holds it) is read from the cache at once, with
+    a line saying so (the Hub may hold a newer copy), rather than after a minute of retries for each of its files
+    (three minutes and 138 lines before)."""
+    import shutil
+    import subprocess
+    import sys
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--someone--tiny"  # huggingface_hub's cache layout
+    shutil.copytree(saved_model, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = hub_env(HF_HUB_CACHE=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "someone/tiny", "--data",
+                          str(data_file), "--device", "cpu", "--limit", "2", "--quiet"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (line,) = run.stderr.splitlines()  # no retries
+    assert line.startswith(f"warning: the Hugging Face Hub {UNREACHABLE_HUB} is out of reach (") and \
+        line.endswith(f"); someone/tiny was loaded from the local cache ({tmp_path / 'cache'})"), line
+    assert "loaded GPT2LMHeadModel (hub: someone/tiny)" in run.stdout and "policy.n " in run.stdout
 
 
 def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):

@@ -105,6 +105,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         kinds = "" if name == "strength_data" else " (" + ", ".join(
             f"{k} {sum(p.kind == k for p in rows)}" for k in sorted({p.kind for p in rows})) + ")"
         out(f"{name}: {path}: {len(rows)} {'positions' if name == 'strength_data' else 'puzzles'}{kinds}")
+    from rookworld_rlvr.model import hub
     from rookworld_rlvr.model.load import local_model_problem
 
     model = Path(cfg.model)
@@ -116,6 +117,13 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         cfg_json = json.loads((model / "config.json").read_text())
         out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "
             f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
+    elif why := hub.not_asked():
+        if hub.cached(cfg.model):
+            out(f"model: {cfg.model} (Hugging Face Hub id, from the local cache {hub.cache_dir()}: {why})")
+        else:  # a warning only, as a device this machine lacks: the run may be meant for one with network
+            out(f"model: {cfg.model} (Hugging Face Hub id)")
+            out(f"warning: {why} and the local cache ({hub.cache_dir()}) does not hold {cfg.model}; the run stops "
+                f"at once here")
     else:
         out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
     for problem in device_problems(cfg):  # a warning only: a run prepared here may run on another machine

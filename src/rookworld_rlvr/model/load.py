@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 from transformers.utils import logging as hf_logging
+
+from . import hub
 
 _DTYPES = {
     "float32": torch.float32,
@@ -230,7 +233,8 @@ def load_policy(
 
     The model comes back in eval mode (dropout off) with requires_grad untouched;
     the tokenizer pads on the left with eos as pad. Raises ModelLoadError when any
-    weight is missing, unexpected or mis-shaped.
+    weight is missing, unexpected or mis-shaped. A Hub id whose Hub is out of reach
+    (`hub.out_of_reach`) is read from the local cache alone, with a warning.
     """
     if problem := local_model_problem(name_or_path):
         raise ModelLoadError(problem)
@@ -240,6 +244,7 @@ def load_policy(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
 
+    unreachable = None if is_local else hub.out_of_reach()  # then the cache alone, not a minute of retries a file
     try:
         with _no_bars():
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -249,17 +254,28 @@ def load_policy(
                 output_loading_info=True,
                 # Let mis-shaped weights through to the loading info so they raise ModelLoadError below.
                 ignore_mismatched_sizes=True,
+                local_files_only=bool(unreachable),
+                # transformers' look for a PEFT adapter does not take local_files_only from the call
+                **({"adapter_kwargs": {"local_files_only": True}} if unreachable else {}),
             )
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
+                                                  local_files_only=bool(unreachable))
     except SafetensorError as e:  # its words alone do not say which file, nor that it is damaged
         raise ModelLoadError(f"model {name_or_path}: its safetensors weights could not be read, a file cut short or "
                              f"damaged ({', '.join(p.name for p in path.glob('*.safetensors')) or 'downloaded'}): "
                              f"{e}") from e
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
+        if unreachable:
+            raise ModelLoadError(f"model {name_or_path} could not be loaded: {unreachable}, and the local cache "
+                                 f"({hub.cache_dir()}) does not hold it (load it once with network, which caches it, "
+                                 f"or pass a local model directory)") from e
         hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
                                     "directory)")
         where = "" if is_local else " from the Hugging Face Hub"
         raise ModelLoadError(f"model {name_or_path} could not be loaded{where}: {str(e).splitlines()[0]}{hint}") from e
+    if unreachable:  # a copy the Hub may have replaced since: say so
+        print(f"warning: {unreachable}; {name_or_path} was loaded from the local cache ({hub.cache_dir()})",
+              file=sys.stderr, flush=True)
     _check_loading_info(info, model, source)
     fuse_activations(model)
     model.to(dev)
