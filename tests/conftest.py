@@ -232,6 +232,43 @@ def random_transitions(n: int, seed: int = 0) -> list[env_task.EnvTruth]:
     return out[:n] if len(out) > n else out
 
 
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: refused at once, as a machine without network refuses
+
+
+@pytest.fixture
+def answering_hub() -> Iterator[str]:
+    """The endpoint of a Hub that answers and holds nothing (a local server: 404 to every HEAD and GET)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Hub(BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET = answer
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Hub) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+
+
+def in_hub_cache(model_dir: Path, cache: Path, repo_id: str) -> None:
+    """Lay `model_dir` into the Hub cache `cache` as huggingface_hub lays a download of `repo_id` there."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 with the chess tokenizer, saved in Hugging Face format."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REFERENCE, REPO, held_out_files, random_transitions
+from conftest import REFERENCE, REPO, UNREACHABLE_HUB, held_out_files, random_transitions
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.data.generate import GenerateConfig, generate
 from rookworld_rlvr.data.importer import import_data
@@ -127,6 +127,31 @@ def test_import_environment_lines_with_and_without_prefix(tmp_path):
     summary = import_data(str(src), str(tmp_path / "env.jsonl"))
     assert summary["written"] == 20
     assert [s.truth for s in read_samples(tmp_path / "env.jsonl")] == ts
+
+
+def test_a_hub_dataset_out_of_reach_or_not_found_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                                                answering_hub):
+    """`data import owner/name`: a Hub out of reach is said at once (not after datasets' minute of retries and a
+    traceback), and one that answers without the dataset in one line."""
+    import subprocess
+    import sys
+
+    from huggingface_hub import constants
+
+    out = tmp_path / "x.jsonl"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
+    assert main(["data", "import", "someone/games", "--out", str(out)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: someone/games: cannot import the Hub dataset: the Hugging Face Hub "
+                           f"{UNREACHABLE_HUB} is out of reach (") and "HF_HUB_OFFLINE=1" in line, line
+    env = {**os.environ, "HF_ENDPOINT": answering_hub, "HF_HUB_OFFLINE": "0"}  # datasets reads it as it is imported
+    run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "data", "import", "someone/games", "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: someone/games: cannot import the Hub dataset: ") and "Traceback" not in line, line
+    assert not out.exists()
 
 
 def test_cli_errors_are_one_clear_line(tmp_path, capsys):

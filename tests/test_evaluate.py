@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from conftest import REFERENCE, REPO, as_options, held_out_fields, random_transitions
+from conftest import REFERENCE, REPO, UNREACHABLE_HUB, as_options, held_out_fields, in_hub_cache, random_transitions
 from rookworld_rlvr import evaluate as ev
 from rookworld_rlvr import metrics as mt
 from rookworld_rlvr import tables
@@ -466,9 +466,6 @@ def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_complet
     assert run(tmp_path / "c.json", other_dir) == (0, 4)  # nothing kept: other weights
 
 
-UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: refused at once, as a machine without network refuses
-
-
 def hub_env(**extra: str) -> dict[str, str]:
     """The environment of a `rookworld` process whose Hub is out of reach (its HF_ENDPOINT refused)."""
     import os
@@ -500,15 +497,10 @@ def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(
     """Out of reach, a Hub id that was loaded once (the local cache holds it) is read from the cache at once, with
     a line saying so (the Hub may hold a newer copy), rather than after a minute of retries for each of its files
     (three minutes and 138 lines before)."""
-    import shutil
     import subprocess
     import sys
 
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "cache" / "models--someone--tiny"  # huggingface_hub's cache layout
-    shutil.copytree(saved_model, repo / "snapshots" / commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    in_hub_cache(saved_model, tmp_path / "cache", "someone/tiny")
     env = hub_env(HF_HUB_CACHE=str(tmp_path / "cache"))
     run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "someone/tiny", "--data",
                           str(data_file), "--device", "cpu", "--limit", "2", "--quiet"], capture_output=True, text=True,

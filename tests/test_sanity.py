@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from conftest import UNREACHABLE_HUB, in_hub_cache
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.grpo.sanity import check_batch, overfit, product_bits
 from rookworld_rlvr.model import tf32_unless_chosen
@@ -122,14 +123,11 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert "error: config field 'ref_device': device 'cuda:99' requested but " in err and str(bad) not in err
 
 
-def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_dir, small_data, capsys, monkeypatch):
-    """A Hub id: downloaded where the Hub answers (here a local server: any answer is an answer); where it is out of
-    reach or offline mode is on, from the local cache when it holds the model, else a warning that the run stops at
-    once (a warning: the run may be prepared here for a machine with network)."""
-    import shutil
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_dir, small_data, capsys, monkeypatch,
+                                                           answering_hub):
+    """A Hub id: downloaded where the Hub answers (any answer is an answer); where it is out of reach or offline mode
+    is on, from the local cache when it holds the model, else a warning that the run stops at once (a warning: the
+    run may be prepared here for a machine with network)."""
     from huggingface_hub import constants
 
     cache = tmp_path / "cache"
@@ -137,38 +135,24 @@ def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     base = ["train", "--dry-run", "--model", "someone/tiny", "--data", str(small_data / "train.jsonl"), "--eval-data",
             str(small_data / "eval.jsonl")]
-
-    class Hub(BaseHTTPRequestHandler):
-        def do_HEAD(self):  # noqa: N802 - http.server's name
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    with ThreadingHTTPServer(("127.0.0.1", 0), Hub) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-        assert main(base) == 0
-        server.shutdown()
+    monkeypatch.setattr(constants, "ENDPOINT", answering_hub)
+    assert main(base) == 0
     out = capsys.readouterr().out
     assert "model: someone/tiny (Hugging Face Hub id; downloaded at load time)" in out and "warning" not in out
 
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # refused: out of reach
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
     assert main(base) == 0
     out = capsys.readouterr().out
-    assert "model: someone/tiny (Hugging Face Hub id)\nwarning: the Hugging Face Hub http://127.0.0.1:9 is out of reach (" \
-        in out and f") and the local cache ({cache}) does not hold someone/tiny; the run stops at once here\n" in out
+    assert f"model: someone/tiny (Hugging Face Hub id)\nwarning: the Hugging Face Hub {UNREACHABLE_HUB} is out of " \
+           "reach (" in out and f") and the local cache ({cache}) does not hold someone/tiny; the run stops at once " \
+           "here\n" in out
     assert "dry run: ok" in out
 
-    commit = "0123456789abcdef0123456789abcdef01234567"  # huggingface_hub's cache layout
-    shutil.copytree(tiny_model_dir, cache / "models--someone--tiny" / "snapshots" / commit)
-    (cache / "models--someone--tiny" / "refs").mkdir()
-    (cache / "models--someone--tiny" / "refs" / "main").write_text(commit)
+    in_hub_cache(tiny_model_dir, cache, "someone/tiny")
     assert main(base) == 0
     out = capsys.readouterr().out
     assert f"model: someone/tiny (Hugging Face Hub id, from the local cache {cache}: the Hugging Face Hub " \
-           "http://127.0.0.1:9 is out of reach (" in out and "warning" not in out
+           f"{UNREACHABLE_HUB} is out of reach (" in out and "warning" not in out
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(base) == 0
     assert f"model: someone/tiny (Hugging Face Hub id, from the local cache {cache}: offline mode is on " \

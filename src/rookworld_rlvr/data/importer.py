@@ -5,7 +5,7 @@ prefix) or a Hugging Face dataset by name, corrects the upstream `B:` label quir
 truth = the move with the highest eval for the side to move) and writes our JSONL.
 
 Owns reading upstream data. Chess and files only: imports no torch and nothing of the model or
-trainer (`datasets` inside a function, for Hub names).
+trainer (`datasets` and `hub`, the Hub's reach, inside a function, for Hub names).
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ def _hub_lines(name: str, split: str) -> Iterator[tuple[str, str]]:
         import datasets
     except ImportError:
         raise SystemExit("importing a Hub dataset needs the `datasets` package: pip install 'rookworld-rlvr[hub]'") from None
-    ds = datasets.load_dataset(name, split=split)
+    from rookworld_rlvr import hub
+
+    if why := hub.out_of_reach():  # datasets would retry each file for a minute, then raise a traceback
+        raise DataError(f"{name}: cannot import the Hub dataset: {why} (a copy in the local cache loads with "
+                        "HF_HUB_OFFLINE=1; or import a local file of upstream lines)")
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except (ConnectionError, OSError, ValueError) as e:  # no such dataset or split, offline without a cached copy
+        raise DataError(f"{name}: cannot import the Hub dataset: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     column = "text" if "text" in ds.column_names else ds.column_names[0]
     for i, row in enumerate(ds):
         yield f"{name}[{split}]:{i + 1}", row[column]

@@ -105,7 +105,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         kinds = "" if name == "strength_data" else " (" + ", ".join(
             f"{k} {sum(p.kind == k for p in rows)}" for k in sorted({p.kind for p in rows})) + ")"
         out(f"{name}: {path}: {len(rows)} {'positions' if name == 'strength_data' else 'puzzles'}{kinds}")
-    from rookworld_rlvr.model import hub
+    from rookworld_rlvr import hub
     from rookworld_rlvr.model.load import local_model_problem
 
     model = Path(cfg.model)

@@ -26,7 +26,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from . import hub
+import rookworld_rlvr.hub as hub
 
 _DTYPES = {
     "float32": torch.float32,
@@ -234,7 +234,7 @@ def load_policy(
     The model comes back in eval mode (dropout off) with requires_grad untouched;
     the tokenizer pads on the left with eos as pad. Raises ModelLoadError when any
     weight is missing, unexpected or mis-shaped. A Hub id whose Hub is out of reach
-    (`hub.out_of_reach`) is read from the local cache alone, with a warning.
+    (`rookworld_rlvr.hub`) is read from the local cache alone, with a warning.
     """
     if problem := local_model_problem(name_or_path):
         raise ModelLoadError(problem)

@@ -1,4 +1,4 @@
-"""Whether the Hugging Face Hub can be reached now, asked once before a Hub id is loaded.
+"""Whether the Hugging Face Hub can be reached now, asked once before a Hub id (a model, a dataset) is loaded.
 
 Without a network (a GPU machine, a cluster node) transformers retries each file five times
 with backoff: a minute and twenty lines of retries before it says what one request could have
