@@ -466,50 +466,50 @@ def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_complet
     assert run(tmp_path / "c.json", other_dir) == (0, 4)  # nothing kept: other weights
 
 
-def hub_env(**extra: str) -> dict[str, str]:
-    """The environment of a `rookworld` process whose Hub is out of reach (its HF_ENDPOINT refused)."""
-    import os
+@pytest.fixture
+def cut_off_hub(tmp_path, monkeypatch) -> Path:
+    """A Hub out of reach (its endpoint refused, as a machine without network refuses) and an empty local cache,
+    which this returns."""
+    from huggingface_hub import constants
 
-    return {**os.environ, "HF_ENDPOINT": UNREACHABLE_HUB, "HF_HUB_OFFLINE": "0", **extra}
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.mark.parametrize("hub", ["offline-mode", "out-of-reach"])
-def test_a_hub_model_out_of_reach_is_one_clear_line(data_file, tmp_path, hub):
+def test_a_hub_model_out_of_reach_is_one_clear_line(data_file, cut_off_hub, hub, capsys, caplog, monkeypatch):
     """A Hub id that cannot be fetched stops with one line naming the model, the Hub and what to do, not
     transformers' traceback: offline mode said (HF_HUB_OFFLINE=1), or a Hub out of reach (a GPU machine without
     network): then at once, not after transformers' five retries of each file (a minute, twenty lines)."""
-    import subprocess
-    import sys
+    from huggingface_hub import constants
 
-    env = hub_env(HF_HUB_CACHE=str(tmp_path / "cache"), **({"HF_HUB_OFFLINE": "1"} if hub == "offline-mode" else {}))
-    run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "nobody/no-such-model", "--data",
-                          str(data_file), "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    (line,) = run.stderr.strip().splitlines()  # no retries
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", hub == "offline-mode")
+    assert main(["eval", "--model", "nobody/no-such-model", "--data", str(data_file), "--device", "cpu"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: cannot load the model: model nobody/no-such-model could not be loaded") and \
         "pass a local model directory" in line, line
     if hub == "out-of-reach":
         assert f"the Hugging Face Hub {UNREACHABLE_HUB} is out of reach (" in line and \
-            f"the local cache ({tmp_path / 'cache'}) does not hold it" in line, line
+            f"the local cache ({cut_off_hub}) does not hold it" in line, line
+    assert "Retrying" not in caplog.text  # huggingface_hub's retries, each a line
 
 
-def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(saved_model, data_file, tmp_path):
+def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(saved_model, data_file, cut_off_hub,
+                                                                                 capsys, caplog):
     """Out of reach, a Hub id that was loaded once (the local cache holds it) is read from the cache at once, with
     a line saying so (the Hub may hold a newer copy), rather than after a minute of retries for each of its files
     (three minutes and 138 lines before)."""
-    import subprocess
-    import sys
-
-    in_hub_cache(saved_model, tmp_path / "cache", "someone/tiny")
-    env = hub_env(HF_HUB_CACHE=str(tmp_path / "cache"))
-    run = subprocess.run([sys.executable, "-m", "rookworld_rlvr", "eval", "--model", "someone/tiny", "--data",
-                          str(data_file), "--device", "cpu", "--limit", "2", "--quiet"], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (line,) = run.stderr.splitlines()  # no retries
+    in_hub_cache(saved_model, cut_off_hub, "someone/tiny")
+    assert main(["eval", "--model", "someone/tiny", "--data", str(data_file), "--device", "cpu", "--limit", "2",
+                 "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
     assert line.startswith(f"warning: the Hugging Face Hub {UNREACHABLE_HUB} is out of reach (") and \
-        line.endswith(f"); someone/tiny was loaded from the local cache ({tmp_path / 'cache'})"), line
-    assert "loaded GPT2LMHeadModel (hub: someone/tiny)" in run.stdout and "policy.n " in run.stdout
+        line.endswith(f"); someone/tiny was loaded from the local cache ({cut_off_hub})"), line
+    assert "loaded GPT2LMHeadModel (hub: someone/tiny)" in out and "policy.n " in out
+    assert "Retrying" not in caplog.text
 
 
 def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
