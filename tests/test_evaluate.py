@@ -512,6 +512,41 @@ def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(
     assert "Retrying" not in caplog.text
 
 
+def test_a_peft_adapter_whose_base_is_a_hub_id_loads_its_base_from_the_cache_with_the_hub_out_of_reach(
+        saved_model, cut_off_hub, tmp_path, capsys, caplog):
+    """A LoRA adapter saved elsewhere (adapter_config.json naming a Hub base) loads with its base: out of reach, the
+    base from the local cache at once, and the model answers as the adapted one did."""
+    import json
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rookworld_rlvr.model.load import load_policy
+
+    in_hub_cache(saved_model, cut_off_hub, "someone/tiny")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    base = AutoModelForCausalLM.from_pretrained(saved_model).eval()
+    plain = base(ids).logits
+    adapted = get_peft_model(base, LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True))
+    torch.manual_seed(0)
+    for name, p in adapted.named_parameters():
+        if "lora_B" in name:  # 0 as initialised: the adapter would change nothing
+            p.data.normal_()
+    adapted.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(saved_model).save_pretrained(tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "someone/tiny"}))
+    capsys.readouterr()  # transformers' bars of the loads above
+    model, _ = load_policy(str(tmp_path / "adapter"), device="cpu", verbose=False)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: the Hugging Face Hub {UNREACHABLE_HUB} is out of reach (") and \
+        line.endswith(f"); someone/tiny was loaded from the local cache ({cut_off_hub})"), line
+    assert "Retrying" not in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, adapted.eval()(ids).logits)
+        assert not torch.allclose(model(ids).logits, plain, atol=1e-3)
+
+
 def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
     rc = main(["eval", "--model", str(tmp_path / "nope"), "--data", str(data_file), "--device", "cpu"])
     err = capsys.readouterr().err

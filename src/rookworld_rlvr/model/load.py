@@ -221,6 +221,14 @@ def local_model_problem(name_or_path: str) -> str | None:
     return f"no such model directory: {name_or_path} ({why})" + (f"; models in {path.parent}: {inside}" if inside else "")
 
 
+def _adapter_base_on_hub(path: Path) -> str | None:
+    """The Hub id of the base model a PEFT adapter directory loads with, or None (a full model, a local base)."""
+    if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
+        return None
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    return base if base and not Path(base).expanduser().is_dir() else None
+
+
 def load_policy(
     name_or_path: str,
     *,
@@ -244,7 +252,8 @@ def load_policy(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
 
-    unreachable = None if is_local else hub.out_of_reach()  # then the cache alone, not a minute of retries a file
+    hub_id = _adapter_base_on_hub(path) if is_local else name_or_path  # what the load asks the Hub for
+    unreachable = hub.out_of_reach() if hub_id else None  # then the cache alone, not a minute of retries a file
     try:
         with _no_bars():
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -267,14 +276,14 @@ def load_policy(
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
         if unreachable:
             raise ModelLoadError(f"model {name_or_path} could not be loaded: {unreachable}, and the local cache "
-                                 f"({hub.cache_dir()}) does not hold it (load it once with network, which caches it, "
-                                 f"or pass a local model directory)") from e
+                                 f"({hub.cache_dir()}) does not hold {'it' if hub_id == name_or_path else hub_id} "
+                                 f"(load it once with network, which caches it, or pass a local model directory)") from e
         hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
                                     "directory)")
         where = "" if is_local else " from the Hugging Face Hub"
         raise ModelLoadError(f"model {name_or_path} could not be loaded{where}: {str(e).splitlines()[0]}{hint}") from e
     if unreachable:  # a copy the Hub may have replaced since: say so
-        print(f"warning: {unreachable}; {name_or_path} was loaded from the local cache ({hub.cache_dir()})",
+        print(f"warning: {unreachable}; {hub_id} was loaded from the local cache ({hub.cache_dir()})",
               file=sys.stderr, flush=True)
     _check_loading_info(info, model, source)
     fuse_activations(model)
