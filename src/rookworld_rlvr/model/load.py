@@ -275,9 +275,10 @@ def load_policy(
                              f"{e}") from e
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
         if unreachable:
+            held = "it" if hub_id == name_or_path else hub_id
             raise ModelLoadError(f"model {name_or_path} could not be loaded: {unreachable}, and the local cache "
-                                 f"({hub.cache_dir()}) does not hold {'it' if hub_id == name_or_path else hub_id} "
-                                 f"(load it once with network, which caches it, or pass a local model directory)") from e
+                                 f"({hub.cache_dir()}) does not hold {held} (load it once with network, which caches "
+                                 f"it, or pass a local model directory)") from e
         hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
                                     "directory)")
         where = "" if is_local else " from the Hugging Face Hub"
