@@ -464,6 +464,10 @@ def test_a_mistyped_model_path_is_named_with_the_models_beside_it_before_any_hub
     (tmp_path / "models/adapter").mkdir()
     (tmp_path / "models/adapter/adapter_config.json").write_text("{}")
     assert local_model_problem("models/adapter") is None  # a PEFT adapter: transformers loads its base with it
+    (tmp_path / "models/adapter/adapter_config.json").write_text('{\n  "r": 8,\n  "base_model_name_or_path": x\n}')
+    with pytest.raises(ModelLoadError, match=r"^models/adapter/adapter_config.json:3: not valid JSON \(Expecting "
+                                             r"value, column 30\)$"):
+        load_policy("models/adapter", device="cpu")
     # each command says it in one line, no traceback
     for argv in (["train", "--model", "models/bord", "--steps", "1", "--output-dir", "out"],
                  ["train", "--model", "models/bord", "--dry-run", "--data", "data/eval.jsonl.gz"],

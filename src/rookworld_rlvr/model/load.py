@@ -225,8 +225,13 @@ def _adapter_base_on_hub(path: Path) -> str | None:
     """The Hub id of the base model a PEFT adapter directory loads with, or None (a full model, a local base)."""
     if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
         return None
-    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    return base if base and not Path(base).expanduser().is_dir() else None
+    file = path / "adapter_config.json"
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as e:  # transformers' own words name neither the file nor the line
+        raise ModelLoadError(f"{file}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from e
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    return base if isinstance(base, str) and base and not Path(base).expanduser().is_dir() else None
 
 
 def load_policy(
