@@ -223,9 +223,9 @@ def local_model_problem(name_or_path: str) -> str | None:
 
 def _adapter_base_on_hub(path: Path) -> str | None:
     """The Hub id of the base model a PEFT adapter directory loads with, or None (a full model, a local base)."""
-    if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
-        return None
     file = path / "adapter_config.json"
+    if (path / "config.json").is_file() or not file.is_file():
+        return None
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:  # transformers' own words name neither the file nor the line
