@@ -122,7 +122,7 @@ def test_stockfish_beats_a_random_mover_and_pgn_round_trips(tmp_path):
         assert parsed.headers["Result"] == g.result and parsed.end().board().fen() == g.board.fen()
 
 
-def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, capsys, torch_threads):
+def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, capsys, torch_threads, monkeypatch):
     openings = tmp_path / "openings.txt"
     openings.write_text("# two openings\n" + "\n".join(OPENINGS) + "\n")
     pgn, out = tmp_path / "games.pgn", tmp_path / "match.json"
@@ -138,6 +138,9 @@ def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, c
     for games, error in (("3", "even number"), ("6", "has 2 openings")):
         assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", games]) == 1
         assert error in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # the default openings are the checkout's data/openings.txt: named with the option
+    assert main(["match", str(tiny_model_dir), "random", "--games", "2"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: --openings data/openings.txt: no such file in {tmp_path}"
     bad = tmp_path / "bad.txt"
     bad.write_text(START + "\nnot a fen\n")
     with pytest.raises(DataError, match=r"bad\.txt:2: bad FEN"):

@@ -1,6 +1,7 @@
 """check-batch, overfit and --dry-run: the tools that catch silent failures early."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,6 +124,33 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert "error: config field 'ref_device': device 'cuda:99' requested but " in err and str(bad) not in err
 
 
+def test_the_shipped_preset_run_from_outside_the_checkout_says_where_it_looked_for_each_file(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """The presets name the shipped files relative to the checkout; run from elsewhere, each error says where it
+    looked (the working directory), and the model, which a Hub id would also read as, says so before the Hub's
+    word, so that one run of --dry-run shows the fix."""
+    from huggingface_hub import constants
+
+    from conftest import REPO
+
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(REPO / "configs" / "default.yaml"), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert f"model: models/rookworld-board (Hugging Face Hub id: no directory models/rookworld-board in {tmp_path})" \
+        in out
+    for field in ("data", "eval_data", "puzzle_data", "strength_data", "puzzle_eval_data"):
+        assert f"error: {field}: data/" in out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) >= 5 and all(line.endswith(f": no such file in {tmp_path}") for line in errors), errors
+    assert main(["eval", "--model", "models/rookworld-board", "--data", str(REPO / "data" / "eval.jsonl.gz")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: cannot load the model: model models/rookworld-board could not be loaded: no "
+                           f"directory models/rookworld-board in {tmp_path}, and the Hugging Face Hub "), line
+
+
 def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_dir, small_data, capsys, monkeypatch,
                                                            answering_hub):
     """A Hub id: downloaded where the Hub answers (any answer is an answer); where it is out of reach or offline mode
@@ -143,7 +171,8 @@ def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_
     monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
     assert main(base) == 0
     out = capsys.readouterr().out
-    assert f"model: someone/tiny (Hugging Face Hub id)\nwarning: the Hugging Face Hub {UNREACHABLE_HUB} is out of " \
+    assert f"model: someone/tiny (Hugging Face Hub id: no directory someone/tiny in {Path.cwd()})\nwarning: the " \
+           f"Hugging Face Hub {UNREACHABLE_HUB} is out of " \
            "reach (" in out and f") and the local cache ({cache}) does not hold someone/tiny; the run stops at once " \
            "here\n" in out
     assert "dry run: ok" in out

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardConfig
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -355,7 +356,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if path:
         p = Path(path)
         if not p.exists():
-            raise ValueError(f"config file {path}: no such file")
+            raise ValueError(f"config file {no_such_file(path)}")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

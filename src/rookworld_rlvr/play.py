@@ -33,7 +33,8 @@ import chess.engine
 import chess.pgn
 
 from rookworld_rlvr.atomic import write_text
-from rookworld_rlvr.cli_args import add_threads, apply_threads, at_least_one, temperature
+from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, temperature
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
 from rookworld_rlvr.tasks.strength import is_legal, legal_moves
@@ -281,7 +282,7 @@ def read_openings(path: str | Path, limit: int | None = None) -> list[str]:
 
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file")
+        raise DataError(no_such_file(path))
     out = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         fen = line.split("#")[0].strip()
@@ -319,10 +320,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                                  "run again after a stop replays them instead of computing them")
     p.add_argument("--legal-moves", action="store_true",
                    help="models decode their moves among legal moves only (no game ends on an illegal move)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of player A's draws (random moves, sampling); B's is "
+                                                       "seed + 1 (default 0)")
     p.add_argument("--engine-timeout", type=float, default=30.0,
                    help="seconds a Stockfish player may take for any call (start, each move) before the match stops")
-    p.add_argument("--device", default="auto")
+    add_device(p)
     p.add_argument("--batch-size", type=int, default=64, help="a model's moves of one ply decoded at once (the same "
                    "games at any size; on a GPU larger is faster)")
     add_threads(p)
@@ -375,13 +377,16 @@ def make_player(spec: str, args: argparse.Namespace, seed: int, journal: Path | 
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    from rookworld_rlvr.data.io import atomic_write_text
+    from rookworld_rlvr.data.io import DataError, atomic_write_text
 
     if args.games < 2 or args.games % 2:
         raise ValueError(f"--games must be an even number >= 2 (two games per opening), got {args.games}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    openings = read_openings(args.openings)
+    try:
+        openings = read_openings(args.openings)
+    except DataError as e:  # the default is relative to the checkout: name the option that sets it
+        raise DataError(f"--openings {e}") from None
     if len(openings) < args.games // 2:
         raise ValueError(f"{args.openings} has {len(openings)} openings; {args.games} games need {args.games // 2}")
     if args.a == args.b:

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rookworld_rlvr.paths import no_such_file
+
 
 @dataclass
 class SFTConfig:
@@ -124,9 +126,9 @@ class SFTConfig:
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"sft.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not Path(self.data).exists():
-            raise ValueError(f"sft.data: {self.data}: no such file")
+            raise ValueError(f"sft.data: {no_such_file(self.data)}")
         if self.eval_data and not Path(self.eval_data).exists():
-            raise ValueError(f"sft.eval_data: {self.eval_data}: no such file (pass --eval-data '' to train "
+            raise ValueError(f"sft.eval_data: {no_such_file(self.eval_data)} (pass --eval-data '' to train "
                              "without a held-out evaluation)")
         from rookworld_rlvr.chess_tokenizers import TOKENIZERS
         from rookworld_rlvr.model.load import PRESETS

@@ -28,6 +28,7 @@ import chess.pgn
 
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples, write_samples
 from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks.policy import PolicyTruth
 from rookworld_rlvr.tasks.strength import best_of, legal_moves, mating_moves
@@ -73,7 +74,7 @@ class GenerateConfig:
             raise ValueError("temperatures must be > 0")
         for f in self.extra_positions:
             if not Path(f).exists():
-                raise ValueError(f"extra_positions: {f}: no such file")
+                raise ValueError(f"extra_positions: {no_such_file(f)}")
         self.engine_config().validate()
 
     def engine_config(self, workers: int = 1) -> EngineConfig:

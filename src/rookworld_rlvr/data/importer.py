@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rookworld_rlvr.data.io import DataError, ReadReport, Sample, iter_samples, sample_from_line, write_samples
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.policy import FormatError
 
 
@@ -44,7 +45,7 @@ def import_data(src: str, out: str, skip_invalid: bool = False, split: str = "tr
         samples: Iterator[Sample] = iter_samples(src, skip_invalid, report)
     else:
         if "/" not in src:
-            raise DataError(f"{src}: no such file (and not a Hub dataset name like jrahn/rookworld_7m)")
+            raise DataError(f"{no_such_file(src)} (and not a Hub dataset name like jrahn/rookworld_7m)")
         samples = _from_lines(_hub_lines(src, split), skip_invalid, report)
     corrected = 0
 

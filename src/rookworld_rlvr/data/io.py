@@ -30,6 +30,7 @@ import chess
 
 from rookworld_rlvr.atomic import current_umask, named
 from rookworld_rlvr.interrupt import forked_pool, pool_size
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import EnvTruth
@@ -157,7 +158,7 @@ class ReadReport:
 def data_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of a data file's non-blank lines; an unreadable file is a DataError."""
     if not path.exists():
-        raise DataError(f"{path}: no such file")
+        raise DataError(no_such_file(path))
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a data file")
     lineno = 0

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, TypeVar
 import chess
 
 from rookworld_rlvr.data.io import DataError, open_text, atomic_write_text, iter_samples, json_object, read_samples
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, could_be_tactic, is_legal, mates,
                                            mating_moves, tactic_of)
 
@@ -30,7 +31,7 @@ T = TypeVar("T")
 def _read_rows(path: str | Path, parse: Callable[[dict], T]) -> list[T]:
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file")
+        raise DataError(no_such_file(path))
     out = []
     with open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
@@ -86,7 +87,7 @@ def load_mate_in_one(path: str | Path) -> list[tuple[str, list[str]]]:
     """
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file")
+        raise DataError(no_such_file(path))
     out = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -194,7 +195,7 @@ def _fen_lines(path: Path) -> list[str]:
 
 def _first_row(path: Path) -> dict:
     if not path.exists():
-        raise DataError(f"{path}: no such file")
+        raise DataError(no_such_file(path))
     with open_text(path) as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip() and not line.lstrip().startswith("#"):

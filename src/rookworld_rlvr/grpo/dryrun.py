@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.data.io import ReadReport, iter_samples
+from rookworld_rlvr.paths import here, no_such_file
 
 
 def _count(path: str, skip_invalid: bool) -> tuple[Counter, ReadReport]:
@@ -75,7 +76,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         if not path:
             continue
         if not Path(path).exists():
-            problems.append(f"{name}: {path}: no such file")
+            problems.append(f"{name}: {no_such_file(path)}")
             continue
         try:
             counts, report = _count(path, cfg.skip_invalid)
@@ -121,7 +122,7 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         if hub.cached(cfg.model):
             out(f"model: {cfg.model} (Hugging Face Hub id, from the local cache {hub.cache_dir()}: {why})")
         else:  # a warning only, as a device this machine lacks: the run may be meant for one with network
-            out(f"model: {cfg.model} (Hugging Face Hub id)")
+            out(f"model: {cfg.model} (Hugging Face Hub id: no directory {cfg.model}{here(cfg.model)})")
             out(f"warning: {why} and the local cache ({hub.cache_dir()}) does not hold {cfg.model}; the run stops "
                 f"at once here")
     else:

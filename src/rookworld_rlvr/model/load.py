@@ -27,6 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 import rookworld_rlvr.hub as hub
+import rookworld_rlvr.paths as paths
 
 _DTYPES = {
     "float32": torch.float32,
@@ -279,15 +280,19 @@ def load_policy(
                              f"damaged ({', '.join(p.name for p in path.glob('*.safetensors')) or 'downloaded'}): "
                              f"{e}") from e
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
+        # a Hub id is also a relative path: say where it was looked for (a command run outside the checkout)
+        not_here = "" if is_local else f"no directory {name_or_path}{paths.here(name_or_path)}, and "
         if unreachable:
             held = "it" if hub_id == name_or_path else hub_id
-            raise ModelLoadError(f"model {name_or_path} could not be loaded: {unreachable}, and the local cache "
-                                 f"({hub.cache_dir()}) does not hold {held} (load it once with network, which caches "
-                                 f"it, or pass a local model directory)") from e
-        hint = "" if is_local else (" (offline? Load it once with network, which caches it, or pass a local model "
-                                    "directory)")
-        where = "" if is_local else " from the Hugging Face Hub"
-        raise ModelLoadError(f"model {name_or_path} could not be loaded{where}: {str(e).splitlines()[0]}{hint}") from e
+            raise ModelLoadError(f"model {name_or_path} could not be loaded: {not_here}{unreachable}, and the local "
+                                 f"cache ({hub.cache_dir()}) does not hold {held} (load it once with network, which "
+                                 f"caches it, or pass a local model directory)") from e
+        said = str(e).splitlines()[0]
+        if is_local:
+            raise ModelLoadError(f"model {name_or_path} could not be loaded: {said}") from e
+        raise ModelLoadError(f"model {name_or_path} could not be loaded: {not_here}from the Hugging Face Hub: {said} "
+                             f"(offline? Load it once with network, which caches it, or pass a local model "
+                             f"directory)") from e
     if unreachable:  # a copy the Hub may have replaced since: say so
         print(f"warning: {unreachable}; {hub_id} was loaded from the local cache ({hub.cache_dir()})",
               file=sys.stderr, flush=True)

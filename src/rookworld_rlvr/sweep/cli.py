@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rookworld_rlvr.cli_args import at_least_one
 from rookworld_rlvr.config import add_field_arguments, load_config
+from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.sweep.space import SAMPLERS, fmt_overrides, resolve
 from rookworld_rlvr.sweep.study import need_optuna, default_storage, load_existing_study, requeue_running
 from rookworld_rlvr.sweep.summary import summarize
@@ -44,7 +45,7 @@ def dry_run(space, config, base, kind, target, out: Path, log=print) -> int:
     cfg = load_config(config, base)
     for what, p in (("data", cfg.data), ("anchor_data", cfg.anchor_data), ("eval_data", cfg.eval_data)):
         if p and not Path(p).exists():
-            problems.append(f"{what}: {p}: no such file")
+            problems.append(f"{what}: {no_such_file(p)}")
     from rookworld_rlvr.model.load import local_model_problem
 
     if problem := local_model_problem(cfg.model):

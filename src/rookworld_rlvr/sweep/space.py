@@ -18,6 +18,7 @@ import yaml
 
 from rookworld_rlvr.config import FIELDS, coerce, load_config
 from rookworld_rlvr.config_checks import close_fields
+from rookworld_rlvr.paths import no_such_file
 
 SAMPLERS = ("grid", "tpe")
 MANAGED = ("output_dir", "resume")  # set by the sweep for every trial
@@ -170,7 +171,7 @@ def load_space(path: str | Path) -> SweepSpace:
     """Read and check a search space file. Every error names the file and the entry."""
     path = str(path)
     if not Path(path).exists():
-        raise ValueError(f"search space {path}: no such file")
+        raise ValueError(f"search space {no_such_file(path)}")
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:

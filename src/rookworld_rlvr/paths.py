@@ -1,0 +1,25 @@
+"""How an error names a path that is not there.
+
+The shipped presets and defaults name files relative to the checkout (`data/train.jsonl.xz`,
+`models/rookworld-board`), and a relative path is read from the working directory. A command run
+from anywhere else finds none of them: the error then says where it looked, so that the fix (run
+from the checkout, or give the path whole) is plain from the message alone.
+
+Owns `here` and `no_such_file`, the wording of a missing path. Pure Python: imports nothing of
+the package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def here(path: str | os.PathLike) -> str:
+    """' in CWD' for a relative path (where it was looked for), '' for an absolute one."""
+    return "" if Path(path).expanduser().is_absolute() else f" in {Path.cwd()}"
+
+
+def no_such_file(path: str | os.PathLike) -> str:
+    """`path: no such file`, with the working directory when the path is relative."""
+    return f"{path}: no such file{here(path)}"
