@@ -456,6 +456,28 @@ def test_every_subcommand_prints_its_help(sub, capsys):
     assert "usage: rookworld" in capsys.readouterr().out
 
 
+def test_every_option_of_every_command_says_what_it_does():
+    """`--help` is the reference a user reads first: no option of any command (sft's flags included, which are
+    made from its config's fields) may show a bare default, or nothing, in place of what it does."""
+    import argparse
+
+    from rookworld_rlvr.cli import build_parser
+
+    def bare(parser: argparse.ArgumentParser, path: list[str]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from bare(child, [*path, name])
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                text = (action.help or "").strip()
+                if len(text) < 8 or text.startswith("(default"):
+                    yield f"rookworld {' '.join(path)} {'/'.join(action.option_strings) or action.dest}: {text!r}"
+
+    commands = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)][0].choices
+    assert {"data", "train", "sft", "eval", "match", "uci", "report", "sweep"} <= set(commands)
+    assert list(bare(build_parser(), [])) == []
+
+
 def test_readme_documents_every_config_field():
     from pathlib import Path
 

@@ -142,14 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="generate, import and inspect datasets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     g = dsub.add_parser("generate", help="self-play + random games annotated by Stockfish -> train/eval JSONL")
-    g.add_argument("--out", default="data")
-    g.add_argument("--games", type=int, default=700)
-    g.add_argument("--games-per-shard", type=int, default=10)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workers", type=int, default=2)
-    g.add_argument("--depth", type=int, default=8)
+    g.add_argument("--out", default="data", help="output folder: train.jsonl.gz, eval.jsonl.gz, the shards and the "
+                                                 "engine cache (default: data)")
+    g.add_argument("--games", type=int, default=700, help="games played (default 700; 0 with --positions: those "
+                                                          "positions alone)")
+    g.add_argument("--games-per-shard", type=int, default=10, help="games per shard, each written whole: the unit "
+                                                                   "a stopped run resumes from (default 10)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the games' moves (default 0)")
+    g.add_argument("--workers", type=int, default=2, help="Stockfish processes at once (default 2)")
+    g.add_argument("--depth", type=int, default=8, help="Stockfish depth of each position's annotation "
+                                                        "(default 8)")
     g.add_argument("--time", type=float, default=None, help="seconds per position (instead of or with --depth)")
-    g.add_argument("--max-plies", type=int, default=160)
+    g.add_argument("--max-plies", type=int, default=160, help="plies at most per game (default 160)")
     gd = GenerateConfig()
     g.add_argument("--random-game-share", type=float, default=gd.random_game_share,
                    help="share of games played with uniformly random moves only")
@@ -157,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chance of a random move at each ply of an engine game (lower: more realistic positions)")
     g.add_argument("--temperatures", type=float, nargs="+", default=list(gd.temperatures),
                    help="softmax temperatures (pawns) over Stockfish's top 5 that engine games draw from")
-    g.add_argument("--eval-per-task", type=int, default=1000)
+    g.add_argument("--eval-per-task", type=int, default=1000, help="held-out samples per task at most in "
+                                                                   "eval.jsonl.gz (default 1000)")
     g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files, each position labelled as a P: "
                                                   "sample (with --games 0: those alone)")
-    g.add_argument("--quiet", action="store_true")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, about, source, out in (
             ("record", "a finished generation's Stockfish answers as a small game record (xz): `data replay` makes "
                        "the same data from it with no engine",
@@ -170,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         r = dsub.add_parser(name, help=about)
         r.add_argument("source", help=source)
         r.add_argument("--out", required=True, help=out)
-        r.add_argument("--workers", type=at_least_one, default=2)
-        r.add_argument("--quiet", action="store_true")
+        r.add_argument("--workers", type=at_least_one, default=2, help="processes at once (default 2)")
+        r.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "replay":
             r.add_argument("--picks", help="a picks file (`data picks`): write only the samples it names, as "
                                            "OUT/more_p.jsonl and OUT/more_a.jsonl (truth only; no shards, no merge)")
@@ -184,13 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--key", required=True, help="names what the merges depended on besides the record (a caller's "
                                                 "recipe: known set, held-out files, caps); replay checks it")
     k.add_argument("--out", required=True, help="the picks file (xz JSON lines)")
-    k.add_argument("--workers", type=at_least_one, default=2)
+    k.add_argument("--workers", type=at_least_one, default=2, help="processes at once (default 2)")
     i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
     i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
-    i.add_argument("--out", required=True)
+    i.add_argument("--out", required=True, help="the sample file written (JSONL; .gz or .xz compresses it)")
     i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
     i.add_argument("--split", default="train", help="Hub dataset split")
-    i.add_argument("--limit", type=at_least_one, default=None)
+    i.add_argument("--limit", type=at_least_one, default=None, help="read at most this many lines (default: all)")
     i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
                                       "(the strength sets `rookworld eval` and training runs report on)")
@@ -208,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--exclude", nargs="*", help="files whose positions are left out (compared without the move "
                                                 "clocks): training sets, puzzles already held out")
     j.add_argument("--depth", type=int, default=10, help="Stockfish depth of the judging search")
-    j.add_argument("--workers", type=int, default=2)
+    j.add_argument("--workers", type=int, default=2, help="Stockfish processes at once (default 2)")
     j.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
-    j.add_argument("--quiet", action="store_true")
+    j.add_argument("--quiet", action="store_true", help="no progress bar")
     c = dsub.add_parser("checks", help="positions in check as `check` puzzles (every legal move solves): a held-out "
                                        "legality test, or P: prompts for training; python-chess alone, no engine")
     c.add_argument("sources", nargs="+", help="sample files: their P: positions and A: results in check")
@@ -219,11 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--exclude", nargs="*", help="files whose positions are left out (the other split's samples, "
                                                 "puzzles or judged positions)")
     c.add_argument("--n", type=at_least_one, default=None, help="at most this many (a seeded shuffle; default: all)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the shuffle --n draws from (default 0)")
     h = dsub.add_parser("histories", help="A: transitions of every history length (game starts, short histories): "
                                           "python-chess alone; `data merge` adds them to a training set")
     h.add_argument("sources", nargs="*", help="sample files whose A: rows are copied with a shorter history")
-    h.add_argument("--out", required=True)
+    h.add_argument("--out", required=True, help="the A: samples written (JSONL; .gz or .xz compresses it)")
     h.add_argument("--cut-share", type=float, default=0.2, help="share of the sources' A: rows copied with their "
                                                                 "history cut to 1 .. len - 1 moves")
     h.add_argument("--lengths", type=at_least_one, nargs="+",
@@ -233,11 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-plies", type=int, default=10, help="plies of each opening game (drawn from 1 .. this)")
     h.add_argument("--side", choices=("train", "eval", "any"), default="train",
                    help="keep positions on this side of the FEN-hash split of `data generate`")
-    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--seed", type=int, default=0, help="seed of the cuts and the opening games (default 0)")
     o = dsub.add_parser("openings", help="held-out opening positions for `rookworld match`")
-    o.add_argument("--out", default="data/openings.txt")
-    o.add_argument("--n", type=at_least_one, default=100)
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--out", default="data/openings.txt", help="the FEN list written, one per line (default: "
+                                                              "data/openings.txt, what `rookworld match` reads)")
+    o.add_argument("--n", type=at_least_one, default=100, help="openings to write: each gives a match two games, "
+                                                               "colours swapped (default 100)")
+    o.add_argument("--seed", type=int, default=0, help="seed of the moves drawn (default 0)")
     o.add_argument("--depth", type=int, default=6, help="Stockfish depth that picks the moves and checks balance")
     o.add_argument("--cache", default="data/.cache/engine.sqlite", help="engine cache (SQLite)")
     o.add_argument("--exclude", nargs="*", default=[], metavar="FILE", help="leave out the positions of these files "
@@ -261,11 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "
                                              "in the way, onto an own piece) from a training set's A: positions")
     nm.add_argument("source", help="our JSONL(.gz) training set; its A: positions and histories are used")
-    nm.add_argument("--out", required=True)
+    nm.add_argument("--out", required=True, help="the A: samples written (JSONL; .gz or .xz compresses it)")
     nm.add_argument("--n", type=at_least_one, default=15000, help="samples to write, one per position")
-    nm.add_argument("--seed", type=int, default=0)
+    nm.add_argument("--seed", type=int, default=0, help="seed of the positions and moves drawn (default 0)")
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")
-    s.add_argument("file")
+    s.add_argument("file", help="a sample file (JSONL; .gz or .xz)")
     d.set_defaults(func=_data)
 
     for name in _OPTIONAL:

@@ -55,6 +55,11 @@ def temperature(text: str) -> float:
     return _number(text, lambda v: 0 <= v < float("inf"), "a finite number >= 0 (0 = greedy)")
 
 
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps "
+                                                    "(default auto)")
+
+
 def add_threads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=at_least_one, default=None, metavar="N",
                    help="torch threads for the model (default: torch's choice, one per core); give a share of the "

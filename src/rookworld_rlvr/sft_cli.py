@@ -13,6 +13,29 @@ from dataclasses import asdict
 from rookworld_rlvr.sft import SFTConfig, train
 
 _HELP = {
+    "data": "training samples, P: and A: (JSONL, .gz or .xz, as `rookworld data` writes them). Default "
+            "data/train.jsonl.xz",
+    "out": "where the trained model is saved (Hugging Face format); its checkpoint is OUT.checkpoint and its log "
+           "OUT.sft_log.jsonl beside it. Default runs/sft/model",
+    "loss_on": "the tokens the loss is taken on: full (prompt and answer) or completion (the answer alone). "
+               "Default full",
+    "steps": "optimizer steps of the run (the lr schedule's length). Default 3000",
+    "batch_size": "rows per step, over all processes under torchrun. Default 64",
+    "lr": "peak learning rate (AdamW), reached after --warmup-steps, then a cosine down to lr x --min-lr-ratio at "
+          "--steps. Default 1e-3",
+    "min_lr_ratio": "where the cosine ends, as a share of --lr (0 to 1). Default 0.1",
+    "warmup_steps": "steps of linear lr warm-up from the start. Default 100",
+    "dropout": "dropout of every layer while training (saved with the model; 0 for the tiny models: they under-fit, "
+               "and CPU attention runs about 4x slower with dropout). Default 0",
+    "eval_every": "held-out evaluation (--eval-data) every N steps, and at the end. Default 500",
+    "eval_samples": "samples per task whose greedy answers each evaluation scores (0 = the held-out loss alone). "
+                    "Default 200",
+    "save_every": "checkpoint every N steps, and at the end. Default 500",
+    "seed": "seed of the model's initial weights and the batches drawn. Default 0",
+    "device": "auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps; under torchrun each rank its own "
+              "GPU. Default auto",
+    "threads": "torch threads of this process (default: torch's own, one per core); give two jobs on one "
+               "machine their share",
     "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
                  "(square, and FEN boards written square by square); fresh models only, default board",
     "distinct_coef": "weight of the unlikelihood of writing an M: move twice (0 = plain likelihood)",
@@ -70,9 +93,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
             p.add_argument(flag, action="store_true", help=_HELP[field])
             continue
         kind = type(value) if value is not None else untyped.get(field, str)
-        p.add_argument(flag, type=kind, default=value, help=_HELP.get(field, f"(default: {value})"))
-    p.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
-    p.add_argument("--quiet", action="store_true")
+        p.add_argument(flag, type=kind, default=value, help=_HELP[field])
+    p.add_argument("--resume", action="store_true", help="continue from OUT.checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace, name: str) -> int:

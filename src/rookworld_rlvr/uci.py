@@ -27,7 +27,7 @@ from typing import IO, Iterable
 
 import chess
 
-from rookworld_rlvr.cli_args import add_threads, apply_threads, temperature
+from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, temperature
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
 
@@ -142,9 +142,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout")
     p.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--legal-moves", action="store_true", help="decode moves among legal moves only")
-    p.add_argument("--device", default="auto")
+    add_device(p)
     add_threads(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (--temperature) and of the random "
+                                                       "legal move played when the model's has no legal "
+                                                       "fallback (default 0)")
 
 
 def run(args: argparse.Namespace, name: str) -> int:
