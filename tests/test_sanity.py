@@ -139,16 +139,15 @@ def test_the_shipped_preset_run_from_outside_the_checkout_says_where_it_looked_f
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config", str(REPO / "configs" / "default.yaml"), "--dry-run"]) == 1
     out = capsys.readouterr().out
-    assert f"model: models/rookworld-board (Hugging Face Hub id: no directory models/rookworld-board in {tmp_path})" \
-        in out
+    assert f"does not hold models/rookworld-board, nor is it a directory in {tmp_path}; the run stops" in out
     for field in ("data", "eval_data", "puzzle_data", "strength_data", "puzzle_eval_data"):
         assert f"error: {field}: data/" in out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) >= 5 and all(line.endswith(f": no such file in {tmp_path}") for line in errors), errors
     assert main(["eval", "--model", "models/rookworld-board", "--data", str(REPO / "data" / "eval.jsonl.gz")]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: cannot load the model: model models/rookworld-board could not be loaded: no "
-                           f"directory models/rookworld-board in {tmp_path}, and the Hugging Face Hub "), line
+    assert line.startswith("error: cannot load the model: model models/rookworld-board could not be loaded: the "
+                           "Hugging Face Hub ") and f"does not hold it, nor is it a directory in {tmp_path} (" in line, line
 
 
 def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_dir, small_data, capsys, monkeypatch,
@@ -171,10 +170,9 @@ def test_a_dry_run_says_whether_a_hub_model_will_load_here(tmp_path, tiny_model_
     monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
     assert main(base) == 0
     out = capsys.readouterr().out
-    assert f"model: someone/tiny (Hugging Face Hub id: no directory someone/tiny in {Path.cwd()})\nwarning: the " \
-           f"Hugging Face Hub {UNREACHABLE_HUB} is out of " \
-           "reach (" in out and f") and the local cache ({cache}) does not hold someone/tiny; the run stops at once " \
-           "here\n" in out
+    assert f"model: someone/tiny (Hugging Face Hub id)\nwarning: the Hugging Face Hub {UNREACHABLE_HUB} is out of " \
+           "reach (" in out and f") and the local cache ({cache}) does not hold someone/tiny, nor is it a directory " \
+           f"in {Path.cwd()}; the run stops at once here\n" in out
     assert "dry run: ok" in out
 
     in_hub_cache(tiny_model_dir, cache, "someone/tiny")

@@ -122,9 +122,9 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         if hub.cached(cfg.model):
             out(f"model: {cfg.model} (Hugging Face Hub id, from the local cache {hub.cache_dir()}: {why})")
         else:  # a warning only, as a device this machine lacks: the run may be meant for one with network
-            out(f"model: {cfg.model} (Hugging Face Hub id: no directory {cfg.model}{here(cfg.model)})")
-            out(f"warning: {why} and the local cache ({hub.cache_dir()}) does not hold {cfg.model}; the run stops "
-                f"at once here")
+            out(f"model: {cfg.model} (Hugging Face Hub id)")
+            out(f"warning: {why} and the local cache ({hub.cache_dir()}) does not hold {cfg.model}, nor is it a "
+                f"directory{here(cfg.model)}; the run stops at once here")
     else:
         out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
     for problem in device_problems(cfg):  # a warning only: a run prepared here may run on another machine

@@ -281,16 +281,16 @@ def load_policy(
                              f"{e}") from e
     except OSError as e:  # transformers' word for no network, no such repo, a gated one, an unreadable file
         # a Hub id is also a relative path: say where it was looked for (a command run outside the checkout)
-        not_here = "" if is_local else f"no directory {name_or_path}{paths.here(name_or_path)}, and "
+        not_here = "" if is_local else f", nor is it a directory{paths.here(name_or_path)}"
         if unreachable:
             held = "it" if hub_id == name_or_path else hub_id
-            raise ModelLoadError(f"model {name_or_path} could not be loaded: {not_here}{unreachable}, and the local "
-                                 f"cache ({hub.cache_dir()}) does not hold {held} (load it once with network, which "
-                                 f"caches it, or pass a local model directory)") from e
+            raise ModelLoadError(f"model {name_or_path} could not be loaded: {unreachable}, and the local cache "
+                                 f"({hub.cache_dir()}) does not hold {held}{not_here} (load it once with network, "
+                                 f"which caches it, or pass a local model directory)") from e
         said = str(e).splitlines()[0]
         if is_local:
             raise ModelLoadError(f"model {name_or_path} could not be loaded: {said}") from e
-        raise ModelLoadError(f"model {name_or_path} could not be loaded: {not_here}from the Hugging Face Hub: {said} "
+        raise ModelLoadError(f"model {name_or_path} could not be loaded from the Hugging Face Hub{not_here}: {said} "
                              f"(offline? Load it once with network, which caches it, or pass a local model "
                              f"directory)") from e
     if unreachable:  # a copy the Hub may have replaced since: say so
