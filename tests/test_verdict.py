@@ -220,3 +220,27 @@ def test_move_quality_is_also_judged_where_both_moved_legally_so_legal_moves_in_
     assert both_legal(base, judged(fixed, random_losses, of="other positions")) == {}
     del final["strength"]["blunder_items"]
     assert both_legal(base, final) == {}
+
+
+def test_without_judged_positions_the_held_out_samples_legality_is_the_verdicts_move_row():
+    """A run without judged positions (`strength_data: null`, or a data set of its own) still gets a verdict row on
+    its moves: legal best moves on the held-out P: samples, paired over the same samples. With judged positions
+    that row is theirs alone (the samples' legality would repeat it)."""
+    from conftest import REPO
+    from rookworld_rlvr.data.io import read_samples
+    from rookworld_rlvr.metrics import score_completions
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    samples = [s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "P"][:60]
+    right = [s.render("compact")[1] for s in samples]  # the true answer: its B: is legal
+    before = score_completions(samples, right[:30] + ["B: z9z9"] * 30, RewardScorer())
+    after = score_completions(samples, right[:40] + ["B: z9z9"] * 20, RewardScorer())
+    (row,) = [r for r in rows(before, after) if r["key"] == "policy.legal_best"]
+    assert row["base"] == pytest.approx(0.5) and row["final"] == pytest.approx(40 / 60) and row["random"] == 1.0
+    assert row["change_ci"] == pytest.approx(paired_interval([1] * 30 + [0] * 30, [1] * 40 + [0] * 20))
+    assert row["verdict"] == "better"
+    assert "legal best move (held-out P: samples)" in verdict_table(before, after)
+    other = score_completions(samples[::-1], (right[:40] + ["B: z9z9"] * 20)[::-1], RewardScorer())
+    assert items_of(other, "policy.legal_best") != items_of(before, "policy.legal_best")  # other samples: unpaired
+    judged = {"strength": {"n": 600, "legal": 0.8}}
+    assert not [r for r in rows({**before, **judged}, {**after, **judged}) if r["key"] == "policy.legal_best"]

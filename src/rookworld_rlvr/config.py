@@ -96,7 +96,8 @@ class TrainConfig:
     mix_puzzle_ratio: float = _f(0.0, "share of P: prompts drawn from puzzle_data")
     strength_data: str | None = _f("data/strength.jsonl.gz", "judged held-out positions (`rookworld data judge`): each "
                                                              "evaluation reports move quality next to a random legal "
-                                                             "mover on them (null = skip)")
+                                                             "mover on them (null = skip: the verdict's move row is "
+                                                             "then the held-out P: samples' legal best moves)")
     history_eval_data: str | None = _f("data/eval_histories.jsonl.gz", "held-out A: transitions with 1-9 moves of history "
                                                                     "(game starts, games set up from a position; `rookworld "
                                                                     "data histories`): each evaluation reports their "

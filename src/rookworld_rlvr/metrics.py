@@ -105,7 +105,9 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
     legal_best = [p.best in lg for p, lg in zip(parses, legal)]
     return dict(
         invalid=share(not p.valid for p in parses),
-        legal_best=share(p.best in lg for p, lg in zip(parses, legal)),
+        legal_best=share(legal_best),
+        legal_best_items=items(legal_best),
+        items_of=strength.fingerprint(s.render("compact")[0] for s in samples),
         best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples)),
         best_acc_raw_labels=share(p.best == label for p, label in labelled),
         top5_overlap=mean([len(set(p.moves or []) & set(s.truth.moves)) / len(s.truth.moves)

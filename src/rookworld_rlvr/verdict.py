@@ -40,12 +40,16 @@ class Headline:
     random_key: str | None = None
     random_value: float | None = None
     ratio_items: tuple[str, str] | None = None  # per-position model and random-mover figures of a ratio figure
+    unless: str | None = None  # a figure that, where either evaluation has it, says the same better: no row then
 
 
 HEADLINES = (
     Headline("puzzles.check.solved", "legal best move, side to move in check", 1, "puzzles.check.n",
              random_value=1.0),
     Headline("strength.legal", "legal best move (judged positions)", 1, "strength.n", random_value=1.0),
+    # without judged positions (strength_data null), the held-out P: samples' legality stands in for it
+    Headline("policy.legal_best", "legal best move (held-out P: samples)", 1, "policy.n", random_value=1.0,
+             unless="strength.legal"),
     Headline("strength.slices.not_in_check.legal", "legal best move, judged positions out of check", 1,
              "strength.slices.not_in_check.n", random_value=1.0),
     Headline("strength.slices.king_can_step_into_check.legal",
@@ -275,7 +279,7 @@ def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
     out = []
     for h in HEADLINES:
         a, b = number(get(base, h.key)), number(get(final, h.key))
-        if a is None and b is None:
+        if (a is None and b is None) or (h.unless and (get(base, h.unless), get(final, h.unless)) != (None, None)):
             continue
         rand = number(get(final, h.random_key)) if h.random_key else h.random_value
         ci = change_interval(base, final, h)  # once: a paired ratio's bootstrap takes a fraction of a second
