@@ -317,11 +317,22 @@ def test_sft_weight_decay_grad_clip_context_and_layout_do_what_they_say(tmp_path
 
 @pytest.mark.slow
 def test_sft_trains_saves_and_resumes(tmp_path, small_data):
+    import logging
+
     out = tmp_path / "m"
     cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data=str(small_data / "eval.jsonl"), out=str(out),
                     steps=4, batch_size=8, eval_every=2, eval_samples=2, save_every=2, lr=1e-3, warmup_steps=1,
                     device="cpu", threads=1)
-    train(cfg, progress=False)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: this run's warnings, afresh
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        train(cfg, progress=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [s for s in said if "loss_type" in s], said  # the held-out loss named no unknown loss
     log = [json.loads(x) for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4]
     assert log[-1]["loss"] < log[0]["loss"]

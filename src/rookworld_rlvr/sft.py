@@ -182,6 +182,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
         fuse_activations(model)
     set_dropout(model, cfg.dropout)
+    if getattr(model, "loss_type", "") is None:  # GPT-2's class names no loss: transformers warns, then takes this one
+        model.loss_type = "ForCausalLM"
     if rank:  # the same model everywhere (seeded); dropout draws its own masks on each rank
         torch.manual_seed(cfg.seed + rank)
     n_params = sum(p.numel() for p in model.parameters())
