@@ -144,6 +144,12 @@ def test_the_shipped_preset_run_from_outside_the_checkout_says_where_it_looked_f
         assert f"error: {field}: data/" in out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) >= 5 and all(line.endswith(f": no such file in {tmp_path}") for line in errors), errors
+    # the run itself: every file it would read in one line, each by its field, before anything is read or written
+    assert main(["train", "--config", str(REPO / "configs" / "default.yaml")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and sorted(line[len("error: "):].split("; ")) == \
+        sorted(e[len("error: "):] for e in errors), line
+    assert not (tmp_path / "runs").exists()
     assert main(["eval", "--model", "models/rookworld-board", "--data", str(REPO / "data" / "eval.jsonl.gz")]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: cannot load the model: model models/rookworld-board could not be loaded: the "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rookworld_rlvr.cli_args import at_least_one, share
 from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
+from rookworld_rlvr.paths import no_such_file
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -40,7 +41,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def build(cfg: TrainConfig, log=print):
     """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
-    from rookworld_rlvr.data.io import ReadReport, Sample, read_samples
+    from rookworld_rlvr.data.io import DataError, ReadReport, Sample, read_samples
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
     from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
@@ -55,6 +56,14 @@ def build(cfg: TrainConfig, log=print):
         raise ModelLoadError(problem)
     if lacking := device_problems(cfg):  # likewise a device this machine lacks
         raise ValueError(lacking[0])
+    # every file the run reads, named by its field, all at once: not the first one alone, after the others are read
+    needed = [("data", cfg.data), ("anchor_data", cfg.anchor_data if cfg.anchor_coef else None),
+              ("eval_data", cfg.eval_data), ("puzzle_data", cfg.puzzle_data)]
+    if cfg.eval_data:
+        needed += [("strength_data", cfg.strength_data), ("puzzle_eval_data", cfg.puzzle_eval_data),
+                   ("history_eval_data", cfg.history_eval_data)]
+    if missing := [f"{name}: {no_such_file(path)}" for name, path in needed if path and not Path(path).exists()]:
+        raise DataError("; ".join(missing))
 
     def read(field: str, path: str) -> list:
         report = ReadReport()
