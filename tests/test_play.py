@@ -138,6 +138,18 @@ def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, c
     for games, error in (("3", "even number"), ("6", "has 2 openings")):
         assert main(["match", str(tiny_model_dir), "random", "--openings", str(openings), "--games", games]) == 1
         assert error in capsys.readouterr().err
+    # a player kind mistyped reads as a Hub id, which does not load (here the Hub is out of reach): the kind it was
+    # likely meant to be is named
+    from huggingface_hub import constants
+
+    from conftest import UNREACHABLE_HUB
+
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    for typo, meant in (("stokfish:3", "stockfish[:SKILL[:DEPTH]]"), ("randon", "random")):
+        assert main(["match", str(tiny_model_dir), typo, "--openings", str(openings), "--games", "2"]) == 1
+        err = capsys.readouterr().err
+        assert f"error: player '{typo}' did not start: ModelLoadError: " in err and f"(did you mean {meant}?)" in err
     monkeypatch.chdir(tmp_path)  # the default openings are the checkout's data/openings.txt: named with the option
     assert main(["match", str(tiny_model_dir), "random", "--games", "2"]) == 1
     assert capsys.readouterr().err.strip() == f"error: --openings data/openings.txt: no such file in {tmp_path}"
