@@ -40,7 +40,7 @@ class Headline:
     random_key: str | None = None
     random_value: float | None = None
     ratio_items: tuple[str, str] | None = None  # per-position model and random-mover figures of a ratio figure
-    unless: str | None = None  # a figure that, where either evaluation has it, says the same better: no row then
+    unless: str | None = None  # a figure measuring the same, better: where either evaluation has it, no row
 
 
 HEADLINES = (
