@@ -496,6 +496,38 @@ def test_a_hub_model_out_of_reach_is_one_clear_line(data_file, cut_off_hub, hub,
     assert "Retrying" not in caplog.text  # huggingface_hub's retries, each a line
 
 
+def test_a_hub_whose_connections_hang_is_asked_once_for_the_loads_of_a_run(monkeypatch):
+    """Where a firewall drops the connections, each ask waits its whole timeout: a run loading its policy and its
+    reference, or a match its two models, asks once, and the answer is kept a minute (`hub.REMEMBER_S`), then the
+    Hub is asked again. The Hub here is a local socket that takes each connection and never answers."""
+    import socket
+    import threading
+
+    from huggingface_hub import constants
+
+    from rookworld_rlvr import hub
+
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def hold() -> None:
+            while True:
+                try:
+                    held.append(server.accept()[0])  # taken, never answered
+                except OSError:  # the server closed: the test is over
+                    return
+
+        threading.Thread(target=hold, daemon=True).start()
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        first = hub.out_of_reach(timeout=0.5)
+        assert first is not None and "is out of reach (" in first and "Timeout" in first, first
+        assert hub.out_of_reach(timeout=0.5) == first and len(held) == 1  # the second load: no second wait
+        monkeypatch.setattr(hub, "REMEMBER_S", 0.0)  # the minute has passed: asked again
+        assert hub.out_of_reach(timeout=0.5) is not None and len(held) == 2
+    for conn in held:
+        conn.close()
+
+
 def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(saved_model, data_file, cut_off_hub,
                                                                                  capsys, caplog):
     """Out of reach, a Hub id that was loaded once (the local cache holds it) is read from the cache at once, with
