@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out", required=True, help="the sample file written (JSONL; .gz or .xz compresses it)")
     i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
     i.add_argument("--split", default="train", help="Hub dataset split")
-    i.add_argument("--limit", type=at_least_one, default=None, help="read at most this many lines (default: all)")
+    i.add_argument("--limit", type=at_least_one, default=None, help="import at most this many samples (default: all)")
     i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
                                       "(the strength sets `rookworld eval` and training runs report on)")
