@@ -664,3 +664,43 @@ def test_tensorboard_refused_a_write_is_one_error_line_naming_its_folder_and_res
     monkeypatch.setattr(RecordWriter, "write", write)
     assert main(args + ["--resume", "true"]) == 0
     assert [r["step"] for r in read_log(run / "metrics.jsonl")] == [1, 2, 3] and not thread_errors
+
+
+def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_leaves_no_lock(
+        tmp_path, tiny_model_dir, small_data, capsys, stockfish_path):
+    """`make train` started again in a second terminal, or `rookworld sft` twice with one --out: the second run
+    stops at once naming the first (its pid) and touches nothing of its files (a fresh run would have set the
+    directory aside under it). The holder here is another process; killed (SIGKILL: no clean-up of its own runs),
+    it leaves the directory free at once, for `--resume` or a new run."""
+    import subprocess
+    import sys
+
+    from rookworld_rlvr.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "sft" / "model"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # the first run's files
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom rookworld_rlvr.runlock import one_run_in\n"
+         "with one_run_in(sys.argv[1]), one_run_in(sys.argv[2], '--out'):\n    print('held', flush=True)\n"
+         "    time.sleep(600)", str(run), str(out)], stdout=subprocess.PIPE, text=True)
+    train = ["train", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"), "--eval-data", "",
+             "--steps", "1", "--batch-positions", "2", "--group-size", "2", "--output-dir", str(run), "--device",
+             "cpu", "--report", "false"]
+    sft = ["sft", "--data", str(small_data / "train.jsonl"), "--eval-data", "", "--out", str(out), "--steps", "1",
+           "--batch-size", "4", "--device", "cpu", "--quiet"]
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for command, option in ((train, "--output-dir"), (sft, "--out")):
+            assert main(command) == 1
+            (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+            where = run if command is train else out
+            assert line.startswith(f"error: {where} is in use by another run (pid {holder.pid} on ") and \
+                line.endswith(f"wait for it to end, or give another {option}"), line
+        assert sorted(p.name for p in run.parent.iterdir()) == [".run.lock", "run", "sft"]  # nothing set aside
+        assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n' and not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(train) == 0 and main(sft) == 0  # the killed holder's locks went with it
+    assert (run / "final").is_dir() and out.is_dir()

@@ -320,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         from rookworld_rlvr.engine import EngineError, StockfishNotFound
         from rookworld_rlvr.grpo.distributed import RankTimeout
         from rookworld_rlvr.model.load import ModelLoadError
+        from rookworld_rlvr.runlock import RunInUse
 
-        if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, RankTimeout, ValueError,
-                           FileNotFoundError))
+        if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, RankTimeout, RunInUse,
+                           ValueError, FileNotFoundError))
                 or refused_write(e)) and \
                 not getattr(args, "traceback", False):
             print(f"error: {e}", file=sys.stderr)

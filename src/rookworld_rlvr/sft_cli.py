@@ -8,6 +8,7 @@ imports torch inside functions only, so `rookworld sft --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import asdict
 
 from rookworld_rlvr.sft import SFTConfig, train
@@ -107,13 +108,17 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.atomic import SaveError, refused_write
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.interrupt import StopOnSignal
+    from rookworld_rlvr.runlock import one_run_in
 
     cfg.validate()
     with dist.joined(cfg.device, cfg.step_timeout_minutes):  # under torchrun: the ranks train one run
         note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
         if note and dist.is_main():
             print(f"sft: {note}")
-        with StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM, SIGHUP: paused, saved after this step
+        # rank 0 writes, and holds --out for the run (--encode-only writes only the rows cache: it runs beside one)
+        mine = dist.is_main() and not cfg.encode_only
+        holding = one_run_in(cfg.out, "--out") if mine else contextlib.nullcontext()
+        with holding, StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM, SIGHUP: saved after the step
             try:
                 train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
             except OSError as e:  # a full disk: the checkpoint saved before stands

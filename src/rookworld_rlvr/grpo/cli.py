@@ -201,7 +201,12 @@ def _train(cfg: TrainConfig, traceback: bool = False) -> int:
     from rookworld_rlvr.grpo import distributed as dist
 
     with dist.joined(cfg.device, cfg.step_timeout_minutes):
-        return _train_here(cfg, traceback)
+        if not dist.is_main():  # rank 0 alone writes, and holds the directory for the run
+            return _train_here(cfg, traceback)
+        from rookworld_rlvr.runlock import one_run_in
+
+        with one_run_in(cfg.output_dir):  # not a second run into it at once
+            return _train_here(cfg, traceback)
 
 
 def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
