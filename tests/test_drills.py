@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -670,8 +671,9 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_
         tmp_path, tiny_model_dir, small_data, capsys, stockfish_path):
     """`make train` started again in a second terminal, or `rookworld sft` twice with one --out: the second run
     stops at once naming the first (its pid) and touches nothing of its files (a fresh run would have set the
-    directory aside under it). The holder here is another process; killed (SIGKILL: no clean-up of its own runs),
-    it leaves the directory free at once, for `--resume` or a new run."""
+    directory aside under it). The holder here is another process, which forks a child as a run forks its
+    data-reading workers; killed (SIGKILL: no clean-up of its own runs), it leaves the directory free at once, for
+    `--resume` or a new run, though its child lives on."""
     import subprocess
     import sys
 
@@ -681,16 +683,18 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1}\n')  # the first run's files
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom rookworld_rlvr.runlock import one_run_in\n"
-         "with one_run_in(sys.argv[1]), one_run_in(sys.argv[2], '--out'):\n    print('held', flush=True)\n"
+        [sys.executable, "-c", "import os, sys, time\nfrom rookworld_rlvr.runlock import one_run_in\n"
+         "with one_run_in(sys.argv[1]), one_run_in(sys.argv[2], '--out'):\n    child = os.fork()\n"
+         "    if child == 0:\n        time.sleep(600)\n        os._exit(0)\n    print(child, flush=True)\n"
          "    time.sleep(600)", str(run), str(out)], stdout=subprocess.PIPE, text=True)
     train = ["train", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"), "--eval-data", "",
              "--steps", "1", "--batch-positions", "2", "--group-size", "2", "--output-dir", str(run), "--device",
              "cpu", "--report", "false"]
     sft = ["sft", "--data", str(small_data / "train.jsonl"), "--eval-data", "", "--out", str(out), "--steps", "1",
            "--batch-size", "4", "--device", "cpu", "--quiet"]
+    child = None
     try:
-        assert holder.stdout.readline().strip() == "held"
+        child = int(holder.stdout.readline())
         for command, option in ((train, "--output-dir"), (sft, "--out")):
             assert main(command) == 1
             (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
@@ -699,8 +703,13 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_
                 line.endswith(f"wait for it to end, or give another {option}"), line
         assert sorted(p.name for p in run.parent.iterdir()) == [".run.lock", "run", "sft"]  # nothing set aside
         assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n' and not out.exists()
+        holder.kill()
+        holder.wait()
+        os.kill(child, 0)  # the child lives on
+        assert main(train) == 0 and main(sft) == 0  # the killed holder's locks went with it, not to its child
+        assert (run / "final").is_dir() and out.is_dir()
     finally:
         holder.kill()
         holder.wait()
-    assert main(train) == 0 and main(sft) == 0  # the killed holder's locks went with it
-    assert (run / "final").is_dir() and out.is_dir()
+        if child:
+            os.kill(child, signal.SIGKILL)

@@ -3,9 +3,11 @@
 Two runs into one directory (`make train` started in a second terminal, a run started again while the
 first still trains) would interleave their logs and checkpoints, and the second, starting fresh, would
 set the first one's directory aside under its feet. The second one stops at once instead, naming the
-first. The lock is an exclusive `flock` on a file beside the directory (`.NAME.lock` in its parent, as
-the directory itself may be renamed): the kernel drops it when the process ends, however it ends, so a
-killed run never leaves a stale lock, and `--resume` after a kill goes on at once.
+first. The lock is an exclusive POSIX record lock (`lockf`) on a file beside the directory (`.NAME.lock`
+in its parent, as the directory itself may be renamed): the kernel drops it when the process ends,
+however it ends, so a killed run never leaves a stale lock and `--resume` after a kill goes on at once.
+Not `flock`: a process the run forks (its data-reading workers) would hold that one too, and outlive a
+killed run holding it; a record lock belongs to the process alone.
 
 Owns that lock. Pure Python: imports nothing of the package.
 """
@@ -39,12 +41,12 @@ def one_run_in(directory: str | os.PathLike, option: str = "--output-dir") -> It
         _take(fd, lock, directory, option)
         yield
     finally:
-        os.close(fd)  # the lock goes with it
+        os.close(fd)  # the lock goes with it (this process opens the file once: no other close drops it early)
 
 
 def _take(fd: int, lock: Path, directory: str | os.PathLike, option: str) -> None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # no locks here (some network disks)
             print(f"warning: {lock}: cannot lock ({e.strerror}); two runs into {directory} at once would mix their "
