@@ -39,24 +39,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return load_config(args.config, overrides)
 
 
-def build(cfg: TrainConfig, log=print):
-    """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
-    from rookworld_rlvr.data.io import DataError, ReadReport, Sample, read_samples
-    from rookworld_rlvr.data.judged import read_judged, read_puzzles
-    from rookworld_rlvr.engine import EngineConfig, StockfishPool
-    from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
-    from rookworld_rlvr.grpo import distributed as dist
+def preflight(cfg: TrainConfig) -> None:
+    """What stops a run before it reads or writes anything: a model path that is not there, a device this machine
+    lacks, and every file the run would read that is missing, named by its field, all at once (not the first one
+    alone, after the others were read)."""
+    from rookworld_rlvr.data.io import DataError
     from rookworld_rlvr.grpo.dryrun import device_problems
-    from rookworld_rlvr.grpo.trainer import Trainer
-    from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.model.load import ModelLoadError, local_model_problem
-    from rookworld_rlvr.tasks.rewards import RewardScorer
 
-    if problem := local_model_problem(cfg.model):  # said before the data is read, not after
+    if problem := local_model_problem(cfg.model):
         raise ModelLoadError(problem)
-    if lacking := device_problems(cfg):  # likewise a device this machine lacks
+    if lacking := device_problems(cfg):
         raise ValueError(lacking[0])
-    # every file the run reads, named by its field, all at once: not the first one alone, after the others are read
     needed = [("data", cfg.data), ("anchor_data", cfg.anchor_data if cfg.anchor_coef else None),
               ("eval_data", cfg.eval_data), ("puzzle_data", cfg.puzzle_data)]
     if cfg.eval_data:
@@ -64,6 +58,20 @@ def build(cfg: TrainConfig, log=print):
                    ("history_eval_data", cfg.history_eval_data)]
     if missing := [f"{name}: {no_such_file(path)}" for name, path in needed if path and not Path(path).exists()]:
         raise DataError("; ".join(missing))
+
+
+def build(cfg: TrainConfig, log=print):
+    """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
+    from rookworld_rlvr.data.io import ReadReport, Sample, read_samples
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
+    from rookworld_rlvr.grpo import distributed as dist
+    from rookworld_rlvr.grpo.trainer import Trainer
+    from rookworld_rlvr.hostmem import for_device
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    preflight(cfg)
 
     def read(field: str, path: str) -> list:
         report = ReadReport()
@@ -205,6 +213,7 @@ def _train(cfg: TrainConfig, traceback: bool = False) -> int:
             return _train_here(cfg, traceback)
         from rookworld_rlvr.runlock import one_run_in
 
+        preflight(cfg)  # a run that cannot start leaves no lock file behind
         with one_run_in(cfg.output_dir):  # not a second run into it at once
             return _train_here(cfg, traceback)
 
