@@ -713,3 +713,23 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_
         holder.wait()
         if child:
             os.kill(child, signal.SIGKILL)
+
+
+def test_an_output_directory_a_file_stands_in_is_one_error_line_before_any_work(tmp_path, tiny_model_dir,
+                                                                                  small_data, capsys):
+    """`--output-dir` (or sft's `--out`) where a file is, or under one: before, a FileExistsError traceback from
+    the first mkdir (after the data was read); now one line naming the file, and nothing written (no lock file)."""
+    from rookworld_rlvr.cli import main
+
+    file = tmp_path / "afile"
+    file.write_text("kept\n")
+    train = ["train", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"), "--eval-data", "",
+             "--steps", "1", "--device", "cpu"]
+    sft = ["sft", "--data", str(small_data / "train.jsonl"), "--eval-data", "", "--steps", "1", "--device", "cpu"]
+    for argv, said in ((train + ["--output-dir", str(file)], f"output_dir: {file} is a file, not a directory"),
+                       (train + ["--output-dir", str(file / "sub")],
+                        f"output_dir: {file / 'sub'}: {file} is a file, not a directory"),
+                       (sft + ["--out", str(file / "m")], f"sft.out: {file / 'm'}: {file} is a file, not a directory")):
+        assert main(argv) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {said}"
+    assert list(tmp_path.iterdir()) == [file] and file.read_text() == "kept\n"

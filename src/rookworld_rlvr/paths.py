@@ -5,7 +5,8 @@ The shipped presets and defaults name files relative to the checkout (`data/trai
 from anywhere else finds none of them: the error then says where it looked, so that the fix (run
 from the checkout, or give the path whole) is plain from the message alone.
 
-Owns `here` and `no_such_file`, the wording of a missing path. Pure Python: imports nothing of
+Owns `here`, `no_such_file` and `blocked_directory`, the wording of a missing path and of a
+directory a file stands in the way of. Pure Python: imports nothing of
 the package.
 """
 
@@ -23,3 +24,14 @@ def here(path: str | os.PathLike) -> str:
 def no_such_file(path: str | os.PathLike) -> str:
     """`path: no such file`, with the working directory when the path is relative."""
     return f"{path}: no such file{here(path)}"
+
+
+def blocked_directory(path: str | os.PathLike) -> str | None:
+    """Why directory `path` cannot be made or used (it, or the nearest of its parents that exists, is a file),
+    or None."""
+    p = Path(path).expanduser()
+    for at in (p, *p.parents):
+        if at.exists():
+            return None if at.is_dir() else f"{path} is a file, not a directory" if at == p else \
+                f"{path}: {at} is a file, not a directory"
+    return None

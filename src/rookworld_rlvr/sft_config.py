@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rookworld_rlvr.paths import no_such_file
+from rookworld_rlvr.paths import blocked_directory, no_such_file
 
 
 @dataclass
@@ -125,6 +125,8 @@ class SFTConfig:
             raise ValueError("sft.encode_only fills a rows cache: give --rows-cache FILE")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"sft.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if blocked := blocked_directory(self.out):
+            raise ValueError(f"sft.out: {blocked}")
         if not Path(self.data).exists():
             raise ValueError(f"sft.data: {no_such_file(self.data)}")
         if self.eval_data and not Path(self.eval_data).exists():

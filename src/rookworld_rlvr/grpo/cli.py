@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rookworld_rlvr.cli_args import at_least_one, share
 from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
-from rookworld_rlvr.paths import no_such_file
+from rookworld_rlvr.paths import blocked_directory, no_such_file
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -51,6 +51,8 @@ def preflight(cfg: TrainConfig) -> None:
         raise ModelLoadError(problem)
     if lacking := device_problems(cfg):
         raise ValueError(lacking[0])
+    if blocked := blocked_directory(cfg.output_dir):
+        raise ValueError(f"output_dir: {blocked}")
     needed = [("data", cfg.data), ("anchor_data", cfg.anchor_data if cfg.anchor_coef else None),
               ("eval_data", cfg.eval_data), ("puzzle_data", cfg.puzzle_data)]
     if cfg.eval_data:
