@@ -55,9 +55,11 @@ def temperature(text: str) -> float:
     return _number(text, lambda v: 0 <= v < float("inf"), "a finite number >= 0 (0 = greedy)")
 
 
+DEVICE_HELP = "auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps"
+
+
 def add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps "
-                                                    "(default auto)")
+    p.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default auto)")
 
 
 def add_threads(p: argparse.ArgumentParser) -> None:

@@ -6,8 +6,7 @@ from anywhere else finds none of them: the error then says where it looked, so t
 from the checkout, or give the path whole) is plain from the message alone.
 
 Owns `here`, `no_such_file` and `blocked_directory`, the wording of a missing path and of a
-directory a file stands in the way of. Pure Python: imports nothing of
-the package.
+directory a file stands in the way of. Pure Python: imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ def blocked_directory(path: str | os.PathLike) -> str | None:
     """Why directory `path` cannot be made or used (it, or the nearest of its parents that exists, is a file),
     or None."""
     p = Path(path).expanduser()
-    for at in (p, *p.parents):
-        if at.exists():
-            return None if at.is_dir() else f"{path} is a file, not a directory" if at == p else \
-                f"{path}: {at} is a file, not a directory"
-    return None
+    at = next((a for a in (p, *p.parents) if a.exists()), None)
+    if at is None or at.is_dir():
+        return None
+    return f"{path} is a file, not a directory" if at == p else f"{path}: {at} is a file, not a directory"

@@ -343,8 +343,9 @@ def _started(spec: str, args: argparse.Namespace, seed: int, journal: Path | Non
     except (*ENGINE_FAILURES, ModelLoadError, OSError) as e:  # OSError: a Hub id that could not be fetched
         import difflib
 
-        meant = difflib.get_close_matches(spec.split(":")[0], ("random", "stockfish"), n=1, cutoff=0.75)
-        hint = f" (did you mean {meant[0]}{'[:SKILL[:DEPTH]]' * (meant[0] == 'stockfish')}?)" if meant else ""
+        kinds = {"random": "random", "stockfish": "stockfish[:SKILL[:DEPTH]]"}
+        meant = difflib.get_close_matches(spec.split(":")[0], kinds, n=1, cutoff=0.75)
+        hint = f" (did you mean {kinds[meant[0]]}?)" if meant else ""
         raise ValueError(f"player {spec!r} did not start: {type(e).__name__}: {str(e) or 'no answer in time'}"
                          f"{hint}") from None
 

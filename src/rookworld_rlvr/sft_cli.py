@@ -11,6 +11,7 @@ import argparse
 import contextlib
 from dataclasses import asdict
 
+from rookworld_rlvr.cli_args import DEVICE_HELP
 from rookworld_rlvr.sft import SFTConfig, train
 
 _HELP = {
@@ -33,8 +34,7 @@ _HELP = {
                     "Default 200",
     "save_every": "checkpoint every N steps, and at the end. Default 500",
     "seed": "seed of the model's initial weights and the batches drawn. Default 0",
-    "device": "auto (CUDA, then MPS, then the CPU), cpu, cuda, cuda:N or mps; under torchrun each rank its own "
-              "GPU. Default auto",
+    "device": f"{DEVICE_HELP}; under torchrun each rank its own GPU. Default auto",
     "threads": "torch threads of this process (default: torch's own, one per core); give two jobs on one "
                "machine their share",
     "tokenizer": "char (one token per character), square (plus one token per square inside UCI moves) or board "
