@@ -132,6 +132,20 @@ def test_rollback_restores_adapters(tmp_path, tiny_model_dir, small_data):
     assert tr.lr_scale == 0.3  # the default rollback_lr_factor
 
 
+def test_wrapping_the_policy_warns_of_nothing(tiny_model_dir):
+    """peft reads transformers' deprecated `is_gradient_checkpointing`: a FutureWarning at every LoRA run that
+    no user can act on (their code, not the user's) is not shown."""
+    import warnings
+
+    from rookworld_rlvr.grpo.lora import wrap_lora
+
+    model, _ = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapped = wrap_lora(model, TrainConfig(lora_r=4, lora_alpha=8.0))
+    assert any("lora_" in n for n, _ in wrapped.named_parameters())
+
+
 def test_config_rejects_lora_dropout_and_conflicts():
     with pytest.raises(ValueError, match="lora_dropout' was removed: dropout is off"):  # its one legal value was 0
         load_config(None, {"lora_r": 4, "lora_dropout": 0.1})

@@ -72,7 +72,8 @@ def test_repeat_bans_teach_that_no_move_is_written_twice(tiny_model_dir):
     row = (enc["input_ids"] + [0], 0, tuple(repeat_bans(text, enc["input_ids"], enc["offset_mapping"])))
     _, ul, _ = _accumulate(model, [row], 0, "full", contextlib.nullcontext(), torch.device("cpu"), distinct_coef=1.0).tolist()
     ids = torch.tensor([row[0]])
-    logits = model(input_ids=ids).logits[0]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]
     k, t = row[2][0]
     p = torch.softmax(logits[k - 1], -1)[t]
     assert ul == pytest.approx(float(-torch.log1p(-p)) / (len(row[0]) - 1), rel=1e-4)

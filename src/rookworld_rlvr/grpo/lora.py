@@ -12,6 +12,7 @@ Owns everything peft. Imports torch, transformers and peft (inside functions); n
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 
@@ -35,7 +36,10 @@ def wrap_lora(model, cfg: TrainConfig):
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
     lora = peft().LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
                              fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
-    return peft().get_peft_model(model, lora).eval()  # get_peft_model switches to train mode
+    with warnings.catch_warnings():  # peft reads transformers' deprecated alias; a user can do nothing about it
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = peft().get_peft_model(model, lora)
+    return wrapped.eval()  # get_peft_model switches to train mode
 
 
 def check_untied_lora(policy) -> None:
