@@ -544,7 +544,7 @@ def test_a_hub_model_in_the_local_cache_loads_at_once_with_the_hub_out_of_reach(
     assert "Retrying" not in caplog.text
 
 
-@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft, making the adapter
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft, in the test
 def test_a_peft_adapter_whose_base_is_a_hub_id_loads_its_base_from_the_cache_with_the_hub_out_of_reach(
         saved_model, cut_off_hub, tmp_path, capsys, caplog):
     """A LoRA adapter saved elsewhere (adapter_config.json naming a Hub base) loads with its base: out of reach, the
