@@ -11,7 +11,7 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; ec
 .PHONY: setup stockfish browser train test clean
 
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,report,lora,sweep,bench]"
 	touch $(STAMP)

@@ -1,0 +1,78 @@
+"""scripts/ensure_venv.sh, the first thing `make train` and `make test` run: a virtual environment with pip, made
+again where a failed attempt left one half made, and a clear error where the Python cannot make one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "ensure_venv.sh"
+VERSION = "%d.%d" % sys.version_info[:2]
+
+
+def ensure(python: str | Path, venv: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), str(python), str(venv)], capture_output=True, text=True, timeout=300)
+
+
+def fake_python(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "python3"
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def has_pip(venv: Path) -> bool:
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0
+
+
+def test_a_venv_a_failed_attempt_left_without_pip_is_made_again(tmp_path):
+    """Debian's and Ubuntu's python3 without python3-venv: `python3 -m venv` fails and leaves the folder without
+    pip. The error says which package to install and leaves nothing behind; once it is installed (here: the real
+    Python), `make` goes on, also over a half-made folder left by an older checkout."""
+    debian = fake_python(tmp_path, f"""if [ "$1 $2" = "-m venv" ]; then
+  {sys.executable} -m venv --without-pip "$3"
+  echo "The virtual environment was not created successfully because ensurepip is not available." >&2
+  exit 1
+fi
+exec {sys.executable} "$@\"""")
+    venv = tmp_path / ".venv"
+    proc = ensure(debian, venv)
+    assert proc.returncode == 1 and f"could not make the virtual environment {venv} with pip" in proc.stderr
+    assert f"apt-get install python{VERSION}-venv" in proc.stderr
+    assert not venv.exists()  # the next attempt starts afresh
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # half made
+    assert not has_pip(venv)
+    proc = ensure(sys.executable, venv)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{venv} has no pip (a virtual environment left half made): making it again" in proc.stderr
+    assert has_pip(venv)
+    made = (venv / "pyvenv.cfg").stat().st_mtime_ns
+    assert ensure(sys.executable, venv).returncode == 0 and (venv / "pyvenv.cfg").stat().st_mtime_ns == made
+
+
+def test_a_python_too_old_or_missing_and_a_folder_that_is_no_venv_are_named(tmp_path):
+    old = fake_python(tmp_path, 'echo 3.10')
+    proc = ensure(old, tmp_path / ".venv")
+    assert proc.returncode == 1 and f"{old} is Python 3.10; rookworld-rlvr needs 3.11 or later" in proc.stderr
+    proc = ensure("python3.99", tmp_path / ".venv")
+    assert proc.returncode == 1 and "python3.99 not found: install Python 3.11 or later" in proc.stderr
+    folder = tmp_path / "mine"
+    (folder / "bin").mkdir(parents=True)
+    (folder / "notes.txt").write_text("keep")
+    proc = ensure(sys.executable, folder)
+    assert proc.returncode == 1 and f"{folder} is there and is not a virtual environment" in proc.stderr
+    assert (folder / "notes.txt").read_text() == "keep"
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_make_makes_its_venv_through_the_script():
+    """The Makefile's recipe calls the script (a bare `python3 -m venv` would leave the half-made folder)."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)" in makefile and "-m venv" not in makefile
+    assert os.access(SCRIPT, os.X_OK)
