@@ -50,7 +50,7 @@ def make_fields(tmp_path, tiny_model_dir, small_data) -> dict:
                 engine_cache=None, device="cpu", backward_dtype="float32")  # exact: runs compare bit for bit
 
 
-def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, **over):
+def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, log=None, **over):
     fields = make_fields(tmp_path, tiny_model_dir, small_data)
     fields.update(over)
     cfg = load_config(None, fields)
@@ -59,7 +59,7 @@ def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, **over):
     def chess_reward(prompts, completions, truths, weights):
         return scorer.score_batch(prompts, completions, truths, weights)
 
-    return Trainer(cfg, reward_fn or chess_reward, train, None, log=lambda *_: None)
+    return Trainer(cfg, reward_fn or chess_reward, train, None, log=log or (lambda *_: None))
 
 
 def test_step_zero_policy_equals_reference_on_mixed_left_padded_batch(tmp_path, tiny_model_dir, small_data, scorer):
@@ -160,6 +160,21 @@ def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer
         x, y = ({k: v for k, v in r.items() if k not in noise} for r in (x, y))
         assert x == pytest.approx(y, rel=1e-6, abs=1e-9), {k: (x[k], y[k]) for k in x if x[k] != y[k]}
     assert ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "a" / "run"))["step"] == 4
+
+
+def test_a_resume_with_other_settings_says_each_one(tmp_path, tiny_model_dir, small_data, scorer):
+    """`rookworld train --resume` continues exactly with the run's settings; one changed on the command line (a
+    higher lr, more steps) takes effect from the resumed step on, and is said. Where the run is and how many
+    threads it uses change nothing it computes: not said."""
+    make(tmp_path, tiny_model_dir, small_data, scorer, steps=2).train()
+    said: list[str] = []
+    make(tmp_path, tiny_model_dir, small_data, scorer, log=said.append, steps=2, resume=True)
+    assert said[-1].startswith("resumed from") and not any(line.startswith("resume:") for line in said)
+    said.clear()
+    make(tmp_path, tiny_model_dir, small_data, scorer, log=said.append, steps=3, lr=5e-4, threads=1, resume=True)
+    changes = [line for line in said if line.startswith("resume:")]
+    assert changes == ["resume: steps was 2 in the checkpoint, now 3 (from this step on)",
+                       "resume: lr was 0.001 in the checkpoint, now 0.0005 (from this step on)"]
 
 
 def test_kl_warmup_zeroes_beta(tmp_path, tiny_model_dir, small_data, scorer):

@@ -253,7 +253,8 @@ class TrainConfig:
     # -- run ---------------------------------------------------------------------------------------
     output_dir: str = _f("runs/default", "run directory (config, metrics, checkpoints, report)")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
-    resume: bool = _f(False, "continue from the latest checkpoint in output_dir")
+    resume: bool = _f(False, "continue from the latest checkpoint in output_dir (each setting that "
+                             "differs from the checkpoint's is said; it takes effect from there on)")
     eval_every: int = _f(0, "greedy held-out evaluation every N steps (0 = only before and after)")
     save_every: int = _f(20, "checkpoint every N steps (and before and after each held-out evaluation)")
     keep_last: int = _f(2, "checkpoints kept (plus the best by eval reward)")

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from rookworld_rlvr import resumed
 from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.sft_cache import training_rows
 from rookworld_rlvr.sft_config import SFTConfig
@@ -34,13 +35,8 @@ _PLACE = ("out", "device", "threads", "stop_after_minutes", "stop_when", "rows_c
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
-    """The settings a resume changes against the checkpoint's: an exact continuation changes none,
-    so each one is said (it takes effect from the resumed step on). A setting newer than the
-    checkpoint had the effect of its default there."""
-    defaults = asdict(SFTConfig())
-    was = {k: saved.get(k, defaults.get(k)) for k in now}
-    return [f"{k} was {was[k]!r} in the checkpoint{'' if k in saved else ' (its default then)'}, now {now[k]!r} "
-            "(from this step on)" for k in now if k not in _PLACE and was[k] != now[k]]
+    """The settings a resume changes against the checkpoint's (`resumed.changed_settings`)."""
+    return resumed.changed_settings(saved, now, asdict(SFTConfig()), _PLACE)
 
 
 def cooldown(step: int, total_steps: int, cooldown_steps: int) -> float:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rookworld_rlvr import __version__
+from rookworld_rlvr import __version__, resumed
+from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.grpo.guards import TrainingStopped
@@ -53,6 +54,16 @@ def capture(tr: Trainer) -> dict:
     if tr.cfg.lora_r:  # the base never changes: the adapters are the whole trained state
         st["lora"] = adapter_state(tr.policy)
     return st
+
+
+# where the run is and how fast it goes, not what it computes (the same rewards and answers: see their field docs)
+PLACE = ("output_dir", "resume", "device", "ref_device", "threads", "step_timeout_minutes", "engine_workers",
+         "engine_cache", "score_overlap", "eval_batch_size", "tensorboard", "wandb", "report", "progress")
+
+
+def changed_settings(tr: Trainer, st: dict) -> list[str]:
+    """The settings a resume changes against those its checkpoint was saved with (`resumed.changed_settings`)."""
+    return resumed.changed_settings(st.get("config", {}), tr.cfg.to_dict(), TrainConfig().to_dict(), PLACE)
 
 
 def restore(tr: Trainer, st: dict, weights_from: Path | None = None) -> None:

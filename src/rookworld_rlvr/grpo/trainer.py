@@ -121,6 +121,8 @@ class Trainer:
             if self.main:
                 truncate_logs(self.run_dir, self.step, self.events_logged, evaluated=not self.eval_owed)
             self.log(f"resumed from {resume_from} at step {self.step}")
+            for line in state.changed_settings(self, st):
+                self.log(f"resume: {line}")
 
     def _load_models(self, resume_from: Path | None) -> None:
         """The policy (and its tokenizer), the frozen reference, the sampler, and their precision."""
