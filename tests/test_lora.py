@@ -166,9 +166,14 @@ def test_missing_peft_is_a_clear_error(tmp_path, tiny_model_dir, small_data, mon
 
 
 def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_data):
-    """GPT-2's lm_head shares its weight with wte: merging an adapter there changes both ends."""
+    """GPT-2's lm_head shares its weight with wte: merging an adapter there changes both ends. Refused before peft
+    wraps the model, so that the error is all a user sees (peft warned twice of the tie first)."""
+    import warnings
+
     with pytest.raises(ValueError, match="lora_targets.*lm_head shares its weight with transformer.wte"):
-        lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets="c_attn,lm_head")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets="c_attn,lm_head")
 
 
 def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):

@@ -33,6 +33,7 @@ def wrap_lora(model, cfg: TrainConfig):
     from transformers.pytorch_utils import Conv1D
 
     targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    check_untied_lora(model, targets)
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
     lora = peft().LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
                              fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
@@ -42,19 +43,19 @@ def wrap_lora(model, cfg: TrainConfig):
     return wrapped.eval()  # get_peft_model switches to train mode
 
 
-def check_untied_lora(policy) -> None:
+def check_untied_lora(model, targets: list[str]) -> None:
     """Adapters on a weight that two modules share (GPT-2 ties lm_head to wte) cannot be merged:
-    the merged checkpoint (and the merged sampler) would change both ends. Refuse them."""
+    the merged checkpoint (and the merged sampler) would change both ends. Refused on the plain
+    model, before peft wraps it (and warns of it twice)."""
     names: dict[int, list[str]] = {}
-    for name, p in policy.get_base_model().named_parameters(remove_duplicate=False):
-        names.setdefault(p.data_ptr(), []).append(name.removesuffix(".base_layer.weight").removesuffix(".weight"))
-    for name, m in policy.get_base_model().named_modules():
-        if isinstance(m, peft().tuners.lora.LoraLayer):
-            shared = names[m.get_base_layer().weight.data_ptr()]
-            if len(shared) > 1:
-                raise ValueError(f"config field 'lora_targets': {name} shares its weight with "
-                                 f"{', '.join(n for n in shared if n != name)}; adapters there cannot be merged "
-                                 "into a plain checkpoint (use c_attn,c_proj,c_fc)")
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(p.data_ptr(), []).append(name.removesuffix(".weight"))
+    for name, m in model.named_modules():
+        weight = getattr(m, "weight", None)
+        if name.split(".")[-1] in targets and isinstance(weight, torch.Tensor) and len(names[weight.data_ptr()]) > 1:
+            raise ValueError(f"config field 'lora_targets': {name} shares its weight with "
+                             f"{', '.join(n for n in names[weight.data_ptr()] if n != name)}; adapters there cannot "
+                             "be merged into a plain checkpoint (use c_attn,c_proj,c_fc)")
 
 
 class MergedSampler:
@@ -77,7 +78,6 @@ def with_lora(model, cfg: TrainConfig):
     """(the policy with adapters, its merged sampler): the sampler copies the base before wrapping."""
     base = copy.deepcopy(model).requires_grad_(False)
     policy = wrap_lora(model, cfg)
-    check_untied_lora(policy)
     return policy, MergedSampler(base, policy)
 
 
