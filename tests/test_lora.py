@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 
 from conftest import packs_weights  # noqa: E402
 from numerics import assert_rounding_close, logprob_terms, rounding_atol  # noqa: E402
-from test_trainer import make, varied_reward  # noqa: E402
+from test_trainer import make, make_fields, varied_reward  # noqa: E402
 
 from rookworld_rlvr.config import TrainConfig, load_config  # noqa: E402
 from rookworld_rlvr.grpo import checkpoint as ckpt  # noqa: E402
@@ -174,6 +174,14 @@ def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_da
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets="c_attn,lm_head")
+    # and `--dry-run` says so, from the model's config alone, before a run would load it
+    from rookworld_rlvr.grpo.dryrun import dry_run
+
+    said: list[str] = []
+    fields = {**make_fields(tmp_path, tiny_model_dir, small_data), **LORA}
+    assert dry_run(load_config(None, {**fields, "lora_targets": "c_attn,lm_head"}), out=said.append) == 1
+    assert "error: config field 'lora_targets': lm_head shares its weight with transformer.wte" in said[-1]
+    assert dry_run(load_config(None, fields), out=said.append) == 0
 
 
 def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):

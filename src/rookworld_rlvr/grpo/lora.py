@@ -32,7 +32,7 @@ def wrap_lora(model, cfg: TrainConfig):
     the base weights are frozen and only the adapters train. Returned in eval mode (dropout off)."""
     from transformers.pytorch_utils import Conv1D
 
-    targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    targets = lora_targets(cfg)
     check_untied_lora(model, targets)
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
     lora = peft().LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
@@ -43,19 +43,37 @@ def wrap_lora(model, cfg: TrainConfig):
     return wrapped.eval()  # get_peft_model switches to train mode
 
 
+def lora_targets(cfg: TrainConfig) -> list[str]:
+    return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+
+
 def check_untied_lora(model, targets: list[str]) -> None:
     """Adapters on a weight that two modules share (GPT-2 ties lm_head to wte) cannot be merged:
     the merged checkpoint (and the merged sampler) would change both ends. Refused on the plain
-    model, before peft wraps it (and warns of it twice)."""
+    model, before peft wraps it (and warns of it twice). Tied weights are one Parameter object, so
+    a skeleton on the meta device (no weights: `--dry-run`) is checked the same."""
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(p.data_ptr(), []).append(name.removesuffix(".weight"))
+        names.setdefault(id(p), []).append(name.removesuffix(".weight"))
     for name, m in model.named_modules():
         weight = getattr(m, "weight", None)
-        if name.split(".")[-1] in targets and isinstance(weight, torch.Tensor) and len(names[weight.data_ptr()]) > 1:
+        if name.split(".")[-1] in targets and isinstance(weight, torch.nn.Parameter) and len(names[id(weight)]) > 1:
             raise ValueError(f"config field 'lora_targets': {name} shares its weight with "
-                             f"{', '.join(n for n in names[weight.data_ptr()] if n != name)}; adapters there cannot "
+                             f"{', '.join(n for n in names[id(weight)] if n != name)}; adapters there cannot "
                              "be merged into a plain checkpoint (use c_attn,c_proj,c_fc)")
+
+
+def tied_target_problem(model_dir: str, cfg: TrainConfig) -> str | None:
+    """`check_untied_lora`'s refusal for the model in `model_dir`, from its config.json alone (no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    try:
+        check_untied_lora(skeleton, lora_targets(cfg))
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 class MergedSampler:
