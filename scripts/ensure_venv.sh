@@ -13,7 +13,7 @@ has_pip && exit 0
 command -v "$py" > /dev/null || {
   echo "error: $py not found: install Python 3.11 or later, or name yours: make PYTHON=python3.12" >&2; exit 1; }
 version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-[ "$(printf '%s\n3.11\n' "$version" | sort -V | head -1)" = 3.11 ] || {
+"$py" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' || {
   echo "error: $py is Python $version; rookworld-rlvr needs 3.11 or later: make PYTHON=python3.11 (or later)" >&2
   exit 1; }
 if [ -e "$venv" ]; then

@@ -57,7 +57,7 @@ exec {sys.executable} "$@\"""")
 
 
 def test_a_python_too_old_or_missing_and_a_folder_that_is_no_venv_are_named(tmp_path):
-    old = fake_python(tmp_path, 'echo 3.10')
+    old = fake_python(tmp_path, 'case "$2" in *print*) echo 3.10 ;; *) exit 1 ;; esac')  # its version, then the test
     proc = ensure(old, tmp_path / ".venv")
     assert proc.returncode == 1 and f"{old} is Python 3.10; rookworld-rlvr needs 3.11 or later" in proc.stderr
     proc = ensure("python3.99", tmp_path / ".venv")
