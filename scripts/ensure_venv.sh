@@ -17,7 +17,8 @@ version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
   echo "error: $py is Python $version; rookworld-rlvr needs 3.11 or later: make PYTHON=python3.11 (or later)" >&2
   exit 1; }
 if [ -e "$venv" ]; then
-  [ -f "$venv/pyvenv.cfg" ] || { echo "error: $venv is there and is not a virtual environment: move it away" >&2; exit 1; }
+  [ -f "$venv/pyvenv.cfg" ] || {
+    echo "error: $venv is there and is not a virtual environment: move it away" >&2; exit 1; }
   echo "$venv has no pip (a virtual environment left half made): making it again" >&2
   rm -rf "$venv"
 fi
