@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.yaml
 ARGS ?=
+# an index pip reads beside PyPI, for torch: PyPI's Linux torch is a CUDA build (several GB with its libraries);
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU build instead (a few hundred MB)
+TORCH_INDEX ?=
 # test processes (pytest-xdist): one per core, at most 4 (each holds torch and tiny models in memory)
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
@@ -13,7 +16,8 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; ec
 $(STAMP): pyproject.toml constraints.txt
 	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,report,lora,sweep,bench]"
+	$(PY) -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		-e ".[dev,report,lora,sweep,bench]"
 	touch $(STAMP)
 
 setup: $(STAMP) stockfish

@@ -71,6 +71,19 @@ def test_a_python_too_old_or_missing_and_a_folder_that_is_no_venv_are_named(tmp_
     assert not (tmp_path / ".venv").exists()
 
 
+def test_torch_index_reaches_pip_only_when_given():
+    """PyPI's Linux torch is a CUDA build of several GB; `make train TORCH_INDEX=<the CPU index>` hands the index to
+    pip (the pins then take its CPU build of the same version). Read from `make -n`: nothing is installed."""
+    def install_line(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", "-B", ".venv/.installed", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, check=True)
+        return next(line for line in proc.stdout.splitlines() if "pip install -q -c constraints.txt" in line)
+
+    url = "https://download.pytorch.org/whl/cpu"
+    assert f"--extra-index-url {url}" in install_line(f"TORCH_INDEX={url}")
+    assert "--extra-index-url" not in install_line()
+
+
 def test_make_makes_its_venv_through_the_script():
     """The Makefile's recipe calls the script (a bare `python3 -m venv` would leave the half-made folder)."""
     makefile = (REPO / "Makefile").read_text()
