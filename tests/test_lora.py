@@ -182,6 +182,11 @@ def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_da
     assert dry_run(load_config(None, {**fields, "lora_targets": "c_attn,lm_head"}), out=said.append) == 1
     assert "error: config field 'lora_targets': lm_head shares its weight with transformer.wte" in said[-1]
     assert dry_run(load_config(None, fields), out=said.append) == 0
+    other = tmp_path / "t5"  # a model whose config makes no causal LM: a line, not a traceback
+    shutil.copytree(tiny_model_dir, other)
+    (other / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    assert dry_run(load_config(None, {**fields, "model": str(other)}), out=said.append) == 1
+    assert f"error: model: {other}: its config.json makes no causal language model" in said[-1]
 
 
 def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):

@@ -44,6 +44,7 @@ def wrap_lora(model, cfg: TrainConfig):
 
 
 def lora_targets(cfg: TrainConfig) -> list[str]:
+    """The module names of `lora_targets` (comma-separated; peft matches each against a module name's last part)."""
     return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
 
 
@@ -67,8 +68,12 @@ def tied_target_problem(model_dir: str, cfg: TrainConfig) -> str | None:
     """`check_untied_lora`'s refusal for the model in `model_dir`, from its config.json alone (no weights read)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    except (ValueError, KeyError, OSError) as e:  # the run's load would stop on it too
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__  # (transformers lists every model type after)
+        return f"model: {model_dir}: its config.json makes no causal language model ({first})"
     try:
         check_untied_lora(skeleton, lora_targets(cfg))
     except ValueError as e:
