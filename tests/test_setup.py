@@ -89,3 +89,37 @@ def test_make_makes_its_venv_through_the_script():
     makefile = (REPO / "Makefile").read_text()
     assert "@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)" in makefile and "-m venv" not in makefile
     assert os.access(SCRIPT, os.X_OK)
+
+
+def test_as_root_on_debian_the_venv_package_is_installed_with_apt_get(tmp_path):
+    """As root on Debian/Ubuntu the script installs python3.X-venv itself (as Stockfish is installed), falling
+    back to python3-venv where the versioned package is unknown, and then makes the venv. apt-get and `id` are
+    stand-ins on PATH that log what they were asked; the python can make a venv with pip once a package is in."""
+    installed = tmp_path / "installed"
+    log = tmp_path / "apt.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {
+        "id": 'echo 0',
+        # the versioned package is unknown to this archive; python3-venv is there
+        "apt-get": f'echo "$*" >> {log}\ncase "$*" in *python{VERSION}-venv*) exit 100 ;; '
+                   f'*"install -y -qq python3-venv"*) touch {installed} ;; esac',
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    debian = fake_python(tmp_path, f"""if [ ! -e {installed} ]; then
+  case "$*" in
+    *"import ensurepip, venv"*) exit 1 ;;
+    "-m venv "*) {sys.executable} -m venv --without-pip "$3"; exit 1 ;;
+  esac
+fi
+exec {sys.executable} "$@\"""")
+    venv = tmp_path / ".venv"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(SCRIPT), str(debian), str(venv)], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cannot make a virtual environment with pip: installing python{VERSION}-venv with apt-get" in proc.stderr
+    assert log.read_text().splitlines() == ["update -qq", f"install -y -qq python{VERSION}-venv",
+                                            "install -y -qq python3-venv"]
+    assert has_pip(venv)
