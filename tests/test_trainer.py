@@ -421,6 +421,9 @@ def test_anchor_trains_on_ground_truth_answers_and_plain_grpo_does_not(tmp_path,
     # the anchor draws its samples in its own order: GRPO saw the same prompts in both runs
     plain_log = [json.loads(x) for x in (tmp_path / "plain" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["reward/mean"] == plain_log[0]["reward/mean"]
+    # its forward and backward are a phase of their own, apart from the GRPO pass, within the step's time
+    assert all(r["time/anchor"] > 0 and r["time/policy"] > 0 and r["time/other"] >= 0 for r in records)
+    assert not any("time/anchor" in r for r in plain_log)
 
 
 def test_step_record_reports_move_quality_apart_from_legality():

@@ -175,7 +175,8 @@ class TrainConfig:
                                        "from one set of positions, the anchor holding another")
     anchor_positions: str = _f("all", "the P: positions whose answers the anchor trains on: all | out_of_check (none in "
                                       "check: a skill in check is then GRPO's alone, not taught by the true answers)")
-    anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks)")
+    anchor_batch: int = _f(16, "anchor samples per step (split evenly over anchor_tasks); their forward and "
+                               "backward are time/anchor in metrics.jsonl")
     anchor_order: str = _f("best-first", "P: candidate order of the anchor's answers: best-first (how the shipped base "
                                          "was trained: `rookworld sft --order best-first`) | given (as stored; upstream "
                                          "RookWorld shuffled them). An order the base was not trained on pulls it "

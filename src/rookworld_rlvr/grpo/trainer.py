@@ -205,8 +205,10 @@ class Trainer:
                 self.opt.zero_grad(set_to_none=True)
                 agg, finite = policy_pass(passes, self.forward_model, batch, slices, ref, old, beta, norms,
                                           self.device, first=epoch == 0, record=self.record)
-                if finite and anchor is not None:
-                    finite = self.anchor.backward(self.forward_model, anchor, self.amp, self.grad_dtype, agg)
+            if anchor is not None:  # a phase of its own, so that its cost shows (time/anchor)
+                with timed(timings, "anchor", self.device):
+                    finite = finite and self.anchor.backward(self.forward_model, anchor, self.amp, self.grad_dtype, agg)
+            with timed(timings, "policy", self.device):
                 dist.all_reduce_grads(list(self.policy.parameters()))  # sum over ranks; every rank, finite or not
                 if not finite:
                     agg["loss"] = float("nan")

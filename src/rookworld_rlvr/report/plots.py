@@ -39,7 +39,7 @@ class PlotSpec:
     source: str = "metrics"  # "metrics" (per step, smoothed when noisy) or "eval" (sparse, markers)
 
 
-PHASES = ("generate", "score", "reference", "old", "policy", "optimizer", "other")
+PHASES = ("generate", "score", "reference", "old", "policy", "anchor", "optimizer", "other")
 TASK_LABELS = {"P": "policy (P:)", "puzzle": "puzzles (P:)", "A": "environment (A:)"}
 
 STATIC_PLOTS = (
