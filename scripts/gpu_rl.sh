@@ -124,7 +124,7 @@ run_stage() {  # name, command...: its seconds and start time in times.tsv, then
     "$py" scripts/gpu_rl_report.py "$work" "$out" > /dev/null || echo "gpu_rl: warning: OUT would not all come back"
   } 9> "$work/publish.lock"
 }
-publish() {  # OUT from the stages done so far (each call's OUT starts empty on a GPU machine); results.md apart
+publish() {  # OUT's models from the stages done so far (each call's OUT starts empty on a GPU machine)
   [ -f "$work/base.done" ] || return 0
   if [ -z "$given" ]; then
     mkdir -p "$out/base"
@@ -143,13 +143,7 @@ publish() {  # OUT from the stages done so far (each call's OUT starts empty on 
     cp "$work"/export/*.safetensors "$out/trained/"
     tar cf "$out/trained/meta.tar" -C "$work/export" --exclude '*.safetensors' --exclude .done .
   fi
-  local f record=()
-  for f in "$work"/times.tsv "$work"/match_*.json "$work"/match_*.pgn "$work"/selfplay_*.json \
-           "$work"/sft/prepare.log; do
-    [ -f "$f" ] && record+=("${f#"$work"/}")
-  done
-  tar cf "$work/record.tar.tmp" -C "$work" "${record[@]}"
-  mv "$work/record.tar.tmp" "$out/record.tar"
+  # record.tar and results.md: scripts/gpu_rl_report.py, run after each publish
 }
 
 if [ $smoke = 1 ]; then
@@ -246,7 +240,7 @@ together=""
 
 publish  # also when every stage was done before (a rerun into a new, empty OUT)
 rc=0
-"$py" scripts/gpu_rl_report.py "$work" "$out" || rc=$?  # results.md, printed; 1 when OUT would not all come back
+"$py" scripts/gpu_rl_report.py "$work" "$out" || rc=$?  # record.tar, results.md printed; 1: OUT would not come back
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_rl: failed: ${failed[*]} (their output above, each line marked with its name; rerun to run them again)" >&2
   rc=1

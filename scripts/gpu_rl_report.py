@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""results.md for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
+"""results.md and record.tar for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
 
 The GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
 intervals), the two matches, the machine, the minutes each stage took and the stages not run yet (a deadline, or a
-GRPO run not done), and the issue's goals for the base and for GRPO, each met or not; then a check that everything in OUT would come back from the GPU machine (at most 8 files of
+GRPO run not done), and the issue's goals for the base and for GRPO, each met or not; record.tar beside it (the
+matches, self-play games, minutes per stage and the base's data log, as far as each has got); then a check that everything in OUT would come back from the GPU machine (at most 8 files of
 16 MiB, 64 MiB in all; exit 1 when not). Written after every stage: it reports what is done so far.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import platform
+import tarfile
 import sys
 from pathlib import Path
 
@@ -149,8 +152,29 @@ def report(work: Path) -> str:
     return "\n".join(lines + ["", *goals(summary, matches, plies)])
 
 
+RECORD = ("times.tsv", "match_*.json", "match_*.pgn", "selfplay_*.json", "sft/prepare.log")
+
+
+def write_record(work: Path, out: Path) -> None:
+    """OUT/record.tar from WORK's RECORD files as they stand. Each is read once, whole: a match still appending its
+    games to its PGN (the judging stages run at once) is archived as far as it has got, where GNU tar fails on a
+    file that grows while it reads it ("file changed as we read it")."""
+    files = [p for pattern in RECORD for p in sorted(work.glob(pattern)) if p.is_file()]
+    if not files:
+        return
+    tmp = out / ".record.tar.tmp"
+    with tarfile.open(tmp, "w") as tar:
+        for path in files:
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.relative_to(work).as_posix())
+            info.size, info.mtime, info.mode = len(data), int(path.stat().st_mtime), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tmp.replace(out / "record.tar")  # a call stopped meanwhile leaves the last one whole
+
+
 def main(argv: list[str] | None = None) -> int:
     work, out = (Path(a) for a in (argv if argv is not None else sys.argv[1:]))
+    write_record(work, out)
     text = report(work)
     (out / ".results.md.tmp").write_text(text + "\n")
     (out / ".results.md.tmp").replace(out / "results.md")  # a call stopped meanwhile leaves the last one whole

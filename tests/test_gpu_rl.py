@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -380,13 +381,56 @@ def test_the_tree_leaves_room_on_the_gpu_machine_for_the_carried_stockfish():
                                       f"that leave room for Stockfish on a GPU machine; the largest: {largest}")
 
 
+def report_module():
+    spec = importlib.util.spec_from_file_location("gpu_rl_report", REPO / "scripts" / "gpu_rl_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_tar_takes_a_match_whose_pgn_is_still_growing(tmp_path):
+    """The judging stages run at once, and each one that ends writes OUT/record.tar while the matches still
+    append their games to their PGN files: every record written meanwhile opens, holds each file, and holds the
+    PGN as far as it had got (GNU tar failed on such a file, which failed the stage that had just ended)."""
+    module = report_module()
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "sft").mkdir(parents=True)
+    out.mkdir()
+    (work / "times.tsv").write_text("base\t16\t1796483332\n")
+    (work / "selfplay_base.json").write_text('{"selfplay": {}}\n')
+    (work / "sft" / "prepare.log").write_text("gpu_base: preparing\n")
+    (work / "match_trained_vs_base.json.a-answers.jsonl").write_text("{}\n")  # a journal: not sent back
+    pgn = work / "match_base_vs_board.pgn"
+    pgn.write_text("")
+    game = '[Event "rookworld match"]\n\n1. e4 e5 2. Nf3 Nc6 3. Bb5 a6 1-0\n\n'
+    stop = threading.Event()
+
+    def play() -> None:  # a match writing its games as they end, as fast as it can
+        while not stop.is_set():
+            with pgn.open("a") as fh:
+                fh.write(game)
+
+    player = threading.Thread(target=play)
+    player.start()
+    try:
+        for _ in range(40):
+            module.write_record(work, out)
+            with tarfile.open(out / "record.tar") as tar:
+                assert tar.getnames() == ["times.tsv", "match_base_vs_board.pgn", "selfplay_base.json",
+                                          "sft/prepare.log"]
+                got = tar.extractfile("match_base_vs_board.pgn").read().decode()
+            assert pgn.read_text().startswith(got)
+    finally:
+        stop.set()
+        player.join()
+    assert len(got) > 0 and not list(out.glob(".*"))  # games were archived; no temporary file left in OUT
+
+
 def test_results_md_judges_each_goal_of_the_gpu_base_and_of_grpo():
     """results.md ends with the goals: each of the base's held-out figures against its bar (97% legal, 32% mate
     in one, ...), its self-play game and its match, then GRPO's against its base: a match won, expected-score loss
     and blunders better beyond the noise, mate in one, tactics and A: not worse. What has not run is said."""
-    spec = importlib.util.spec_from_file_location("gpu_rl_report", REPO / "scripts" / "gpu_rl_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = report_module()
 
     def share(solved: list[int]) -> dict:
         return {"n": len(solved), "solved": sum(solved) / len(solved), "solved_items": solved, "items_of": "x"}
