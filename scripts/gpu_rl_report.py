@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """results.md and record.tar for scripts/gpu_rl.sh: `python scripts/gpu_rl_report.py WORK OUT`.
 
-The GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to a random mover, with 95%
-intervals), the two matches, the machine, the minutes each stage took and the stages not run yet (a deadline, or a
-GRPO run not done), and the issue's goals for the base and for GRPO, each met or not; record.tar beside it (the
-matches, self-play games, minutes per stage and the base's data log, as far as each has got); then a check that everything in OUT would come back from the GPU machine (at most 8 files of
-16 MiB, 64 MiB in all; exit 1 when not). Written after every stage: it reports what is done so far.
+results.md: the GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to
+a random mover, with 95% intervals), the two matches, the machine, the minutes each stage took and the stages not
+run yet (a deadline, or a GRPO run not done), and the issue's goals for the base and for GRPO, each met or not.
+record.tar: the matches, self-play games, minutes per stage and the base's data log, as far as each has got. Then a
+check that everything in OUT would come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1
+when not). Written after every stage: it reports what is done so far.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import io
 import json
 import platform
-import tarfile
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
