@@ -83,13 +83,9 @@ def pytest_collection_modifyitems(config, items):
 def subprocess_tmpdir(tmp_path_factory) -> Iterator[None]:
     """The processes the tests start keep their temporary files in pytest's folder, which pytest clears, not in
     /tmp: torchrun makes a torchelastic_* folder at each launch and leaves it (about 25 a run of the suite)."""
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
-    yield
-    if before is None:
-        os.environ.pop("TMPDIR")
-    else:
-        os.environ["TMPDIR"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
+        yield
 
 
 def pytest_sessionfinish(session, exitstatus):
