@@ -8,6 +8,7 @@ import json
 import math
 import random
 import sys
+from pathlib import Path
 
 import chess
 import chess.engine
@@ -270,12 +271,57 @@ def test_uci_engine_protocol_and_fallback_announcement(tiny_model_dir):
             eng.send(f"info string error: {e}")
     assert eng.handle("quit") is False
     lines = out.getvalue().splitlines()
-    assert lines[:3] == ["id name rookworld tiny", "id author rookworld-rlvr", "uciok"] and lines[3] == "readyok"
+    assert lines[:4] == ["id name rookworld tiny", "id author rookworld-rlvr",
+                         "option name MultiPV type spin default 1 min 1 max 5", "uciok"] and lines[4] == "readyok"
     moves = [ln.split()[1] for ln in lines if ln.startswith("bestmove")]
     assert len(moves) == 2
     assert chess.Move.from_uci(moves[1]) in chess.Board("7k/8/8/8/8/8/8/K7 w - - 0 1").legal_moves
     assert any("position: expected startpos or fen" in ln for ln in lines)
     assert any("unknown command frobnicate" in ln for ln in lines)
+
+
+def test_uci_scores_read_the_e_column_mates_included():
+    """An E: eval becomes the UCI score a GUI shows: centipawns, and the mate encoding (100000 - n) / 100 as
+    `mate n` (negative: the side to move is mated); the eval of a move that mates (1000.0) is mate 1."""
+    from rookworld_rlvr.uci import score_words
+
+    assert [score_words(e) for e in (0.32, -2.0, 0.0, 150.0, -899.0)] == ["cp 32", "cp -200", "cp 0", "cp 15000",
+                                                                           "cp -89900"]
+    assert [score_words(e) for e in (999.99, 999.97, -999.98, 1000.0)] == ["mate 1", "mate 3", "mate -2", "mate 1"]
+    for e in (999.99, -999.98, 4.41):  # python-chess reads them as the engine's own convention writes them
+        words = score_words(e).split()
+        score = chess.engine.Mate(int(words[1])) if words[0] == "mate" else chess.engine.Cp(int(words[1]))
+        assert round(score.score(mate_score=100_000) / 100, 2) == e
+
+
+def test_uci_analysis_shows_the_models_own_evals_of_its_candidates(capsys):
+    """With the shipped base: before each bestmove an `info` line gives the move played with the model's E:
+    eval of it; with MultiPV 3 the answer's other legal candidates follow, best eval first, each with its own
+    eval. python-chess's analyse reads them. Bad or unknown options are named and change nothing."""
+    from rookworld_rlvr.model.load import load_policy
+    from rookworld_rlvr.uci import serve
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "rookworld-board"
+    model, tok = load_policy(str(shipped), device="cpu", verbose=False)
+    player = ModelPlayer(model, tok, "base", batch_size=1)
+    fen = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"
+    answer = player.answers([chess.Board(fen)])[0]
+    evals = dict(zip(answer.moves, answer.evals))
+    legal = {m.uci() for m in chess.Board(fen).legal_moves}
+    assert answer.best in legal and len([m for m in evals if m in legal]) >= 3  # what the test needs of the base
+
+    out = io.StringIO()
+    serve(UCIEngine(player, "base", out), [f"position fen {fen}", "go", "setoption name MultiPV value 3", "go",
+                                           "setoption name MultiPV value 9", "setoption name Hash value 64",
+                                           "setoption name MultiPV value 1", "go movetime 100"])
+    lines = out.getvalue().splitlines()
+    single = f"info depth 1 score cp {round(evals[answer.best] * 100)} pv {answer.best}"
+    assert lines[:2] == [single, f"bestmove {answer.best}"]
+    rest = sorted((m for m in evals if m in legal and m != answer.best), key=lambda m: -evals[m])
+    assert lines[2:6] == [f"info depth 1 multipv {i} score cp {round(evals[m] * 100)} pv {m}"
+                          for i, m in enumerate([answer.best, *rest[:2]], start=1)] + [f"bestmove {answer.best}"]
+    assert lines[6:] == ["info string setoption: MultiPV needs an integer 1-5, got '9'",
+                         "info string unknown option 'Hash'", single, f"bestmove {answer.best}"]
 
 
 def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_kills_the_engine(tiny_model_dir):

@@ -12,6 +12,9 @@ The protocol as GUIs expect it: a `position` that cannot be read leaves no posit
 `go infinite` and `go ponder` hold the move until `stop` (or `ponderhit`); the time controls of
 `go` are read (a bad value is named; the model answers at once whatever they allow); a line that
 is not valid UTF-8, or any error while answering, is reported and the engine keeps running.
+Before each `bestmove` an `info depth 1 score ... pv MOVE` line gives the model's own `E:` eval of
+the move it plays, so a GUI's analysis pane shows what the model thinks; with the `MultiPV` option
+(1-5) the answer's other legal `M:` candidates follow as lines 2.. by their evals.
 
 Owns the UCI protocol; the model answers through `play.ModelPlayer` (imported inside `run`, so
 `rookworld --help` stays fast).
@@ -28,11 +31,36 @@ from typing import IO, Iterable
 import chess
 
 from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, temperature
+from rookworld_rlvr.engine import MATE_SCORE  # an E: eval of mate in n: (MATE_SCORE - n) / 100 pawns
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
 
 
 TIME_CONTROLS = ("wtime", "btime", "winc", "binc", "movestogo", "depth", "nodes", "mate", "movetime")
+MULTIPV_MAX = 5  # an answer's M: holds at most 5 candidates
+
+
+def score_words(pawns: float) -> str:
+    """UCI `score` of an `E:` eval (pawns for the side to move): `cp N`, or `mate N` (negative: mated)
+    for the mate encoding (100000 - n) / 100."""
+    cp = round(pawns * 100)
+    if abs(cp) < MATE_SCORE - 10_000:
+        return f"cp {cp}"
+    n = max(1, MATE_SCORE - abs(cp))
+    return f"mate {n if cp > 0 else -n}"
+
+
+def candidate_lines(answer, played: str, legal: set[str], multipv: int) -> list[str]:
+    """`info` lines for the move played, then (MultiPV) the answer's other legal candidates by eval;
+    a line has a score where the answer's `E:` gives that move one."""
+    evals = dict(zip(answer.moves or [], answer.evals or []))
+    others = sorted((m for m in evals if m in legal and m != played), key=lambda m: -evals[m])
+    lines = []
+    for i, move in enumerate([played, *others][:multipv], start=1):
+        rank = f" multipv {i}" if multipv > 1 else ""
+        score = f" score {score_words(evals[move])}" if move in evals else ""
+        lines.append(f"info depth 1{rank}{score} pv {move}")
+    return lines
 
 
 class UCIEngine:
@@ -46,6 +74,7 @@ class UCIEngine:
         self.why_no_board = ""
         self.pending: str | None = None  # a move held until `stop` (go infinite / ponder)
         self.rng = random.Random(seed)
+        self.multipv = 1
 
     def send(self, line: str) -> None:
         self.out.write(line + "\n")
@@ -60,6 +89,7 @@ class UCIEngine:
         if cmd == "uci":
             self.send(f"id name rookworld {self.name}")
             self.send("id author rookworld-rlvr")
+            self.send(f"option name MultiPV type spin default 1 min 1 max {MULTIPV_MAX}")
             self.send("uciok")
         elif cmd == "isready":
             self.send("readyok")
@@ -80,7 +110,9 @@ class UCIEngine:
                 self.send(f"bestmove {move}")
         elif cmd == "quit":
             return False
-        elif cmd not in ("setoption", "register", "debug"):
+        elif cmd == "setoption":
+            self._setoption(words[1:])
+        elif cmd not in ("register", "debug"):
             self.send(f"info string unknown command {cmd}")
         return True
 
@@ -100,6 +132,17 @@ class UCIEngine:
             self.pending = move
         else:
             self.send(f"bestmove {move}")
+
+    def _setoption(self, words: list[str]) -> None:
+        """`setoption name MultiPV value N`; any other option is named as unknown."""
+        rest = " ".join(words)
+        name, _, value = rest.removeprefix("name ").partition(" value ")
+        if name.strip().lower() != "multipv":
+            self.send(f"info string unknown option {name.strip()!r}")
+        elif not value.strip().isdigit() or not 1 <= int(value) <= MULTIPV_MAX:
+            self.send(f"info string setoption: MultiPV needs an integer 1-{MULTIPV_MAX}, got {value.strip()!r}")
+        else:
+            self.multipv = int(value)
 
     @staticmethod
     def _position(words: list[str]) -> chess.Board:
@@ -128,13 +171,15 @@ class UCIEngine:
         if not legal:
             return "0000"
         answer = self.player.answers([self.board])[0]
-        if answer.best in legal:
-            return answer.best
-        fallback = next((m for m in answer.moves or [] if m in legal), None)
-        why = "first legal M: candidate" if fallback else "random legal move"
-        fallback = fallback or self.rng.choice(sorted(legal))
-        self.send(f"info string model move {answer.best or '(none)'} is not legal here; playing {fallback} ({why})")
-        return fallback
+        move = answer.best if answer.best in legal else None
+        if move is None:
+            move = next((m for m in answer.moves or [] if m in legal), None)
+            why = "first legal M: candidate" if move else "random legal move"
+            move = move or self.rng.choice(sorted(legal))
+            self.send(f"info string model move {answer.best or '(none)'} is not legal here; playing {move} ({why})")
+        for line in candidate_lines(answer, move, legal, self.multipv):
+            self.send(line)
+        return move
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
