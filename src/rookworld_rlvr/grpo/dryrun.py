@@ -68,6 +68,7 @@ def device_problems(cfg: TrainConfig) -> list[str]:
 def dry_run(cfg: TrainConfig, out=print) -> int:
     """Validate config, data and model location; print counts and the plan. Returns an exit code."""
     problems = []
+    stops_here: list[str] = []  # warnings that this machine cannot start the run (it may be meant for another)
     out("config: valid")
     for note in cfg.inert_settings(processes=None):  # one process here; the run may have more
         out(f"warning: setting without effect: {note}")
@@ -128,11 +129,13 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
             out(f"model: {cfg.model} (Hugging Face Hub id, from the local cache {hub.cache_dir()}: {why})")
         else:  # a warning only, as a device this machine lacks: the run may be meant for one with network
             out(f"model: {cfg.model} (Hugging Face Hub id)")
+            stops_here.append("model")
             out(f"warning: {why} and the local cache ({hub.cache_dir()}) does not hold {cfg.model}, nor is it a "
                 f"directory{here(cfg.model)}; the run stops at once here")
     else:
         out(f"model: {cfg.model} (Hugging Face Hub id; downloaded at load time)")
     for problem in device_problems(cfg):  # a warning only: a run prepared here may run on another machine
+        stops_here.append("device")
         out(f"warning: {problem} on this machine; the run stops at once here")
     for line in plan(cfg):
         out(line)
@@ -140,5 +143,9 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         for p in problems:
             out(f"error: {p}")
         return 1
-    out("dry run: ok")
+    if stops_here:  # the config is sound, but a user reading only the last line must not start it here
+        out(f"dry run: ok for a machine that has what the {len(stops_here)} warning(s) above name; here the run "
+            "stops at once")
+    else:
+        out("dry run: ok")
     return 0
