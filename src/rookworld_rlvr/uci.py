@@ -183,6 +183,11 @@ class UCIEngine:
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("The model as a UCI engine on stdin/stdout, for a chess GUI or tournament manager: each `go` is "
+                     "answered with the B: move of a greedy P: answer (an illegal one is replaced by the answer's "
+                     "first legal M: candidate, else a random legal move, and an `info string` says so), after "
+                     "`info depth 1 score ... pv MOVE` lines with the model's own E: evals (option MultiPV, 1-5: "
+                     "its other legal candidates too).")
     p.add_argument("--model", required=True, help="model directory or Hub id")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout")
     p.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature (0 = greedy)")
