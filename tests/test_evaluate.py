@@ -423,7 +423,16 @@ def test_cli_eval_writes_json(saved_model, data_file, tmp_path, capsys, torch_th
     assert {"policy", "environment", "meta"} <= set(res)
     assert res["policy"]["n"] == 4 and res["environment"]["n"] == 4
     assert set(mt.POLICY_METRICS) <= set(res["policy"]) and set(mt.ENV_METRICS) <= set(res["environment"])
-    assert "policy.best_acc" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "policy.best_acc" in out_text
+    # it ends with the headline figures, each with its interval, beside the random mover's
+    from rookworld_rlvr.verdict import headline_table, wilson
+
+    table = headline_table(res, str(saved_model))
+    assert out_text.endswith(f"\n{table}\nwrote {out}\n")
+    low, high = wilson(res["environment"]["next_state_acc"], 4)
+    assert f"A: next state exact | {res['environment']['next_state_acc']:.4f} ({low:.3f} .. {high:.3f}) |" in \
+        " ".join(table.split())
 
 
 def test_an_eval_stopped_part_way_keeps_its_answers_and_the_same_command_completes_only_the_rest(

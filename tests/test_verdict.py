@@ -9,7 +9,7 @@ import pytest
 
 from rookworld_rlvr.metrics import position_slices, sliced
 from rookworld_rlvr.tasks.strength import fingerprint
-from rookworld_rlvr.verdict import (HEADLINES, change_interval, items_of, judge, paired_interval, rows, verdict_table,
+from rookworld_rlvr.verdict import (HEADLINES, change_interval, headline_table, items_of, judge, paired_interval, rows, verdict_table,
                                     wilson)
 
 CHECK = next(h for h in HEADLINES if h.key == "puzzles.check.solved")
@@ -244,3 +244,17 @@ def test_without_judged_positions_the_held_out_samples_legality_is_the_verdicts_
     assert items_of(other, "policy.legal_best") != items_of(before, "policy.legal_best")  # other samples: unpaired
     judged = {"strength": {"n": 600, "legal": 0.8}}
     assert not [r for r in rows({**before, **judged}, {**after, **judged}) if r["key"] == "policy.legal_best"]
+
+
+def test_one_evaluations_headline_table_shows_each_figure_with_its_interval_beside_the_random_movers():
+    """`rookworld eval`'s closing table: the verdict's figures of one evaluation, Wilson's interval on its n, the
+    random mover's figure on the same items (from the evaluation itself, or the fixed 100% legality); a figure
+    the evaluation lacks has no row."""
+    result = {"puzzles": {"mate1": {"n": 200, "solved": 0.3, "random": {"solved": 0.04}},
+                          "check": {"n": 50, "solved": 0.5}}}
+    lines = [" ".join(line.split()) for line in headline_table(result, "m").splitlines()]
+    low, high = wilson(0.3, 200)
+    assert lines[0] == "held-out figure (95% CI) | m | random mover"
+    assert lines[2:] == ["legal best move, side to move in check | 0.5000 (0.366 .. 0.634) | 1.0000",
+                         f"mate in one | 0.3000 ({low:.3f} .. {high:.3f}) | 0.0400"]
+    assert headline_table({}, "m") == "(no held-out figures)"

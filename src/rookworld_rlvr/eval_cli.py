@@ -142,6 +142,9 @@ def run(args: argparse.Namespace, name: str) -> int:
         return 0
     results["meta"].update(model=args.model, data=args.data)
     print(format_table(results))
+    from rookworld_rlvr.verdict import headline_table
+
+    print(f"\n{headline_table(results, args.model)}")
     if args.json:
         atomic_write_text(args.json, [json.dumps(results, indent=2) + "\n"])
         print(f"wrote {args.json}")

@@ -281,7 +281,7 @@ def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
         a, b = number(get(base, h.key)), number(get(final, h.key))
         if (a is None and b is None) or (h.unless and (get(base, h.unless), get(final, h.unless)) != (None, None)):
             continue
-        rand = number(get(final, h.random_key)) if h.random_key else h.random_value
+        rand = number(get(final if final is not None else base, h.random_key)) if h.random_key else h.random_value
         ci = change_interval(base, final, h)  # once: a paired ratio's bootstrap takes a fraction of a second
         out.append({"key": h.key, "label": h.label, "better": h.better, "base": a, "final": b,
                     "base_ci": interval(base, h), "final_ci": interval(final, h), "random": rand,
@@ -296,6 +296,17 @@ def fmt_ci(value: float | None, ci: tuple[float, float] | None) -> str:
     if value is None:
         return "-"
     return fmt_number(value) + (f" ({ci[0]:.3f} .. {ci[1]:.3f})" if ci else "")
+
+
+def headline_table(result: dict | None, name: str = "model") -> str:
+    """One evaluation's verdict figures, each with its 95% interval, beside the random legal mover's on the
+    same items (`rookworld eval` ends with it): label | the model | random mover."""
+    body = [r for r in rows(result, None) if r["base"] is not None]
+    if not body:
+        return "(no held-out figures)"
+    table = [["held-out figure (95% CI)", name, "random mover"]]
+    table += [[r["label"], fmt_ci(r["base"], r["base_ci"]), fmt_number(r["random"])] for r in body]
+    return render(table)
 
 
 def verdict_table(base: dict | None, final: dict | None, names: tuple[str, str] = ("base", "final")) -> str:
