@@ -55,10 +55,11 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     assert out["loss"] == 0 and out["blunder"] == 0 and out["accuracy"] == pytest.approx(S.accuracy(0))
     loss_a = (n_a - 1) * (S.win_prob(999.99) - S.win_prob(0.0)) / n_a
     loss_b = (n_b - 1) * (S.win_prob(0.3) - S.win_prob(-3.0)) / n_b
-    # the random mover is judged on the positions where the model moved legally (a and b once)
+    # the random mover's move quality is judged on the positions where the model moved legally (a and b once)
     assert out["random"]["loss"] == pytest.approx((loss_a + loss_b) / 2)
     assert out["random"]["blunder"] == pytest.approx(((n_a - 1) / n_a + (n_b - 1) / n_b) / 2)
-    assert out["random"]["best"] == pytest.approx((1 / n_a + 1 / n_b) / 2)
+    # and its best-move rate, as the model's, on every position (the illegal answer's too)
+    assert out["random"]["best"] == pytest.approx((1 / n_a + 2 / n_b) / 3)
     assert out["loss_below_random"] == 1.0 and out["blunder_below_random"] == 1.0
     # why the illegal ones are illegal, as shares of all positions: e2e5 is no pawn move
     assert out["illegal"]["geometry"] == pytest.approx(1 / 3)
@@ -67,6 +68,7 @@ def test_move_quality_pairs_the_model_with_a_random_mover_on_the_same_positions(
     assert worse["blunder"] == 1 and worse["loss_below_random"] < 0  # worse than random on that position
     none = S.move_quality([b], [None])
     assert none["legal"] == 0 and none["loss"] is None and none["random"]["loss"] is None
+    assert none["best"] == 0 and none["random"]["best"] == pytest.approx(1 / n_b)
 
 
 def test_move_quality_says_how_sure_it_is():

@@ -340,7 +340,9 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
 
     `loss`, `accuracy` and `blunder` are over the positions where the move is legal, and the
     random mover's figures in `random` are over those same positions (paired); `best` and
-    `legal` are over all positions. `loss_below_random` = 1 - loss / random loss, with a bootstrap 95%
+    `legal` are over all positions (an illegal move is not best), and so is the random mover's
+    `best`: over the legal ones only it would leave out the positions a model fails, often those
+    with few legal moves, where chance finds the best move most often. `loss_below_random` = 1 - loss / random loss, with a bootstrap 95%
     interval in `loss_below_random_ci` (likewise for blunders).
     """
     if len(positions) != len(moves):
@@ -367,7 +369,8 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "blunder_items": [None if x is None else int(x >= BLUNDER) for x in loss_items],
         "random_loss_items": [round(r["loss"], 4) for r in expected],
         "random_blunder_items": [round(r["blunder"], 4) for r in expected],
-        "random": {k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder", "best")},
+        "random": {**{k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder")},
+                   "best": _mean([r["best"] for r in expected])},
     }
     kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
     # why the illegal moves are illegal, each kind a share of all positions (they sum to 1 - legal)
