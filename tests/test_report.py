@@ -315,3 +315,14 @@ def test_guard_events_are_listed_and_a_stopped_run_says_why(tmp_path):
     assert "stopped by the guard at step 11: kl_mean" in page.split("<h2>Runs</h2>")[1].split("</section>")[0]
     quiet = write_report([str(make_run(tmp_path, "quiet"))]).read_text()
     assert "No guard event" in quiet and "stopped by the guard" not in quiet
+
+
+def test_the_step_axis_of_a_short_run_is_labelled_in_whole_steps():
+    """A 3-step run's plots label steps 1, 2, 3 (matplotlib's own choice was 1.00, 1.25, 1.50, ...)."""
+    from rookworld_rlvr.report.plots import _new_figure
+
+    fig, axes = _new_figure(2, "short run")
+    axes[0].plot([1, 2, 3], [0.1, 0.3, 0.2])
+    fig.canvas.draw()
+    ticks = [x for ax in axes for x in ax.get_xticks() if 1 <= x <= 3]
+    assert ticks and all(float(x).is_integer() for x in ticks)

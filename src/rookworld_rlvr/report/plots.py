@@ -98,10 +98,13 @@ def _new_figure(rows: int, title: str):
     """An Agg figure with `rows` stacked axes sharing x."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(7.5, 0.7 + 2.6 * rows), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+    for ax in axes:  # steps are whole numbers: a 3-step run is not labelled 1.25, 1.50, ...
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title, fontsize=12, fontweight="bold")
     return fig, list(axes)
 
