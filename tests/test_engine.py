@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from rookworld_rlvr.engine import (
     Analysis,
+    EngineCacheError,
     EngineConfig,
     EngineError,
     StockfishNotFound,
@@ -297,6 +298,31 @@ def test_sqlite_cache_makes_a_rerun_free(tmp_path, reference):
         assert again.move_evals(START, ["e2e4", "a2a3"]) == evals
         assert again.stats == {"hits": 6, "misses": 0, "restarts": 0, "engine_calls": 0}
         assert again.pids == []  # engines start lazily: none were needed
+
+
+def test_a_cache_file_sqlite_cannot_use_is_an_error_naming_it_and_is_left_as_it_is(tmp_path):
+    """A cache path holding something else (a copy cut short, another file), or a cache whose pages were damaged:
+    one error naming the file and what to do (SQLite alone said `file is not a database` with a traceback); the file
+    is not touched, since other processes may share it."""
+    bad = tmp_path / "engine.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    with pytest.raises(EngineCacheError, match=f"^engine cache {bad}: file is not a database \\(it holds only "
+                                               "Stockfish analyses, made again as needed: delete it or move it aside"):
+        StockfishPool(config(cache_path=str(bad)))
+    assert bad.read_bytes() == b"not a database" * 100
+
+    damaged = tmp_path / "damaged.sqlite"
+    with sqlite3.connect(damaged) as db:
+        db.execute("CREATE TABLE cache (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.executemany("INSERT INTO cache VALUES (?, ?)", [(f"k{i}", "x" * 50) for i in range(2000)])
+    db.close()
+    data = bytearray(damaged.read_bytes())
+    data[4096:] = b"\xff" * (len(data) - 4096)  # every page but the first (the schema) overwritten
+    damaged.write_bytes(bytes(data))
+    with StockfishPool(config(cache_path=str(damaged))) as pool:
+        with pytest.raises(EngineCacheError, match=f"^engine cache {damaged}: (database disk image is malformed|"
+                                                   "file is not a database)"):
+            pool.analyse_many([START])
 
 
 def _worker(cache_path: str, fens: list[str]) -> list[tuple]:

@@ -25,6 +25,7 @@ one process is `engine_process`. Chess only: imports no torch and nothing of the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import json
 import os
@@ -34,7 +35,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import chess
 import chess.engine
@@ -47,6 +48,7 @@ __all__ = [
     "Analysis",
     "EngineConfig",
     "EngineError",
+    "EngineCacheError",
     "StockfishNotFound",
     "engine_identity",
     "StockfishPool",
@@ -134,19 +136,36 @@ def _parse_move(board: chess.Board, move: str, fen: str) -> chess.Move:
     return chess.Move.from_uci(move)
 
 
+class EngineCacheError(ValueError):
+    """The analysis cache file cannot be used (not a SQLite database, damaged, not writable); names the file."""
+
+
 class _Cache:
     """In-memory dict in front of an optional SQLite file shared between processes.
 
     Every write is its own autocommitted INSERT OR REPLACE, so a crash never
     leaves half a row; WAL mode and a busy timeout let processes share the file.
+    A file SQLite cannot use is an `EngineCacheError` naming it; it is never deleted or replaced here,
+    since other processes may share it.
     """
 
     def __init__(self, path: str | None) -> None:
         self._mem: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._path = path
         if path is not None:
-            self._db = self._open(path)
+            with self._named():
+                self._db = self._open(path)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """SQLite's errors (`file is not a database`, `database disk image is malformed`) with the file named."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise EngineCacheError(f"engine cache {self._path}: {e} (it holds only Stockfish analyses, made again as "
+                                   "needed: delete it or move it aside)") from None
 
     @staticmethod
     def _open(path: str) -> sqlite3.Connection:
@@ -171,7 +190,8 @@ class _Cache:
                 return self._mem[key]
             if self._db is None:
                 return None
-            row = self._db.execute("SELECT value FROM cache WHERE key = ?", (key,)).fetchone()
+            with self._named():
+                row = self._db.execute("SELECT value FROM cache WHERE key = ?", (key,)).fetchone()
             if row is None:
                 return None
             value = self._mem[key] = json.loads(row[0])
@@ -181,7 +201,9 @@ class _Cache:
         with self._lock:
             self._mem[key] = value
             if self._db is not None:
-                self._db.execute("INSERT OR REPLACE INTO cache (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                with self._named():
+                    self._db.execute("INSERT OR REPLACE INTO cache (key, value) VALUES (?, ?)",
+                                     (key, json.dumps(value)))
 
     def close(self) -> None:
         with self._lock:
