@@ -310,18 +310,29 @@ def test_uci_analysis_shows_the_models_own_evals_of_its_candidates(capsys):
     legal = {m.uci() for m in chess.Board(fen).legal_moves}
     assert answer.best in legal and len([m for m in evals if m in legal]) >= 3  # what the test needs of the base
 
+    # searchmoves: a candidate of the answer other than its B:, and a legal move the answer does not list
+    searched = next(m for m in answer.moves if m in legal and m != answer.best)
+    unlisted = min(legal - set(answer.moves))
     out = io.StringIO()
     serve(UCIEngine(player, "base", out), [f"position fen {fen}", "go", "setoption name MultiPV value 3", "go",
                                            "setoption name MultiPV value 9", "setoption name Hash value 64",
-                                           "setoption name MultiPV value 1", "go movetime 100"])
+                                           "setoption name MultiPV value 1", "go movetime 100",
+                                           f"go searchmoves {unlisted} {searched} wtime x", "go searchmoves e2e4"])
     lines = out.getvalue().splitlines()
     single = f"info depth 1 score cp {round(evals[answer.best] * 100)} pv {answer.best}"
     assert lines[:2] == [single, f"bestmove {answer.best}"]
     rest = sorted((m for m in evals if m in legal and m != answer.best), key=lambda m: -evals[m])
     assert lines[2:6] == [f"info depth 1 multipv {i} score cp {round(evals[m] * 100)} pv {m}"
                           for i, m in enumerate([answer.best, *rest[:2]], start=1)] + [f"bestmove {answer.best}"]
-    assert lines[6:] == ["info string setoption: MultiPV needs an integer 1-5, got '9'",
-                         "info string unknown option 'Hash'", single, f"bestmove {answer.best}"]
+    assert lines[6:10] == ["info string setoption: MultiPV needs an integer 1-5, got '9'",
+                           "info string unknown option 'Hash'", single, f"bestmove {answer.best}"]
+    # searchmoves: the move among those given (the answer's M: candidate there); none of them legal: every move
+    assert lines[10:14] == [
+        "info string go: wtime needs an integer, got 'x'",
+        f"info string model move {answer.best} is not among searchmoves; playing {searched} (first searched M: "
+        "candidate)", f"info depth 1 score cp {round(evals[searched] * 100)} pv {searched}", f"bestmove {searched}"]
+    assert lines[14:] == ["info string go: no legal move among searchmoves e2e4; searching every move", single,
+                          f"bestmove {answer.best}"]
 
 
 def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_kills_the_engine(tiny_model_dir):

@@ -9,9 +9,10 @@ is always the model's own.
 
 The protocol as GUIs expect it: a `position` that cannot be read leaves no position (the next
 `go` answers `bestmove 0000` with an `info string` saying why), never the previous board;
-`go infinite` and `go ponder` hold the move until `stop` (or `ponderhit`); the time controls of
-`go` are read (a bad value is named; the model answers at once whatever they allow); a line that
-is not valid UTF-8, or any error while answering, is reported and the engine keeps running.
+`go infinite` and `go ponder` hold the move until `stop` (or `ponderhit`); `go searchmoves` keeps
+the move among those given; the time controls of `go` are read (a bad value is named; the model
+answers at once whatever they allow); a line that is not valid UTF-8, or any error while
+answering, is reported and the engine keeps running.
 Before each `bestmove` an `info depth 1 score ... pv MOVE` line gives the model's own `E:` eval of
 the move it plays, so a GUI's analysis pane shows what the model thinks; with the `MultiPV` option
 (1-5) the answer's other legal `M:` candidates follow as lines 2.. by their evals.
@@ -117,17 +118,28 @@ class UCIEngine:
         return True
 
     def _go(self, words: list[str]) -> None:
-        """Read the time controls, answer; `infinite` and `ponder` hold the answer until `stop`."""
+        """Read the time controls and `searchmoves`, answer; `infinite` and `ponder` hold the answer until `stop`."""
         hold = "infinite" in words or "ponder" in words
-        numbers = [w for w in words if w not in ("infinite", "ponder", "searchmoves")]
-        for key, value in zip(numbers[::2], numbers[1::2]):
-            if key in TIME_CONTROLS and not value.lstrip("-").isdigit():
-                self.send(f"info string go: {key} needs an integer, got {value!r}")
+        only: list[str] = []  # searchmoves: the moves after it, up to the next keyword
+        i = 0
+        while i < len(words):
+            word = words[i]
+            if word == "searchmoves":
+                while i + 1 < len(words) and words[i + 1] not in (*TIME_CONTROLS, "infinite", "ponder"):
+                    i += 1
+                    only.append(words[i])
+            elif word in TIME_CONTROLS:
+                value = words[i + 1] if i + 1 < len(words) else ""
+                if not value.lstrip("-").isdigit():
+                    self.send(f"info string go: {word} needs an integer, got {value!r}")
+                else:
+                    i += 1
+            i += 1
         if self.board is None:
             self.send(f"info string no position: {self.why_no_board or 'send position first'}")
             move = "0000"
         else:
-            move = self.best_move()
+            move = self.best_move(set(only) if only else None)
         if hold:
             self.pending = move
         else:
@@ -166,18 +178,27 @@ class UCIEngine:
                 raise ValueError(f"position: {mv!r} is not a legal move in {board.fen()}") from None
         return board
 
-    def best_move(self) -> str:
-        legal = legal_moves(self.board)
+    def best_move(self, searchmoves: set[str] | None = None) -> str:
+        """The model's move; with `searchmoves` (go searchmoves ...) one of the legal moves among them."""
+        legal = allowed = legal_moves(self.board)
+        if searchmoves is not None and legal:
+            if searchmoves & legal:
+                allowed = legal & searchmoves
+            else:
+                self.send(f"info string go: no legal move among searchmoves {' '.join(sorted(searchmoves))}; "
+                          "searching every move")
         if not legal:
             return "0000"
         answer = self.player.answers([self.board])[0]
-        move = answer.best if answer.best in legal else None
+        move = answer.best if answer.best in allowed else None
         if move is None:
-            move = next((m for m in answer.moves or [] if m in legal), None)
-            why = "first legal M: candidate" if move else "random legal move"
-            move = move or self.rng.choice(sorted(legal))
-            self.send(f"info string model move {answer.best or '(none)'} is not legal here; playing {move} ({why})")
-        for line in candidate_lines(answer, move, legal, self.multipv):
+            move = next((m for m in answer.moves or [] if m in allowed), None)
+            kind = "legal" if allowed == legal else "searched"
+            why = f"first {kind} M: candidate" if move else f"random {kind} move"
+            move = move or self.rng.choice(sorted(allowed))
+            where = "legal here" if answer.best not in legal else "among searchmoves"
+            self.send(f"info string model move {answer.best or '(none)'} is not {where}; playing {move} ({why})")
+        for line in candidate_lines(answer, move, allowed, self.multipv):
             self.send(line)
         return move
 
