@@ -365,6 +365,19 @@ def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
     assert message in str(e.value)
 
 
+def test_a_directory_given_as_a_config_or_search_space_is_one_error_line(tmp_path, capsys):
+    """`--config configs` (the folder, not a preset in it) ended in IsADirectoryError's traceback; `sweep --space`
+    alike. Now one line naming it, for `train` and `sweep`."""
+    from rookworld_rlvr.cli import main
+
+    with pytest.raises(ValueError, match=f"^config file {tmp_path}: a directory, not a YAML file$"):
+        load_config(str(tmp_path))
+    assert main(["train", "--config", str(tmp_path), "--dry-run"]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"error: config file {tmp_path}: a directory, not a YAML file")
+    assert main(["sweep", "--space", str(tmp_path), "--dry-run"]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"error: search space {tmp_path}: a directory, not a YAML file")
+
+
 def test_a_bad_value_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("steps: 3\nkl_coef: 0.1\n")

@@ -361,6 +361,26 @@ def test_sft_eval_data_missing_is_named_and_empty_means_no_held_out_eval(tmp_pat
     assert not any(k.startswith(("eval_", "policy/", "environment/")) for r in log for k in r)
 
 
+def test_sft_on_data_with_nothing_to_learn_stops_before_writing_anything(tmp_path, small_data):
+    """An empty data file once trained on empty batches (loss 0, gradient 0) and saved the untrained model as the
+    result; A: samples alone with env_share 0 would do the same. Both now stop before anything is written."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    a_only = tmp_path / "a_only.jsonl"
+    a_only.write_text("".join(line + "\n" for line in (small_data / "train.jsonl").read_text().splitlines()
+                              if json.loads(line)["task"] == "A"))
+    common = dict(eval_data="", steps=2, batch_size=4, own_repeats=0, device="cpu", threads=1)
+    with pytest.raises(ValueError, match=f"^sft: no training samples in {empty}$"):
+        train(SFTConfig(out=str(tmp_path / "e"), data=str(empty), **common), progress=False)
+    with pytest.raises(ValueError, match=f"^sft: {a_only} holds only A: samples and env_share is 0: every batch "
+                                         "would be empty$"):
+        train(SFTConfig(out=str(tmp_path / "a"), data=str(a_only), env_share=0.0, **common), progress=False)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a_only.jsonl", "empty.jsonl"]
+    train(SFTConfig(out=str(tmp_path / "b"), data=str(a_only), env_share=0.5, **common), progress=False)  # A: alone
+    log = [json.loads(x) for x in (tmp_path / "b.sft_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and all(r["A_rows"] > 0 for r in log)
+
+
 @pytest.mark.slow
 def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypatch, capsys):
     """6 steps straight equal 3 steps, a crash, and 3 resumed steps: the same losses, the same weights.

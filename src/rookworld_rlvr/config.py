@@ -358,8 +358,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     data: dict[str, Any] = {}
     if path:
         p = Path(path)
-        if not p.exists():
-            raise ValueError(f"config file {no_such_file(path)}")
+        if not p.is_file():
+            raise ValueError(f"config file {path}: a directory, not a YAML file" if p.is_dir() else
+                             f"config file {no_such_file(path)}")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

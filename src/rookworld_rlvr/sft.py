@@ -194,6 +194,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         dist.barrier()
     if cfg.encode_only:
         return {}
+    if not by_task["P"] and (not by_task["A"] or cfg.env_share == 0):  # every batch would be empty: nothing learnt
+        raise ValueError(f"sft: no training samples in {cfg.data}" if not by_task["A"] else
+                         f"sft: {cfg.data} holds only A: samples and env_share is 0: every batch would be empty")
     limit = getattr(model.config, "n_positions", None) or 10**9
     for t, rows in by_task.items():
         too_long = sum(len(ids) > limit for ids, *_ in rows)

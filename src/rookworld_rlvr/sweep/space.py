@@ -170,8 +170,9 @@ def _param(path: str, name: str, spec: Any) -> Param:
 def load_space(path: str | Path) -> SweepSpace:
     """Read and check a search space file. Every error names the file and the entry."""
     path = str(path)
-    if not Path(path).exists():
-        raise ValueError(f"search space {no_such_file(path)}")
+    if not Path(path).is_file():
+        raise ValueError(f"search space {path}: a directory, not a YAML file" if Path(path).is_dir() else
+                         f"search space {no_such_file(path)}")
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
