@@ -156,6 +156,19 @@ def test_judged_sets_read_with_file_line_errors(tmp_path):
     bad_puzzle.write_text(json.dumps({"fen": BACK_RANK, "solutions": ["a1a8"], "kind": "riddle"}) + "\n")
     with pytest.raises(DataError, match=r"p\.jsonl:1: field 'kind'"):
         read_puzzles(bad_puzzle)
+    # the other kind of file, a row that is no object, a FEN that is no position: each named with its line
+    with pytest.raises(DataError, match=r"p\.jsonl:1: no field 'evals' \(a row has 'fen' and 'evals' of every legal "
+                                        r"move, as `rookworld data judge` writes them\)"):
+        read_judged(bad_puzzle)
+    bad_puzzle.write_text(json.dumps({"fen": BACK_RANK, "solutions": ["a1a8"], "kind": "mate1"}) + "\n[1, 2]\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:2: a row must be a JSON object \('fen', 'solutions' and 'kind', as "
+                                        r"`rookworld data judge --puzzles-out` writes them\), got a list"):
+        read_puzzles(bad_puzzle)
+    for row, reader in (({"fen": "8/8/8 w - - 0 1", "solutions": ["a1a2"], "kind": "mate1"}, read_puzzles),
+                        ({"fen": "8/8/8 w - - 0 1", "evals": {"a1a2": 0.0}}, read_judged)):
+        bad_puzzle.write_text(json.dumps(row) + "\n")
+        with pytest.raises(DataError, match=r"p\.jsonl:1: field 'fen' '8/8/8 w - - 0 1' is not a position"):
+            reader(bad_puzzle)
 
 
 def test_data_judge_builds_the_strength_set_and_puzzles_with_stockfish(tmp_path, capsys):

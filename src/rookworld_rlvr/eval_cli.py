@@ -14,7 +14,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
-from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, zero_or_more
+from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, temperature, zero_or_more
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.tables import format_table
@@ -34,15 +34,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--histories", metavar="FILE", help="held-out A: transitions with short histories (`rookworld data "
                                                       "histories`), scored apart, per history length, e.g. "
                                                       "data/eval_histories.jsonl.gz")
-    p.add_argument("--limit", type=int, default=d.limit, help="samples per task (default: all)")
+    p.add_argument("--limit", type=zero_or_more, default=d.limit, help="samples per task (default: all)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically); until then the "
                                                  "answers completed so far are kept in OUT.answers.jsonl, so that "
                                                  "the same command run again after a stop completes only the rest")
-    p.add_argument("--selfplay", type=int, default=d.selfplay_games, metavar="N", help="self-play games")
-    p.add_argument("--selfplay-max-plies", type=int, default=d.selfplay_max_plies,
+    p.add_argument("--selfplay", type=zero_or_more, default=d.selfplay_games, metavar="N", help="self-play games")
+    p.add_argument("--selfplay-max-plies", type=at_least_one, default=d.selfplay_max_plies,
                    help=f"a self-play game ends after this many plies (default {d.selfplay_max_plies})")
-    p.add_argument("--selfplay-temperature", type=float, default=d.selfplay_temperature, help="0 = greedy")
-    p.add_argument("--temperature", type=float, default=d.temperature,
+    p.add_argument("--selfplay-temperature", type=temperature, default=d.selfplay_temperature, help="0 = greedy")
+    p.add_argument("--temperature", type=temperature, default=d.temperature,
                    help="sample the task completions at this temperature (0 = greedy); 'invalid' then "
                         "measures how often sampled answers are malformed")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (--temperature, self-play)")
@@ -50,15 +50,16 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="decode P: answers among legal moves only: measures the model's choice among legal "
                         "moves (legality and distinct candidates are then 100%% by construction)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default=d.layout, help="P: prompt layout")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--batch-size", type=at_least_one, default=d.batch_size,
                    help=f"prompts decoded at once (the same greedy answers at any size; default {d.batch_size})")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+    p.add_argument("--max-new-tokens", type=at_least_one, default=d.max_new_tokens,
                    help=f"tokens at most per answer, capped to the model's context (default {d.max_new_tokens})")
     add_device(p)
     p.add_argument("--dtype", default="float32", help="the model's weights: float32, bfloat16 or float16 "
                                                       "(default float32)")
     add_threads(p)
-    p.add_argument("--depth", type=int, default=d.engine_depth, help="Stockfish depth for moves outside the top 5")
+    p.add_argument("--depth", type=at_least_one, default=d.engine_depth,
+                   help="Stockfish depth for moves outside the top 5")
     p.add_argument("--examples", type=zero_or_more, default=0, metavar="N", help="keep N examples per task in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--traceback", action="store_true", help="show tracebacks instead of one-line errors")

@@ -28,7 +28,8 @@ from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle,
 T = TypeVar("T")
 
 
-def _read_rows(path: str | Path, parse: Callable[[dict], T]) -> list[T]:
+def _read_rows(path: str | Path, parse: Callable[[dict], T], fields: str) -> list[T]:
+    """Every row parsed; a bad one is a DataError naming file:line (a missing field with the `fields` a row has)."""
     path = Path(path)
     if not path.exists():
         raise DataError(no_such_file(path))
@@ -38,22 +39,29 @@ def _read_rows(path: str | Path, parse: Callable[[dict], T]) -> list[T]:
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             try:
-                out.append(parse(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as e:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"a row must be a JSON object ({fields}), got a {type(row).__name__}")
+                out.append(parse(row))
+            except KeyError as e:
+                raise DataError(f"{path}:{lineno}: no field {e} (a row has {fields})") from None
+            except (ValueError, TypeError) as e:
                 raise DataError(f"{path}:{lineno}: {e}") from None
     return out
 
 
 def read_judged(path: str | Path) -> list[JudgedPosition]:
     """Judged positions; a bad row raises DataError naming file:line."""
-    return _read_rows(path, JudgedPosition.from_dict)
+    return _read_rows(path, JudgedPosition.from_dict,
+                      "'fen' and 'evals' of every legal move, as `rookworld data judge` writes them")
 
 
 def read_puzzles(path: str | Path) -> list[Puzzle]:
     """Puzzles from JSONL(.gz), or mates in one from a `FEN<TAB>mating moves` TSV."""
     if str(path).endswith((".tsv", ".txt")):
         return [Puzzle(fen, tuple(moves), "mate1") for fen, moves in load_mate_in_one(path)]
-    return _read_rows(path, Puzzle.from_dict)
+    return _read_rows(path, Puzzle.from_dict,
+                      "'fen', 'solutions' and 'kind', as `rookworld data judge --puzzles-out` writes them")
 
 
 def _mate_line(line: str) -> tuple[str, list[str]]:

@@ -198,11 +198,20 @@ class JudgedPosition:
     @classmethod
     def from_dict(cls, d: dict) -> "JudgedPosition":
         evals = {str(m): float(e) for m, e in d["evals"].items()}
+        _check_fen(d["fen"])
         legal = legal_moves(d["fen"])
         if not legal or set(evals) != legal:
             raise ValueError(f"'evals' must hold exactly the {len(legal)} legal moves of {d['fen']!r} "
                              f"(missing {sorted(legal - set(evals))[:3]}, extra {sorted(set(evals) - legal)[:3]})")
         return cls(d["fen"], evals)
+
+
+def _check_fen(fen) -> chess.Board:
+    """The board of a row's 'fen', or ValueError naming the field."""
+    try:
+        return chess.Board(fen)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"field 'fen' {fen!r} is not a position ({e})") from None
 
 
 @dataclass(frozen=True)
@@ -225,11 +234,8 @@ class Puzzle:
         if kind not in PUZZLE_KINDS:
             raise ValueError(f"field 'kind' must be one of {PUZZLE_KINDS}, got {kind!r}")
         fen, solutions = d["fen"], tuple(d["solutions"])
-        try:
-            board = chess.Board(fen)
-        except ValueError:
-            board = None
-        moves = list(board.legal_moves) if board is not None else []
+        board = _check_fen(fen)
+        moves = list(board.legal_moves)
         legal = {m.uci() for m in moves}
         if not solutions or not set(solutions) <= legal:
             raise ValueError(f"field 'solutions' must be legal moves of {fen!r}, got {list(solutions)}")
@@ -342,8 +348,9 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
     random mover's figures in `random` are over those same positions (paired); `best` and
     `legal` are over all positions (an illegal move is not best), and so is the random mover's
     `best`: over the legal ones only it would leave out the positions a model fails, often those
-    with few legal moves, where chance finds the best move most often. `loss_below_random` = 1 - loss / random loss, with a bootstrap 95%
-    interval in `loss_below_random_ci` (likewise for blunders).
+    with few legal moves, where chance finds the best move most often. `loss_below_random` =
+    1 - loss / random loss, with a bootstrap 95% interval in `loss_below_random_ci` (likewise for
+    blunders).
     """
     if len(positions) != len(moves):
         raise ValueError(f"{len(positions)} positions but {len(moves)} moves")
