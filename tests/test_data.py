@@ -203,6 +203,33 @@ def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, 
     assert e.value.code == 2 and why in capsys.readouterr().err
 
 
+def test_an_output_path_a_file_stands_in_the_way_of_is_named_before_any_work(tmp_path, capsys):
+    """`match --json F/m.json` with F a file played every game and then failed to write, in FileExistsError's
+    traceback (the games lost); `eval --json` failed so at its start. Every output option is checked as it is read:
+    a file where a folder must be, a folder given as a file."""
+    from rookworld_rlvr.cli_args import output_file
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    in_file = f"{blocker} is a file, not a directory"
+    cases = [(["match", "random", "stockfish:0:1", "--json", f"{blocker}/m.json"], "--json",
+              f"{blocker}/m.json: {in_file}"),
+             (["match", "random", "stockfish:0:1", "--pgn", str(tmp_path)], "--pgn",
+              f"{tmp_path} is a directory; give a file name"),
+             (["eval", "--model", "m", "--data", "d", "--json", f"{blocker}/a/e.json"], "--json",
+              f"{blocker}/a/e.json: {in_file}"),
+             (["data", "judge", "s", "--out", f"{blocker}/j.jsonl"], "--out", f"{blocker}/j.jsonl: {in_file}"),
+             (["data", "import", "s", "--out", f"{blocker}/i.jsonl"], "--out", f"{blocker}/i.jsonl: {in_file}"),
+             (["data", "generate", "--out", str(blocker)], "--out", in_file),
+             (["report", "run", "--out", f"{blocker}/r"], "--out", f"{blocker}/r: {in_file}"),
+             (["sweep", "--out", str(blocker)], "--out", in_file)]
+    for argv, option, why in cases:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and f"error: argument {option}: {why}" in capsys.readouterr().err, argv
+    assert output_file("") == "" and output_file(str(tmp_path / "new" / "x.json")) == str(tmp_path / "new" / "x.json")
+
+
 @pytest.mark.parametrize("command,option,why", [
     ("sft", "--save-every 0", "sft.save_every must be >= 1, got 0"),
     ("sft", "--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from rookworld_rlvr.cli_args import at_least_one, zero_or_more
+from rookworld_rlvr.cli_args import at_least_one, output_dir, output_file, zero_or_more
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="generate, import and inspect datasets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     g = dsub.add_parser("generate", help="self-play + random games annotated by Stockfish -> train/eval JSONL")
-    g.add_argument("--out", default="data", help="output folder: train.jsonl.gz, eval.jsonl.gz, the shards and the "
-                                                 "engine cache (default: data)")
+    g.add_argument("--out", type=output_dir, default="data",
+                   help="output folder: train.jsonl.gz, eval.jsonl.gz, the shards and the "
+                        "engine cache (default: data)")
     g.add_argument("--games", type=int, default=700, help="games played (default 700; 0 with --positions: those "
                                                           "positions alone)")
     g.add_argument("--games-per-shard", type=int, default=10, help="games per shard, each written whole: the unit "
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
              "a game record (`data record`)", "the output folder, as `data generate --out`")):
         r = dsub.add_parser(name, help=about)
         r.add_argument("source", help=source)
-        r.add_argument("--out", required=True, help=out)
+        r.add_argument("--out", type=output_file if name == "record" else output_dir, required=True, help=out)
         r.add_argument("--workers", type=at_least_one, default=2, help="processes at once (default 2)")
         r.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "replay":
@@ -188,11 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--merged", nargs="+", required=True, help="the sample files the merges wrote from that replay")
     k.add_argument("--key", required=True, help="names what the merges depended on besides the record (a caller's "
                                                 "recipe: known set, held-out files, caps); replay checks it")
-    k.add_argument("--out", required=True, help="the picks file (xz JSON lines)")
+    k.add_argument("--out", type=output_file, required=True, help="the picks file (xz JSON lines)")
     k.add_argument("--workers", type=at_least_one, default=2, help="processes at once (default 2)")
     i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
     i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
-    i.add_argument("--out", required=True, help="the sample file written (JSONL; .gz or .xz compresses it)")
+    i.add_argument("--out", type=output_file, required=True,
+                   help="the sample file written (JSONL; .gz or .xz compresses it)")
     i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
     i.add_argument("--split", default="train", help="Hub dataset split")
     i.add_argument("--limit", type=at_least_one, default=None, help="import at most this many samples (default: all)")
@@ -200,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "
                                       "(the strength sets `rookworld eval` and training runs report on)")
     j.add_argument("sources", nargs="+", help="held-out sample files (JSONL); their P: positions are judged")
-    j.add_argument("--out", default="data/strength.jsonl.gz", help="judged positions (JSONL); '' = none (with "
-                                                                   "--positions 0)")
-    j.add_argument("--puzzles-out", default="data/puzzles_eval.jsonl.gz",
+    j.add_argument("--out", type=output_file, default="data/strength.jsonl.gz",
+                   help="judged positions (JSONL); '' = none (with "
+                        "--positions 0)")
+    j.add_argument("--puzzles-out", type=output_file, default="data/puzzles_eval.jsonl.gz",
                    help="mates in one (all source positions) and tactics (among the judged ones); '' = none. "
                         "With --positions 0 --tactic-pool 0: the mates alone, python-chess without Stockfish")
     j.add_argument("--positions", type=zero_or_more, default=600, help="positions in the strength set (0: none)")
@@ -219,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = dsub.add_parser("checks", help="positions in check as `check` puzzles (every legal move solves): a held-out "
                                        "legality test, or P: prompts for training; python-chess alone, no engine")
     c.add_argument("sources", nargs="+", help="sample files: their P: positions and A: results in check")
-    c.add_argument("--out", required=True, help="puzzle rows (JSONL)")
+    c.add_argument("--out", type=output_file, required=True, help="puzzle rows (JSONL)")
     c.add_argument("--derive", action="store_true", help="add every position one checking move away from a P: position")
     c.add_argument("--exclude", nargs="*", help="files whose positions are left out (the other split's samples, "
                                                 "puzzles or judged positions)")
@@ -228,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     h = dsub.add_parser("histories", help="A: transitions of every history length (game starts, short histories): "
                                           "python-chess alone; `data merge` adds them to a training set")
     h.add_argument("sources", nargs="*", help="sample files whose A: rows are copied with a shorter history")
-    h.add_argument("--out", required=True, help="the A: samples written (JSONL; .gz or .xz compresses it)")
+    h.add_argument("--out", type=output_file, required=True,
+                   help="the A: samples written (JSONL; .gz or .xz compresses it)")
     h.add_argument("--cut-share", type=float, default=0.2, help="share of the sources' A: rows copied with their "
                                                                 "history cut to 1 .. len - 1 moves")
     h.add_argument("--lengths", type=at_least_one, nargs="+",
@@ -240,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep positions on this side of the FEN-hash split of `data generate`")
     h.add_argument("--seed", type=int, default=0, help="seed of the cuts and the opening games (default 0)")
     o = dsub.add_parser("openings", help="held-out opening positions for `rookworld match`")
-    o.add_argument("--out", default="data/openings.txt", help="the FEN list written, one per line (default: "
-                                                              "data/openings.txt, what `rookworld match` reads)")
+    o.add_argument("--out", type=output_file, default="data/openings.txt",
+                   help="the FEN list written, one per line (default: "
+                        "data/openings.txt, what `rookworld match` reads)")
     o.add_argument("--n", type=at_least_one, default=100, help="openings to write: each gives a match two games, "
                                                                "colours swapped (default 100)")
     o.add_argument("--seed", type=int, default=0, help="seed of the moves drawn (default 0)")
@@ -252,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = dsub.add_parser("merge", help="sample files -> one shuffled training set, each prompt once (the first "
                                       "file's sample wins)")
     m.add_argument("sources", nargs="+", help="our JSONL(.gz/.xz) files, in order of precedence")
-    m.add_argument("--out", required=True, help="JSONL; .gz or .xz compresses it")
+    m.add_argument("--out", type=output_file, required=True, help="JSONL; .gz or .xz compresses it")
     m.add_argument("--seed", default="merge", help="the shuffle's seed (a string)")
     m.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="keep samples of these tasks")
     m.add_argument("--side", choices=("train", "eval", "any"), default="any",
@@ -268,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     nm = dsub.add_parser("near-misses", help="A: samples with near-miss illegal moves (king left in check, a piece "
                                              "in the way, onto an own piece) from a training set's A: positions")
     nm.add_argument("source", help="our JSONL(.gz) training set; its A: positions and histories are used")
-    nm.add_argument("--out", required=True, help="the A: samples written (JSONL; .gz or .xz compresses it)")
+    nm.add_argument("--out", type=output_file, required=True,
+                    help="the A: samples written (JSONL; .gz or .xz compresses it)")
     nm.add_argument("--n", type=at_least_one, default=15000, help="samples to write, one per position")
     nm.add_argument("--seed", type=int, default=0, help="seed of the positions and moves drawn (default 0)")
     s = dsub.add_parser("stats", help="counts per task, sources, label quirks")

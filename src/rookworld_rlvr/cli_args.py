@@ -1,18 +1,22 @@
 """Command-line argument types and options that several subcommands share.
 
-Owns the argument types `at_least_one`, `zero_or_more`, `share` and `temperature`, and `--threads`
+Owns the argument types `at_least_one`, `zero_or_more`, `share`, `temperature`, `output_file` and
+`output_dir` (an output path a file stands in the way of is named before any work), and `--threads`
 for the commands that run a model outside the trainer (`eval`, `match`, `uci`): two torch processes
 on the same cores, each with torch's default of one thread per core, wait on each other's spinning
 threads (a 78-second match took 30 minutes beside a training run on 2 cores), so such a command
 takes a share.
 Also `parse`: argparse's parsing, where an option no command takes is named with the options of
-that command it may mean. Imports only argparse; torch is imported when the threads are set.
+that command it may mean. Imports argparse and `paths`; torch is imported when the threads are set.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+from pathlib import Path
+
+from rookworld_rlvr.paths import blocked_directory, blocking_file
 
 
 def _integer(text: str, low: int) -> int:
@@ -33,6 +37,24 @@ def at_least_one(text: str) -> int:
 def zero_or_more(text: str) -> int:
     """An argparse type: an integer >= 0 (a count that may be none), or an error naming the value."""
     return _integer(text, 0)
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file the command writes ('' where the option allows none), checked before any work:
+    not a directory, and no file stands where one of its folders must be."""
+    path = Path(text).expanduser()
+    if text and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+    if text and (at := blocking_file(path.parent)):
+        raise argparse.ArgumentTypeError(f"{text}: {at} is a file, not a directory")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """An argparse type: a folder the command writes into, checked before any work (no file in its place)."""
+    if why := blocked_directory(text):
+        raise argparse.ArgumentTypeError(why)
+    return text
 
 
 def _number(text: str, ok, rule: str) -> float:

@@ -14,7 +14,8 @@ import sys
 from contextlib import ExitStack
 from typing import Any, Callable, Sequence
 
-from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, temperature, zero_or_more
+from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
+                                      zero_or_more)
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.tables import format_table
@@ -35,9 +36,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                                                       "histories`), scored apart, per history length, e.g. "
                                                       "data/eval_histories.jsonl.gz")
     p.add_argument("--limit", type=zero_or_more, default=d.limit, help="samples per task (default: all)")
-    p.add_argument("--json", metavar="OUT", help="also write the results as JSON (atomically); until then the "
-                                                 "answers completed so far are kept in OUT.answers.jsonl, so that "
-                                                 "the same command run again after a stop completes only the rest")
+    p.add_argument("--json", type=output_file, metavar="OUT",
+                   help="also write the results as JSON (atomically); until then the "
+                        "answers completed so far are kept in OUT.answers.jsonl, so that "
+                        "the same command run again after a stop completes only the rest")
     p.add_argument("--selfplay", type=zero_or_more, default=d.selfplay_games, metavar="N", help="self-play games")
     p.add_argument("--selfplay-max-plies", type=at_least_one, default=d.selfplay_max_plies,
                    help=f"a self-play game ends after this many plies (default {d.selfplay_max_plies})")

@@ -5,7 +5,7 @@ The shipped presets and defaults name files relative to the checkout (`data/trai
 from anywhere else finds none of them: the error then says where it looked, so that the fix (run
 from the checkout, or give the path whole) is plain from the message alone.
 
-Owns `here`, `no_such_file` and `blocked_directory`, the wording of a missing path and of a
+Owns `here`, `no_such_file`, `blocking_file` and `blocked_directory`, the wording of a missing path and of a
 directory a file stands in the way of. Pure Python: imports nothing of the package.
 """
 
@@ -25,11 +25,19 @@ def no_such_file(path: str | os.PathLike) -> str:
     return f"{path}: no such file{here(path)}"
 
 
+def blocking_file(path: str | os.PathLike) -> Path | None:
+    """The file that stops directory `path` from being made or used (it, or the nearest of its parents that
+    exists), or None."""
+    p = Path(path).expanduser()
+    at = next((a for a in (p, *p.parents) if a.exists()), None)
+    return None if at is None or at.is_dir() else at
+
+
 def blocked_directory(path: str | os.PathLike) -> str | None:
     """Why directory `path` cannot be made or used (it, or the nearest of its parents that exists, is a file),
     or None."""
-    p = Path(path).expanduser()
-    at = next((a for a in (p, *p.parents) if a.exists()), None)
-    if at is None or at.is_dir():
+    at = blocking_file(path)
+    if at is None:
         return None
-    return f"{path} is a file, not a directory" if at == p else f"{path}: {at} is a file, not a directory"
+    return f"{path} is a file, not a directory" if at == Path(path).expanduser() else \
+        f"{path}: {at} is a file, not a directory"

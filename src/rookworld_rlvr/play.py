@@ -33,7 +33,7 @@ import chess.engine
 import chess.pgn
 
 from rookworld_rlvr.atomic import write_text
-from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, temperature
+from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, output_file, temperature
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
@@ -313,11 +313,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="a game still going after this many plies is a draw")
     p.add_argument("--temperature", type=temperature, default=0.0, help="model sampling temperature (0 = greedy)")
     p.add_argument("--layout", choices=pol_task.LAYOUTS, default="compact", help="P: prompt layout of the models")
-    p.add_argument("--pgn", metavar="OUT", help="write the games as PGN")
-    p.add_argument("--json", metavar="OUT", help="write the summary as JSON. With --json or --pgn, the greedy "
-                                                 "models' moves are kept beside it (OUT.a-answers.jsonl, "
-                                                 "OUT.b-answers.jsonl) until the match is written: the same command "
-                                                 "run again after a stop replays them instead of computing them")
+    p.add_argument("--pgn", type=output_file, metavar="OUT", help="write the games as PGN")
+    p.add_argument("--json", type=output_file, metavar="OUT",
+                   help="write the summary as JSON. With --json or --pgn, the greedy "
+                        "models' moves are kept beside it (OUT.a-answers.jsonl, "
+                        "OUT.b-answers.jsonl) until the match is written: the same command "
+                        "run again after a stop replays them instead of computing them")
     p.add_argument("--legal-moves", action="store_true",
                    help="models decode their moves among legal moves only (no game ends on an illegal move)")
     p.add_argument("--seed", type=int, default=0, help="seed of player A's draws (random moves, sampling); B's is "

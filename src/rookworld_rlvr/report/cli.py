@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 
+from rookworld_rlvr.cli_args import output_dir
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (several: overlaid in one report)")
-    p.add_argument("--out", default=None, help="output directory (default: the run itself, or "
-                                               "compare-<names> beside the first run)")
+    p.add_argument("--out", type=output_dir, default=None,
+                   help="output directory (default: the run itself, or compare-<names> beside the first run)")
     p.add_argument("--against", metavar="CONTROL", default=None,
                    help="a control run (say `rookworld train --reward-signal false`): each RUN's final model judged "
                         "against its final model on the same held-out items, printed and in the report")

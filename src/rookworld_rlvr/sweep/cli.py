@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rookworld_rlvr.cli_args import at_least_one
+from rookworld_rlvr.cli_args import at_least_one, output_dir
 from rookworld_rlvr.config import add_field_arguments, load_config
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.sweep.space import SAMPLERS, fmt_overrides, resolve
@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db; "
                                      "postgresql://... or mysql+pymysql://... for several machines)")
     p.add_argument("--study", help="study name (default: the space file's name)")
-    p.add_argument("--out", help="directory for trial runs, summary.json and sweep.png (default: sweeps/<study>)")
+    p.add_argument("--out", type=output_dir,
+                   help="directory for trial runs, summary.json and sweep.png (default: sweeps/<study>)")
     p.add_argument("--sampler", choices=SAMPLERS, help="override the space file's sampler")
     p.add_argument("--sampler-seed", type=int, help="sampler seed (grid: the order of the points, must be the same "
                                                     "on every worker, default 0; TPE: one per worker). "
