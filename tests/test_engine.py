@@ -310,6 +310,12 @@ def test_a_cache_file_sqlite_cannot_use_is_an_error_naming_it_and_is_left_as_it_
                                                "Stockfish analyses, made again as needed: delete it or move it aside"):
         StockfishPool(config(cache_path=str(bad)))
     assert bad.read_bytes() == b"not a database" * 100
+    folder = tmp_path / "folder.sqlite"
+    folder.mkdir()
+    with pytest.raises(EngineCacheError, match=f"^engine cache {folder}: unable to open database file \\(give a file "
+                                               "this process can write; `rookworld train` runs without one with "
+                                               "--engine-cache null\\)$"):
+        StockfishPool(config(cache_path=str(folder)))
 
     damaged = tmp_path / "damaged.sqlite"
     with sqlite3.connect(damaged) as db:

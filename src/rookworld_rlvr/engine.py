@@ -163,7 +163,10 @@ class _Cache:
         """SQLite's errors (`file is not a database`, `database disk image is malformed`) with the file named."""
         try:
             yield
-        except sqlite3.Error as e:
+        except sqlite3.OperationalError as e:  # a path it cannot open or write (a folder, a read-only file system)
+            raise EngineCacheError(f"engine cache {self._path}: {e} (give a file this process can write; `rookworld "
+                                   "train` runs without one with --engine-cache null)") from None
+        except sqlite3.Error as e:  # not a database, damaged pages
             raise EngineCacheError(f"engine cache {self._path}: {e} (it holds only Stockfish analyses, made again as "
                                    "needed: delete it or move it aside)") from None
 
