@@ -11,8 +11,11 @@ whole groups and again over the legal samples of each group alone, and splits ea
 variance into legal-against-illegal and within each side. A large `best_legal`/legal-against-
 illegal share means the advantage mostly says "be legal"; the `quality` share among legal
 samples is what is left to say "play the better move". Last, the mean quality of the sampled legal
-moves beside what a uniformly random legal move earns on the judged held-out positions (--strength):
-chance's figure for reward/P/quality_legal.
+moves beside chance's figure for reward/P/quality_legal: what a uniformly random legal move earns on
+the same prompts, scored by the run's reward (moves outside a truth's candidates judged by the run's
+Stockfish), and on the judged held-out positions (--strength). They differ where a run's prompts are
+of one kind: in check few moves are legal and most of them hold (make train's: about 0.9 against
+0.67), so a run's quality_legal is read against the first.
 """
 
 from __future__ import annotations
@@ -81,6 +84,24 @@ def random_mover_quality(path: str, quality_scale: float) -> float:
     return statistics.fmean(per_position)
 
 
+def random_mover_quality_on(cfg, prompts: dict) -> float:
+    """Per position (`prompts`: prompt -> truth), the mean `quality` the run's reward gives each legal B: move,
+    averaged over the positions: chance's reward/P/quality_legal on the run's own prompts."""
+    from rookworld_rlvr.engine import EngineConfig, StockfishPool
+    from rookworld_rlvr.tasks.rewards import RewardScorer
+
+    per_position = []
+    with StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers,
+                                    cache_path=cfg.engine_cache)) as pool:
+        scorer = RewardScorer(cfg.reward_config(), engine=pool)
+        for prompt, truth in prompts.items():
+            moves = sorted(strength.legal_moves(truth.fen))
+            results = scorer.score_batch([prompt] * len(moves), [f"M: {m} E: 0.0 B: {m}" for m in moves],
+                                         [truth] * len(moves))
+            per_position.append(statistics.fmean(r.components["quality"] for r in results))
+    return statistics.fmean(per_position)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/default.yaml")
@@ -90,8 +111,8 @@ def main() -> None:
                     help="judged positions for the random mover's quality ('' = skip)")
     args = ap.parse_args()
     cfg, sampled = sampled_groups(args.config, args.batches, args.seed)
-    groups = [[(x.reward, x.components) for x in g] for g in sampled
-              if g[0].task == "P" and "quality" in g[0].components]
+    policy_groups = [g for g in sampled if g[0].task == "P" and "quality" in g[0].components]
+    groups = [[(x.reward, x.components) for x in g] for g in policy_groups]
     weights = dict(cfg.policy_weights)
     samples = [x for g in groups for x in g]
     n_legal = sum(c.get("best_legal", 0.0) == 1.0 for _, c in samples)
@@ -112,10 +133,12 @@ def main() -> None:
         print(f"quality among a group's legal samples: std median {statistics.median(q_sd):.3f}, "
               f"90th percentile {q_sd[len(q_sd) * 9 // 10]:.3f} ({len(q_sd)} groups with 2 or more legal samples)")
 
-    if args.strength:
-        q = statistics.fmean(c["quality"] for g in groups for _, c in g if c.get("best_legal") == 1.0)
-        print(f"quality of the sampled legal moves {q:.3f}; of a uniformly random legal move on {args.strength} "
-              f"{random_mover_quality(args.strength, cfg.reward_config().quality_scale):.3f}")
+    q = statistics.fmean(c["quality"] for g in groups for _, c in g if c.get("best_legal") == 1.0)
+    prompts = {g[0].prompt: g[0].truth for g in policy_groups}
+    print(f"quality of the sampled legal moves {q:.3f}; of a uniformly random legal move on the same "
+          f"{len(prompts)} positions {random_mover_quality_on(cfg, prompts):.3f}" + (
+              f", on {args.strength} {random_mover_quality(args.strength, cfg.reward_config().quality_scale):.3f}"
+              if args.strength else ""))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def test_reward_spread_splits_the_group_variance_exactly(tmp_path):
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
-        from reward_spread import legality_split, random_mover_quality, shares
+        from reward_spread import legality_split, random_mover_quality, random_mover_quality_on, shares
     finally:
         sys.path.pop(0)
     group = [(1.0, {"best_legal": 1.0, "quality": 1.0}), (0.6, {"best_legal": 1.0, "quality": 0.2}),
@@ -102,3 +102,12 @@ def test_reward_spread_splits_the_group_variance_exactly(tmp_path):
     each = [RewardScorer().score(prompt(fen), head + f"B: {m}", truth).components["quality"] for m in evals]
     assert each[0] == 1.0 > each[1] > each[2] >= 0.0
     assert got == pytest.approx(sum(each) / 3)
+    # and on a run's own prompts (what its quality_legal is read against): the same scoring, position by position
+    from rookworld_rlvr.config import load_config
+
+    cfg = load_config(None, {"engine_cache": None})
+    other = "8/8/8/8/8/8/6k1/K7 w - - 0 1"  # the same three king moves, judged alike
+    from dataclasses import replace
+
+    on_prompts = random_mover_quality_on(cfg, {prompt(fen): truth, prompt(other): replace(truth, fen=other)})
+    assert on_prompts == pytest.approx(sum(each) / 3)
