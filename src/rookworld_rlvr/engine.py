@@ -46,9 +46,9 @@ from rookworld_rlvr.tasks.strength import is_legal
 
 __all__ = [
     "Analysis",
+    "EngineCacheError",
     "EngineConfig",
     "EngineError",
-    "EngineCacheError",
     "StockfishNotFound",
     "engine_identity",
     "StockfishPool",
