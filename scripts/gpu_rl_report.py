@@ -47,18 +47,19 @@ def minutes(times: list[list[str]]) -> str:
     return text + (f" ({', '.join(at_once)} at once)" if at_once else "")
 
 
-# The GPU base's goals, each judged on the base's held-out evaluation at the start of GRPO: (figure, at least, label)
+# The GPU base's goals, each judged on the base's held-out evaluation at the start of GRPO: (figure, at least, label,
+# chance: a random legal mover's figure on the same items, as a number or where the evaluation holds it; None: none)
 BASE_GOALS = (
-    ("strength.legal", 0.97, "legal best move (judged positions)"),
-    ("puzzles.mate1.solved", 0.32, "mate in one (RookWorld-LM-124M: 32.1%)"),
-    ("strength.best", 0.20, "Stockfish's best move"),
-    ("strength.loss_below_random", 0.50, "expected-score loss below the random mover's"),
-    ("environment.next_state_acc", 0.97, "A: next state"),
-    ("histories.slices.history_1.next_state_acc", 0.97, "A: next state, game starts (1-move history)"),
-    ("histories.slices.history_2_9.next_state_acc", 0.97, "A: next state, short histories (2-9 moves)"),
-    ("environment.slices.ordinary.next_state_acc", 0.97, "A: next state, ordinary moves"),
-    ("environment.slices.game_ending.next_state_acc", 0.97, "A: next state, game-ending moves"),
-    ("environment.slices.illegal.next_state_acc", 0.97, "A: next state, illegal moves"),
+    ("strength.legal", 0.97, "legal best move (judged positions)", 1.0),
+    ("puzzles.mate1.solved", 0.32, "mate in one (RookWorld-LM-124M: 32.1%)", "puzzles.mate1.random.solved"),
+    ("strength.best", 0.20, "Stockfish's best move", "strength.random.best"),
+    ("strength.loss_below_random", 0.50, "expected-score loss below the random mover's", 0.0),
+    ("environment.next_state_acc", 0.97, "A: next state", None),
+    ("histories.slices.history_1.next_state_acc", 0.97, "A: next state, game starts (1-move history)", None),
+    ("histories.slices.history_2_9.next_state_acc", 0.97, "A: next state, short histories (2-9 moves)", None),
+    ("environment.slices.ordinary.next_state_acc", 0.97, "A: next state, ordinary moves", None),
+    ("environment.slices.game_ending.next_state_acc", 0.97, "A: next state, game-ending moves", None),
+    ("environment.slices.illegal.next_state_acc", 0.97, "A: next state, illegal moves", None),
 )
 # GRPO's goals against its base: (verdict row, the verdict it needs, or None: anything but "worse")
 GRPO_GOALS = (
@@ -68,12 +69,14 @@ GRPO_GOALS = (
 )
 
 
-def _match_row(label: str, match: dict | None) -> str:
-    """A goal row for a match that must be won: the 95% interval of its Elo above 0."""
+def _match_row(label: str, match: dict | None, chance: str = "") -> str:
+    """A goal row for a match that must be won: the 95% interval of its Elo above 0 (`chance`: the cell of a
+    table with a random mover's column)."""
     if match is None:
-        return f"| {label} | won | not played | - |"
-    return (f"| {label} | won | +{match['wins']} ={match['draws']} -{match['losses']}, Elo {round(match['elo']):+d} "
-            f"({round(match['elo_low']):+d} .. {round(match['elo_high']):+d}) | {'yes' if match['elo_low'] > 0 else 'no'} |")
+        return f"| {label} | won | {chance}not played | - |"
+    return (f"| {label} | won | {chance}+{match['wins']} ={match['draws']} -{match['losses']}, Elo "
+            f"{round(match['elo']):+d} ({round(match['elo_low']):+d} .. {round(match['elo_high']):+d}) | "
+            f"{'yes' if match['elo_low'] > 0 else 'no'} |")
 
 
 def goals(summary: dict | None, matches: dict[str, dict | None], selfplay: float | None) -> list[str]:
@@ -82,14 +85,15 @@ def goals(summary: dict | None, matches: dict[str, dict | None], selfplay: float
     from rookworld_rlvr.verdict import get, rows
 
     base = summary["base"] if summary else None
-    lines = ["## Goals", "", "| the base | needed | reached | met |", "|---|---|---|---|"]
-    for key, least, label in BASE_GOALS:
+    lines = ["## Goals", "", "| the base | needed | random mover | reached | met |", "|---|---|---|---|---|"]
+    for key, least, label, chance in BASE_GOALS:
         value = get(base, key)
-        lines.append(f"| {label} | {least:.0%} | " + ("not measured | - |" if value is None else
-                                                     f"{value:.1%} | {'yes' if value >= least else 'no'} |"))
-    lines.append("| self-play from the start, legal half-moves | 60 | " + (
+        chance = get(base, chance) if isinstance(chance, str) else chance
+        lines.append(f"| {label} | {least:.0%} | {'-' if chance is None else f'{chance:.1%}'} | " + (
+            "not measured | - |" if value is None else f"{value:.1%} | {'yes' if value >= least else 'no'} |"))
+    lines.append("| self-play from the start, legal half-moves | 60 | - | " + (
         "not played | - |" if selfplay is None else f"{selfplay:.0f} | {'yes' if selfplay >= 60 else 'no'} |"))
-    lines.append(_match_row("match against models/rookworld-board", matches["match_base_vs_board"]))
+    lines.append(_match_row("match against models/rookworld-board", matches["match_base_vs_board"], chance="- | "))
     lines += ["", "| GRPO against its base | needed | reached | met |", "|---|---|---|---|",
               _match_row("200-game match", matches["match_trained_vs_base"])]
     verdicts = {r["key"]: r for r in rows(base, summary["final"])} if summary else {}

@@ -150,7 +150,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
     assert (work / "sft" / "train.used").read_text().strip() == str(work / "sft" / "train.jsonl.gz")
     assert all(f"- {name}: {n} legal half-moves (ended by: " in text for name, n in plies.items())
-    assert f"| self-play from the start, legal half-moves | 60 | {plies['base']} | " in text.split("## Goals")[1]
+    assert f"| self-play from the start, legal half-moves | 60 | - | {plies['base']} | " in text.split("## Goals")[1]
     # a rerun (after a timeout, say, into the new empty OUT a GPU machine gives each call) runs no finished stage
     # again and fills its OUT all the same; --continue (the call after the base's, on the same machine) finds the base
     again = subprocess.run(cmd[:2] + [str(tmp_path / "out2"), *cmd[3:], "--continue"], capture_output=True,
@@ -433,10 +433,12 @@ def test_results_md_judges_each_goal_of_the_gpu_base_and_of_grpo():
     module = report_module()
 
     def share(solved: list[int]) -> dict:
-        return {"n": len(solved), "solved": sum(solved) / len(solved), "solved_items": solved, "items_of": "x"}
+        return {"n": len(solved), "solved": sum(solved) / len(solved), "solved_items": solved, "items_of": "x",
+                "random": {"solved": 0.04}}
 
     def evaluation(mate1: list[int], tactic: list[int], loss_below: float) -> dict:
         return {"strength": {"n": 600, "legal": 0.975, "best": 0.19, "loss_below_random": loss_below,
+                             "random": {"best": 0.103},
                              "loss_below_random_ci": {"low": loss_below - 0.01, "high": loss_below + 0.01}},
                 "puzzles": {"mate1": share(mate1), "tactic": share(tactic)},
                 "environment": {"n": 1000, "next_state_acc": 0.99, "slices": {
@@ -449,15 +451,15 @@ def test_results_md_judges_each_goal_of_the_gpu_base_and_of_grpo():
     drawn = {**match, "wins": 100, "losses": 96, "elo": 7.0, "elo_low": -41.0, "elo_high": 55.0}
     text = "\n".join(module.goals({"base": base, "final": final}, {"match_base_vs_board": match,
                                                                    "match_trained_vs_base": drawn}, 61.0))
-    assert "| legal best move (judged positions) | 97% | 97.5% | yes |" in text
-    assert "| mate in one (RookWorld-LM-124M: 32.1%) | 32% | 33.0% | yes |" in text
-    assert "| Stockfish's best move | 20% | 19.0% | no |" in text
-    assert "| expected-score loss below the random mover's | 50% | 55.0% | yes |" in text
-    assert "| A: next state, ordinary moves | 97% | 98.5% | yes |" in text
-    assert "| A: next state, game-ending moves | 97% | 96.0% | no |" in text
-    assert "| A: next state, game starts (1-move history) | 97% | not measured | - |" in text
-    assert "| self-play from the start, legal half-moves | 60 | 61 | yes |" in text
-    assert "| match against models/rookworld-board | won | +120 =4 -76, Elo +77 (+28 .. +128) | yes |" in text
+    assert "| legal best move (judged positions) | 97% | 100.0% | 97.5% | yes |" in text
+    assert "| mate in one (RookWorld-LM-124M: 32.1%) | 32% | 4.0% | 33.0% | yes |" in text
+    assert "| Stockfish's best move | 20% | 10.3% | 19.0% | no |" in text
+    assert "| expected-score loss below the random mover's | 50% | 0.0% | 55.0% | yes |" in text
+    assert "| A: next state, ordinary moves | 97% | - | 98.5% | yes |" in text
+    assert "| A: next state, game-ending moves | 97% | - | 96.0% | no |" in text
+    assert "| A: next state, game starts (1-move history) | 97% | - | not measured | - |" in text
+    assert "| self-play from the start, legal half-moves | 60 | - | 61 | yes |" in text
+    assert "| match against models/rookworld-board | won | - | +120 =4 -76, Elo +77 (+28 .. +128) | yes |" in text
     assert "| 200-game match | won | +100 =4 -96, Elo +7 (-41 .. +55) | no |" in text
     assert "| expected-score loss below the random mover's | better beyond the noise | +0.050, better | yes |" in text
     assert "| mate in one | not worse | +0.000, within noise | yes |" in text
