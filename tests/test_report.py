@@ -170,6 +170,25 @@ def test_missing_keys_skip_plots_and_nan_is_dropped(tmp_path):
     assert dropped == 1 and len(ys) == 29 and all(math.isfinite(v) for v in ys) and 7 not in xs
 
 
+def test_a_damaged_run_file_is_named_and_not_read_as_a_shorter_run(tmp_path, capsys):
+    """A live run's half-written last line is skipped quietly (make_run leaves one); a bad line in the middle of
+    a log, or a summary.json or config.yaml that cannot be read (both written whole), is skipped with a warning
+    naming it: it used to vanish from the report without a word."""
+    run = make_run(tmp_path, "damaged")
+    load_run(run)
+    assert capsys.readouterr().err == ""
+    lines = (run / "metrics.jsonl").read_text().split("\n")
+    (run / "metrics.jsonl").write_text("\n".join(lines[:3] + ["{garbage"] + lines[3:]))
+    (run / "summary.json").write_text('{"base": ')
+    (run / "config.yaml").write_text("lr: [1\n")
+    loaded = load_run(run)
+    err = capsys.readouterr().err
+    assert f"warning: {run / 'metrics.jsonl'}:4: skipped, not a JSON object: '{{garbage'" in err
+    assert f"warning: {run / 'summary.json'}: skipped, not a JSON object (" in err
+    assert f"warning: {run / 'config.yaml'}: skipped, not a mapping of settings (" in err
+    assert len(loaded.metrics) == 30 and loaded.summary == {} and loaded.config == {}
+
+
 def test_metrics_only_run_reports_without_evals(tmp_path):
     run = tmp_path / "live"
     run.mkdir()

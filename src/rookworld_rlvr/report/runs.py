@@ -4,7 +4,9 @@ A run directory holds `metrics.jsonl` (one record per optimizer step, required),
 `eval.jsonl` (one evaluation per line, base model first), `events.jsonl` (guard events),
 `summary.json`, `config.yaml` and `match.json` (`rookworld match FINAL BASE --json RUN/match.json`; all
 optional: a run still in progress has only some of them).
-A bad JSONL line is skipped: a live run may be mid-write.
+A bad last JSONL line is skipped: a live run may be mid-write. Any other line, or a `summary.json`,
+`match.json` or `config.yaml` that cannot be read (all written whole), is skipped with a warning
+naming it, so that a damaged file is not read as a shorter run.
 
 Owns reading run directories. Pure Python (yaml inside a function): imports no torch, no chess.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -48,18 +51,26 @@ class Run:
         return self.summary.get("final") or (self.evals[-1] if self.evals else None)
 
 
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr)
+
+
 def _read_jsonl(path: Path) -> list[dict]:
-    """JSON objects, one a line; a bad line is skipped (a live run may be mid-write)."""
+    """JSON objects, one a line; a bad last line is skipped (a live run may be mid-write), any other with a
+    warning naming it."""
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for lineno, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except ValueError:
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
+        elif line.strip() and lineno < len(lines):
+            _warn(f"{path}:{lineno}: skipped, not a JSON object: {line[:60]!r}")
     return rows
 
 
@@ -68,18 +79,27 @@ def _read_yaml(path: Path) -> dict:
         return {}
     import yaml
 
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        data = e
+    if not isinstance(data, dict):
+        _warn(f"{path}: skipped, not a mapping of settings" + (f" ({data})" if isinstance(data, Exception) else ""))
+        return {}
+    return {str(k): v for k, v in data.items()}
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except ValueError as e:
+        data = e
+    if not isinstance(data, dict):
+        _warn(f"{path}: skipped, not a JSON object" + (f" ({data})" if isinstance(data, Exception) else ""))
         return {}
-    return data if isinstance(data, dict) else {}
+    return data
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
