@@ -89,6 +89,15 @@ def test_elo_interval_from_per_game_scores():
     line = format_summary({"a": "A", "b": "B", "games": 200, "wins": 98, "draws": 4, "losses": 98, "score": 0.5,
                            "elo": elo, "elo_low": lo, "elo_high": hi, "mean_plies": 11.4, "terminations": {}})
     assert "score 0.500, Elo +0 (95% CI -48 .. +48)" in line
+    # one side scored every point: the estimate is no number, so only the interval's finite end is said (the
+    # clamped -338 after four losses is no measurement)
+    for scores, said in (([0.0] * 4, "Elo -7 or lower (95% CI; every game lost)"),
+                         ([1.0] * 4, "Elo +7 or higher (95% CI; every game won)")):
+        elo, lo, hi = elo_interval(scores)
+        line = format_summary({"a": "A", "b": "B", "games": 4, "wins": 4 * scores[0], "draws": 0,
+                               "losses": 4 - 4 * scores[0], "score": scores[0], "elo": elo, "elo_low": lo,
+                               "elo_high": hi, "mean_plies": 40.0, "terminations": {"checkmate": 4}})
+        assert said in line and "338" not in line
 
 
 def test_a_short_match_is_not_called_won_on_luck():

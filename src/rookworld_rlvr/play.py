@@ -35,6 +35,7 @@ import chess.pgn
 from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, output_file, temperature
 from rookworld_rlvr.paths import no_such_file
+from rookworld_rlvr.tables import fmt_elo
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
 from rookworld_rlvr.tasks.strength import is_legal, legal_moves
@@ -446,5 +447,4 @@ def run(args: argparse.Namespace, name: str) -> int:
 def format_summary(s: dict) -> str:
     ends = ", ".join(f"{k} {v}" for k, v in s["terminations"].items())
     return (f"{s['a']} vs {s['b']}: {s['games']} games, +{s['wins']} ={s['draws']} -{s['losses']}, "
-            f"score {s['score']:.3f}, Elo {round(s['elo']):+d} (95% CI {round(s['elo_low']):+d} .. {round(s['elo_high']):+d}), "
-            f"{s['mean_plies']:.1f} plies per game\nended by: {ends}")
+            f"score {s['score']:.3f}, {fmt_elo(s)}, {s['mean_plies']:.1f} plies per game\nended by: {ends}")

@@ -48,6 +48,18 @@ def fmt_delta(d: int | float | None, missing: str = "-") -> str:
     return f"{d:+d}" if isinstance(d, int) else f"{d:+.4f}"
 
 
+def fmt_elo(match: dict) -> str:
+    """A match's Elo and its 95% interval. Where one side scored every point the estimate is no
+    number (Elo is infinite there; `play.elo_interval` moves the score half a game inward), so only
+    the interval's finite end is said: "Elo -7 or lower" after four losses."""
+    elo, low, high = (round(match[k]) for k in ("elo", "elo_low", "elo_high"))
+    if match.get("score") == 0:
+        return f"Elo {high:+d} or lower (95% CI; every game lost)"
+    if match.get("score") == 1:
+        return f"Elo {low:+d} or higher (95% CI; every game won)"
+    return f"Elo {elo:+d} (95% CI {low:+d} .. {high:+d})"
+
+
 def flatten_metrics(results: dict) -> dict[str, Any]:
     """`section.metric` (and `section.components.name`) -> value, skipping examples, meta, per-item lists
     and the items' fingerprints."""

@@ -21,7 +21,7 @@ from rookworld_rlvr.report.plots import make_plots
 from rookworld_rlvr.report.runs import Run, load_run, series, unique_names
 from rookworld_rlvr.report.markup import CSS, esc, fmt
 from rookworld_rlvr.report.samples import samples_section
-from rookworld_rlvr.tables import delta, flatten_metrics, fmt_delta, number
+from rookworld_rlvr.tables import delta, flatten_metrics, fmt_delta, fmt_elo, number
 
 LOWER_IS_BETTER = {"invalid", "reward_mae", "hit_max_tokens", "ended_illegal", "loss", "blunder", "repeated",
                    "repeated_candidates"}
@@ -109,8 +109,7 @@ def match_line(match: dict) -> str:
     if not match or number(match.get("score")) is None:
         return ('<p class="muted">No match played. <code>rookworld match RUN/final BASE --games 200 --json '
                 'RUN/match.json</code> adds one here.</p>')
-    elo = (f"Elo {round(match['elo']):+d} (95% CI {round(match['elo_low']):+d} .. {round(match['elo_high']):+d})"
-           if all(number(match.get(k)) is not None for k in ("elo", "elo_low", "elo_high")) else "")
+    elo = (fmt_elo(match) if all(number(match.get(k)) is not None for k in ("elo", "elo_low", "elo_high")) else "")
     cls = "good" if (number(match.get("elo_low")) or 0) > 0 else "bad" if (number(match.get("elo_high")) or 0) < 0 \
         else "muted"
     verdict = {"good": "won beyond the noise", "bad": "lost beyond the noise", "muted": "within the noise"}[cls]
