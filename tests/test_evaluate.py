@@ -142,6 +142,13 @@ def test_corrupted_completions_score_lower(reference, env_samples, pool):
                     for c in truth_completions(envs)]
     a = mt.score_completions(envs, wrong_fen, RewardScorer())["environment"]
     assert a["next_state_acc"] == 0 and 0.9 < a["nls"] < 1 and a["reward_acc"] == 1 and a["mean_reward"] < 1
+    # a copy of the input board is similar to the answer in most characters: nls_copy, its similarity on the same
+    # rows, is the floor nls is read against, and answers that copy it score exactly that
+    copies = [c.replace(s.truth.new_fen, s.truth.fen, 1) for s, c in zip(envs, truth_completions(envs))]
+    copied = mt.score_completions(envs, copies, RewardScorer())["environment"]
+    moved = sum(s.truth.fen != s.truth.new_fen for s in envs) / len(envs)
+    assert copied["nls"] == pytest.approx(a["nls_copy"]) and 0.8 < a["nls_copy"] < 1
+    assert copied["next_state_acc"] == pytest.approx(1 - moved) and moved > 0
     # per transition and per slice, in order: what a paired verdict of two evaluations compares
     half = [c if i % 2 else w for i, (c, w) in enumerate(zip(truth_completions(envs), wrong_fen))]
     a = mt.score_completions(envs, half, RewardScorer())["environment"]

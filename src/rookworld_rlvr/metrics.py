@@ -9,8 +9,10 @@ completions alone (`evaluate` only adds generation). Conventions (all shares are
   in the upstream data black's B: label is the fifth-ranked candidate, which is why the
   ground truth is recomputed from the evals).
 - environment `nls`: normalised Levenshtein similarity of the first '+' field to the true
-  FEN, 0 when there is no such field; `reward_mae`: |truth - predicted| with the prediction
-  clipped to [-1, 1] (the reward range) and an unparseable reward counted as 0.
+  FEN, 0 when there is no such field; a copy of the input board earns most of it (a move
+  changes a few characters), so `nls_copy`, that copy's similarity on the same rows, is its
+  floor; `reward_mae`: |truth - predicted| with the prediction clipped to [-1, 1] (the reward
+  range) and an unparseable reward counted as 0.
 - `held_out_reward`: the one number a run is judged by (best checkpoint, collapse guard, sweeps);
   each task's `rewards` (one per row, in the samples' order) let two evaluations of the same rows be
   compared pairwise (`held_out_se`).
@@ -33,7 +35,7 @@ from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, Rewa
 TASK_NAMES = {"P": "policy", "A": "environment"}
 POLICY_METRICS = ("invalid", "legal_best", "best_acc", "best_acc_raw_labels", "top5_overlap",
                   "distinct_legal_candidates", "repeated_candidates", "mean_reward")
-ENV_METRICS = ("invalid", "next_state_acc", "nls", "reward_acc", "reward_mae", "terminated_acc",
+ENV_METRICS = ("invalid", "next_state_acc", "nls", "nls_copy", "reward_acc", "reward_mae", "terminated_acc",
                "truncated_acc", "mean_reward")
 
 
@@ -140,6 +142,7 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
         next_state_acc_items=items(p.new_fen == t.new_fen for p, t in pairs),
         items_of=strength.fingerprint(s.render("compact")[0] for s in samples),
         nls=mean([env_task.fen_similarity(p.new_fen, t.new_fen) if p.new_fen else 0.0 for p, t in pairs]),
+        nls_copy=mean([env_task.fen_similarity(t.fen, t.new_fen) for _, t in pairs]),
         reward_acc=share(p.reward is not None and abs(p.reward - t.reward) < 1e-9 for p, t in pairs),
         reward_mae=mean([abs(t.reward - _predicted_reward(p)) for p, t in pairs]),
         terminated_acc=share(p.terminated == t.terminated for p, t in pairs),
