@@ -105,6 +105,21 @@ def test_perfect_oracle_scores_the_maximum(reference, env_samples, layout):
     assert a["reward_mae"] == 0 and a["terminated_acc"] == 1 and a["truncated_acc"] == 1 and a["mean_reward"] == 1
 
 
+def test_the_a_fields_are_read_against_one_answer_written_on_every_row():
+    """Nine in ten held-out transitions are ordinary moves (reward 0.001, not terminated, not truncated):
+    a model that writes those values on every row, with the true next FEN, scores `constant`'s figures
+    exactly, and they are most of each share (a field right 97% of the time may be right by default)."""
+    rows = [s for _, s in zip(range(1000), (s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "A"))]
+    same = [f"{s.truth.new_fen}+0.001+0+0" for s in rows]
+    a = mt.score_completions(rows, same, RewardScorer())["environment"]
+    floor = a["constant"]
+    assert floor == {k: pytest.approx(a[k]) for k in ("reward_acc", "reward_mae", "terminated_acc", "truncated_acc")}
+    assert floor["reward_acc"] == pytest.approx(0.870) and floor["terminated_acc"] == pytest.approx(0.904)
+    assert floor["truncated_acc"] == pytest.approx(0.966) and a["next_state_acc"] == 1
+    truth = mt.score_completions(rows, truth_completions(rows), RewardScorer())["environment"]
+    assert truth["constant"] == floor and truth["reward_acc"] == 1 and truth["reward_mae"] == 0
+
+
 def test_raw_upstream_labels_against_corrected_truth(reference):
     """Our truth writes a true best move; the upstream label is not one on 223 of 500 rows."""
     ours = mt.score_completions(reference, truth_completions(reference), RewardScorer())["policy"]

@@ -12,7 +12,10 @@ completions alone (`evaluate` only adds generation). Conventions (all shares are
   FEN, 0 when there is no such field; a copy of the input board earns most of it (a move
   changes a few characters), so `nls_copy`, that copy's similarity on the same rows, is its
   floor; `reward_mae`: |truth - predicted| with the prediction clipped to [-1, 1] (the reward
-  range) and an unparseable reward counted as 0.
+  range) and an unparseable reward counted as 0. Most transitions are ordinary moves (reward
+  0.001, not terminated, not truncated), so `constant` holds what writing each field's most
+  common value on every row earns: the floor of `reward_acc`, `reward_mae`, `terminated_acc` and
+  `truncated_acc` (on the shipped held-out set 0.870, 0.098, 0.904 and 0.966).
 - `held_out_reward`: the one number a run is judged by (best checkpoint, collapse guard, sweeps);
   each task's `rewards` (one per row, in the samples' order) let two evaluations of the same rows be
   compared pairwise (`held_out_se`).
@@ -152,7 +155,21 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
         components=_component_means(results, ENV_COMPONENTS),
         slices=sliced(transition_slices([t for _, t in pairs]), "next_state_acc",
                       [p.new_fen == t.new_fen for p, t in pairs]),
+        constant=constant_answers([t for _, t in pairs]),
     )
+
+
+def constant_answers(truths: Sequence) -> dict[str, float | None]:
+    """What one answer on every row earns: each field's most common true value (the first of a tie)."""
+    def common(values: list) -> Any:
+        return max(values, key=values.count)
+
+    reward = common([t.reward for t in truths])
+    terminated, truncated = common([t.terminated for t in truths]), common([t.truncated for t in truths])
+    return dict(reward_acc=share(abs(t.reward - reward) < 1e-9 for t in truths),
+                reward_mae=mean([abs(t.reward - reward) for t in truths]),
+                terminated_acc=share(t.terminated == terminated for t in truths),
+                truncated_acc=share(t.truncated == truncated for t in truths))
 
 
 TASK_METRICS: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
