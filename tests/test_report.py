@@ -345,3 +345,31 @@ def test_the_step_axis_of_a_short_run_is_labelled_in_whole_steps():
     fig.canvas.draw()
     ticks = [x for ax in axes for x in ax.get_xticks() if 1 <= x <= 3]
     assert ticks and all(float(x).is_integer() for x in ticks)
+
+
+def test_a_report_that_fails_at_the_end_of_a_run_is_said_and_the_run_stands(tmp_path, tiny_model_dir, small_data,
+                                                                             capsys, monkeypatch):
+    """The report is written after the run is saved: where it fails (a plotting bug, a font the machine lacks), the
+    run does not end in its traceback with exit 1 as if training had failed. One line says what failed and that
+    `rookworld report RUN` writes it; that command then does; --traceback shows where it failed."""
+    from conftest import as_options
+
+    from rookworld_rlvr.report import page
+
+    def broken(_runs):
+        raise RuntimeError("no font")
+
+    run = tmp_path / "run"
+    fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data="", output_dir=run, steps=1,
+                  batch_positions=2, group_size=2, max_new_tokens=8, tensorboard="false", progress="false",
+                  engine_cache="null", device="cpu", threads=1)
+    monkeypatch.setattr(page, "write_report", broken)
+    assert main(["train"] + as_options(fields)) == 0
+    err = capsys.readouterr().err
+    assert f"report: not written: RuntimeError: no font; the run is saved, and `rookworld report {run}` writes it" \
+        in err and "Traceback" not in err
+    assert (run / "final" / "model.safetensors").exists() and not (run / "report.html").exists()
+    with pytest.raises(RuntimeError, match="no font"):
+        main(["train"] + as_options({**fields, "output_dir": tmp_path / "again"}) + ["--traceback"])
+    monkeypatch.undo()
+    assert main(["report", str(run)]) == 0 and (run / "report.html").exists()

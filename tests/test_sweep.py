@@ -285,3 +285,21 @@ def test_the_collapse_preset_reaches_the_settings_that_break_runs_with_the_guard
              for c in load_space("configs/sweeps/trust_region.yaml").grid_overrides()]
     assert {(c.importance_sampling_level, c.clip_delta) for c in trust} == {
         ("token", None), ("token", 1.5), ("sequence", None), ("sequence", 1.5)}
+
+
+def test_a_trials_report_that_fails_is_logged_and_the_trial_counts(tmp_path, tiny_model_dir, small_data, monkeypatch,
+                                                                   capsys):
+    """The trial's run is done and saved when its report is drawn: a report that fails (here: no font) is logged,
+    and the trial is complete with its result, not failed."""
+    from rookworld_rlvr.report import page
+
+    def broken(_runs):
+        raise RuntimeError("no font")
+
+    monkeypatch.setattr(page, "write_report", broken)
+    space = write_space(tmp_path / "space.yaml", base=tiny_base(tiny_model_dir, small_data, report=True),
+                        params={"lr": {"choices": [1e-4]}})
+    summary = run_sweep(space, out=tmp_path / "out", seed=1, reward_fn=varied_reward, log=QUIET)
+    assert summary["complete"] == 1 and summary["failed"] == 0, summary["failures"]
+    assert "report: not written: RuntimeError: no font" in capsys.readouterr().out  # the trial's log
+

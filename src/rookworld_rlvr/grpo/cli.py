@@ -271,8 +271,14 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
             print("report: not written: matplotlib is missing (pip install 'rookworld-rlvr[report]'), "
                   "or set report: false", file=sys.stderr)
         else:
-            from rookworld_rlvr.report.page import write_report
+            try:  # the run is done and saved: a report that fails is said, and `rookworld report` writes it later
+                from rookworld_rlvr.report.page import write_report
 
-            print(f"report: {write_report([cfg.output_dir])}")
+                print(f"report: {write_report([cfg.output_dir])}")
+            except Exception as e:  # noqa: BLE001 - any failure of the report alone
+                if traceback:
+                    raise
+                print(f"report: not written: {type(e).__name__}: {e}; the run is saved, and `rookworld report "
+                      f"{cfg.output_dir}` writes it (--traceback shows where it failed)", file=sys.stderr)
     print(f"done in {(time.time() - t0) / 60:.1f} min; final model in {cfg.output_dir}/final")
     return 0

@@ -97,8 +97,8 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
                 from rookworld_rlvr.report.page import write_report
 
                 write_report([cfg.output_dir])
-            except ImportError as e:
-                tlog(f"report: not written: {e}")
+            except Exception as e:  # noqa: BLE001 - the trial is done and saved: its result is not lost to its report
+                tlog(f"report: not written: {type(e).__name__}: {e}")
         base_r, final_r = held_out_reward(summary["base"]), held_out_reward(summary["final"])
         if final_r is None:
             a = finish(TrialState.FAIL, failure="no held-out evaluation (set eval_data)", steps=summary["steps"])
