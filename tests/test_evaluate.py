@@ -120,6 +120,27 @@ def test_the_a_fields_are_read_against_one_answer_written_on_every_row():
     assert truth["constant"] == floor and truth["reward_acc"] == 1 and truth["reward_mae"] == 0
 
 
+def test_the_policy_figures_come_with_a_random_legal_movers_exactly():
+    """best_acc and top5_overlap beside what a random legal mover earns on the same positions: here every legal B:
+    move with every 5 distinct legal candidates of a position is written once, and their mean is the floor."""
+    import itertools
+
+    from rookworld_rlvr.tasks import strength
+
+    rows = [s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "P"]
+    rows = [s for s in rows if 5 <= len(strength.legal_moves(s.fen)) <= 7][:12]
+    every = []
+    for s in rows:
+        legal = sorted(strength.legal_moves(s.fen))
+        answers = [f"M: {' '.join(five)} E: 0.1 0.1 0.1 0.1 0.1 B: {best}"
+                   for five in itertools.combinations(legal, 5) for best in legal]
+        every.append(mt.score_completions([s] * len(answers), answers, RewardScorer())["policy"])
+    floor = mt.score_completions(rows, truth_completions(rows), RewardScorer())["policy"]["random"]
+    for name in ("best_acc", "top5_overlap"):
+        assert floor[name] == pytest.approx(sum(e[name] for e in every) / len(rows)), name
+    assert len(rows) == 12 and 0 < floor["best_acc"] < floor["top5_overlap"] < 1
+
+
 def test_raw_upstream_labels_against_corrected_truth(reference):
     """Our truth writes a true best move; the upstream label is not one on 223 of 500 rows."""
     ours = mt.score_completions(reference, truth_completions(reference), RewardScorer())["policy"]

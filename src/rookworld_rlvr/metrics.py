@@ -2,7 +2,8 @@
 
 Owns what the held-out numbers mean, so they can be checked with ground-truth and corrupted
 completions alone (`evaluate` only adds generation). Conventions (all shares are in [0, 1]):
-- policy `invalid`: the completion does not parse (`PolicyParse.valid` is False);
+- policy `invalid`: the completion does not parse (`PolicyParse.valid` is False); `random`:
+  what a random legal mover earns in `best_acc` and `top5_overlap` on the same positions;
   `distinct_legal_candidates`: distinct legal moves written in M: (a repeat counts once);
   `repeated_candidates`: share of answers that write a move twice; `best_acc_raw_labels`
   compares B: with the label written in the source data (None when no sample carries a label;
@@ -122,6 +123,7 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
         repeated_candidates=share(len(p.moves or []) != len(set(p.moves or [])) for p in parses),
         mean_reward=mean([r.total for r in results]),
         n_labelled=len(labelled),
+        random=random_mover(samples, legal),
         components=_component_means(results, POLICY_COMPONENTS),
         slices=sliced(position_slices([s.truth.fen for s in samples]), "legal_best", legal_best),
     )
@@ -157,6 +159,14 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
                       [p.new_fen == t.new_fen for p, t in pairs]),
         constant=constant_answers([t for _, t in pairs]),
     )
+
+
+def random_mover(samples: Sequence[Sample], legal: Sequence[set[str]]) -> dict[str, float | None]:
+    """The floor of `best_acc` and `top5_overlap`, exactly: a random legal B: move is best with chance
+    best / legal; each true candidate is among 5 distinct random legal moves with chance min(5, legal) / legal."""
+    best = [len(set(s.truth.best) & lg) / len(lg) if lg else 0.0 for s, lg in zip(samples, legal)]
+    top = [min(5, len(lg)) / len(lg) if lg else 0.0 for lg in legal]
+    return dict(best_acc=mean(best), top5_overlap=mean(top))
 
 
 def constant_answers(truths: Sequence) -> dict[str, float | None]:
