@@ -74,8 +74,10 @@ def _match_row(label: str, match: dict | None, chance: str = "") -> str:
     table with a random mover's column)."""
     if match is None:
         return f"| {label} | won | {chance}not played | - |"
-    return (f"| {label} | won | {chance}+{match['wins']} ={match['draws']} -{match['losses']}, Elo "
-            f"{round(match['elo']):+d} ({round(match['elo_low']):+d} .. {round(match['elo_high']):+d}) | "
+    from rookworld_rlvr.tables import fmt_elo
+
+    elo = fmt_elo(match).replace(" (95% CI ", " (")  # the goal's column says which interval
+    return (f"| {label} | won | {chance}+{match['wins']} ={match['draws']} -{match['losses']}, {elo} | "
             f"{'yes' if match['elo_low'] > 0 else 'no'} |")
 
 

@@ -465,6 +465,11 @@ def test_results_md_judges_each_goal_of_the_gpu_base_and_of_grpo():
     assert "| mate in one | not worse | +0.000, within noise | yes |" in text
     assert "| tactics | not worse | -0.200, worse | no |" in text
     assert "| strength.both_legal.blunder | better beyond the noise | not measured | - |" in text
+    # a match lost in every game (a weak base's 2-game match): the interval's finite end, not the clamped estimate
+    lost = {"games": 2, "wins": 0, "draws": 0, "losses": 2, "score": 0.0, "elo": -191.0, "elo_low": -191.0,
+            "elo_high": 43.0}
+    text = "\n".join(module.goals(None, {"match_base_vs_board": lost, "match_trained_vs_base": None}, None))
+    assert "| +0 =0 -2, Elo +43 or lower (95% CI; every game lost) | no |" in text and "-191" not in text
     nothing = "\n".join(module.goals(None, {"match_base_vs_board": None, "match_trained_vs_base": None}, None))
     assert nothing.count("not measured | - |") == len(module.BASE_GOALS) + len(module.GRPO_GOALS)
     assert nothing.count("not played | - |") == 3
