@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any, Callable, Iterable, Sequence
 
 from rookworld_rlvr.data.io import Sample
@@ -172,7 +173,7 @@ def random_mover(samples: Sequence[Sample], legal: Sequence[set[str]]) -> dict[s
 def constant_answers(truths: Sequence) -> dict[str, float | None]:
     """What one answer on every row earns: each field's most common true value (the first of a tie)."""
     def common(values: list) -> Any:
-        return max(values, key=values.count)
+        return Counter(values).most_common(1)[0][0]  # a tie: the value seen first
 
     reward = common([t.reward for t in truths])
     terminated, truncated = common([t.terminated for t in truths]), common([t.truncated for t in truths])
