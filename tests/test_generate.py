@@ -239,6 +239,45 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
     assert torch.equal(plain, grouped)
 
 
+@pytest.mark.parametrize("own_paths", [True, False])
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(rig, monkeypatch, own_paths):
+    """transformers 5.24 renamed a forward's `past_key_values` to `cache` and deprecated the old name (it goes in
+    5.40): decoding and scoring (the prefill, the stock decode loop, a group's expanded prompt cache) pass it by the
+    name the installed version takes, so none raises its FutureWarning; a peft adapter passes it on to its base."""
+    import warnings
+
+    from rookworld_rlvr.model import gpt2_decode, gpt2_segments
+    from rookworld_rlvr.model.generate import cache_keyword
+
+    kind, model, tok = rig
+    if not own_paths:
+        monkeypatch.setattr(gpt2_decode, "supports", lambda m: False)
+        monkeypatch.setattr(gpt2_segments, "supports", lambda m: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        gen, batch, n, _ = grouped_rollout(model, tok)
+        token_logprobs(model, *batch, n_completion=n, group_size=4)
+    assert gen.completion_mask.sum() > 0
+
+    class Renamed(torch.nn.Module):  # a forward as transformers 5.24 on spells it
+        def forward(self, input_ids=None, cache=None, use_cache=None):
+            return None
+
+    class Adapter(torch.nn.Module):  # peft's wrapper: **kwargs, handed on to the base model
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self):
+            return self.base
+
+        def forward(self, *args, **kwargs):
+            return self.base(*args, **kwargs)
+
+    assert cache_keyword(Renamed()) == cache_keyword(Adapter(Renamed())) == "cache"
+    assert cache_keyword(Adapter(model)) == cache_keyword(model)
+
+
 @pytest.mark.parametrize("group_size,segments", [(1, True), (4, True), (4, False)], ids=["plain", "segments", "cache"])
 def test_scoring_in_chunks_of_rows_gives_the_one_piece_results_and_gradients(rig, monkeypatch, group_size, segments):
     """At 124M a minibatch's full-vocabulary logits are 1.85 GB in float32; scored a few rows at a
@@ -762,6 +801,7 @@ def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits()
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
+    from rookworld_rlvr.model.generate import cache_keyword
     from rookworld_rlvr.model.gpt2_decode import CascadeDecoder, CastLinear, _cast
 
     tok = build_chess_tokenizer()
@@ -773,8 +813,8 @@ def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits()
     for cast in (None, torch.bfloat16):
         cache = DynamicCache(config=model.config)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), past_key_values=cache,
-                  use_cache=True)
+            model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True,
+                  **{cache_keyword(model): cache})
         decoder = CascadeDecoder(model, cache, mask, 3, 6, static=True, cast=cast)
         tokens, positions = torch.tensor([5, 6, 7] * 2), mask.sum(-1).repeat_interleave(3)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), \

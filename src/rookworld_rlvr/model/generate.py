@@ -82,6 +82,23 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
         return False
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.24 on, which
+    deprecates `past_key_values` (gone in 5.40), `past_key_values` before it. A peft adapter's forward
+    takes **kwargs and hands them to its base model, whose forward decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
+
+
+def returned_cache(out):
+    """The KV cache a forward with `use_cache=True` returned, by the name its transformers gives it."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
 def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
     """On CUDA, PyTorch's scaled-dot-product attention without its cuDNN kernel. cuDNN's attention builds
     an execution graph for every new shape, and our passes change shape with every batch (prompt and
@@ -247,6 +264,7 @@ def generate(
     prompt_ids, prompt_mask = u_ids[index], u_mask[index]
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    cache_kw = cache_keyword(model)
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
 
     completion = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -270,7 +288,7 @@ def generate(
         nonlocal cache
         with gpt2_decode.recording(model, recorded[0]) if recorded is not None else contextlib.nullcontext():
             out = model(**inputs, use_cache=True, **keep)
-        cache = out.past_key_values
+        cache = returned_cache(out)
         return out.logits[:, -1, :].float()
 
     was_training = model.training
@@ -288,7 +306,7 @@ def generate(
     amp.enter_context(device_context(device, autocast_dtype))
     try:
         logits = forward(
-            input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), past_key_values=cache
+            input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), **{cache_kw: cache}
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
             # the graph's step on weights cast once (autocast's cache cannot serve a graph: see GraphedStep)
@@ -358,7 +376,7 @@ def generate(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
                 position_ids=positions_from_mask(attention_mask)[:, -1:],
-                past_key_values=cache,
+                **{cache_kw: cache},
             )
     finally:
         amp.close()

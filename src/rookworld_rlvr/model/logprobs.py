@@ -16,7 +16,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from . import gpt2_segments
-from .generate import accepts_logits_to_keep
+from .generate import accepts_logits_to_keep, cache_keyword, returned_cache
 from .bf16_grad import linear
 from .gpt2_segments import Segment
 
@@ -245,14 +245,14 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
     last_prompt = first.logits[:, -1:].repeat_interleave(group_size, dim=0)
     if n_completion == 1:
         return last_prompt, [], every_row
-    cache = first.past_key_values
+    cache, cache_kw = returned_cache(first), cache_keyword(model)
     layers = getattr(cache, "layers", None)
     if not layers or not all(isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
         if not hasattr(cache, "batch_repeat_interleave"):
             return None
         cache.batch_repeat_interleave(group_size)  # differentiable: the G rows' gradients sum into the prompt
         rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
-                     position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True,
+                     position_ids=position_ids[:, p:-1], use_cache=True, **{cache_kw: cache},
                      **({"logits_to_keep": n_completion - 1} if keep else {}))
         rest = rest.logits[:, -(n_completion - 1):]
         return last_prompt, [(every_row, rest.shape[1], lambda rows: rest[rows])], every_row
@@ -262,7 +262,7 @@ def _grouped_logits(model, input_ids, attention_mask, position_ids, n_completion
         for layer, (k, v) in zip(layers, prompt_kv):  # differentiable: the rows' gradients sum into the prompt
             layer.keys, layer.values = k.index_select(0, idx // group_size), v.index_select(0, idx // group_size)
         out = model(input_ids=input_ids[idx, p:p + w], attention_mask=attention_mask[idx, :p + w],
-                    position_ids=position_ids[idx, p:p + w], past_key_values=cache, use_cache=True,
+                    position_ids=position_ids[idx, p:p + w], use_cache=True, **{cache_kw: cache},
                     **({"logits_to_keep": w} if keep else {}))
         scored.append((idx, w, lambda rows, logits=out.logits[:, -w:]: logits[rows]))
     return last_prompt, scored, _order(buckets, every_row)
