@@ -12,15 +12,17 @@ must end by itself within a bound and leave no process behind: nothing hangs.
     python scripts/fault_drill.py --tasks ddp --ddp-rollbacks   # the same while the guard rolls the run back
     python scripts/fault_drill.py --tasks sft-ddp       # the SFT run under torchrun, hit 20 times
 
-How: the uninterrupted run goes first and its wall time W is measured. Then the same command runs
-again and is killed either after a time drawn uniformly from [0, W) (seeded), which lands in
-start-up, steps and evaluations alike, or (half the kills, also drawn) the moment a save or a
-deletion of a checkpoint starts, which a random time rarely hits; after each kill every checkpoint on disk is loaded (weights and
-state), then the command is started again with `--resume`. When a resumed attempt finishes before
-its kill, its outputs are compared with the uninterrupted run's: the final (and best) weights byte
-for byte, and every log record except wall-clock times, and nothing a killed save wrote may be left
-in its folders; the next kills then start a fresh copy of the run. It ends once `--kills` kills have
-landed and the last copy has finished and compared.
+How: the uninterrupted run goes first; its wall time W is measured and its saves and deletions
+counted. Then the same command runs again and is killed either after a time drawn uniformly from
+[0, W) (seeded), which lands in start-up, steps and evaluations alike, or (half the kills, also
+drawn) the moment a save or a deletion of a checkpoint starts, which a random time rarely hits:
+which one is drawn too, from the first to the last the run has still to make. After each kill every
+checkpoint on disk is loaded (weights and state), then the command is started again with
+`--resume`. When a resumed attempt finishes before its kill, its outputs are compared with the
+uninterrupted run's: the final (and best) weights byte for byte, and every log record except
+wall-clock times, and nothing a killed save wrote may be left in its folders; the next kills then
+start a fresh copy of the run. It ends once `--kills` kills have landed and the last copy has
+finished and compared.
 
 Writes <out>/drill.json (one row per kill) and prints a summary. Exit status 1 when any resumed run
 differs or any checkpoint does not load.
@@ -227,10 +229,15 @@ def hidden(folders: list[Path]) -> set[Path]:
     return {p for f in folders if f.is_dir() for p in f.iterdir() if p.name.startswith(".") and p.is_dir()}
 
 
+def folders(out: Path) -> list[Path]:
+    """Where a run's saves and deletions show (`hidden`): its own folder and its checkpoints'."""
+    return [out, out / "checkpoints"]
+
+
 def left_behind(out: Path) -> list[str]:
     """A finished run's folders must hold no temporary or set-aside directory: one would be what a killed save
     left there for good (a model-sized copy each)."""
-    left = sorted(p.name for p in hidden([out, out / "checkpoints"]))
+    left = sorted(p.name for p in hidden(folders(out)))
     return [f"left behind by killed saves: {', '.join(left)}"] if left else []
 
 
@@ -296,33 +303,36 @@ def kill_rank(proc: subprocess.Popen, run: str, rank: int | str, pid: int, sig: 
 
 
 def launch(cmd: list[str], log: Path, kill_after: float | None, saves: list[Path] | None = None,
-           rank: int | str | None = None, sig: str = "SIGKILL") -> tuple[bool, float, dict]:
+           at_save: int | None = None, rank: int | str | None = None,
+           sig: str = "SIGKILL") -> tuple[bool, float, dict, int]:
     """Run `cmd`; SIGKILL its whole process group (Stockfish included) after `kill_after` seconds or,
-    with `saves`, as soon as a new save or deletion starts in one of those folders (whichever comes
-    first); with `rank` (torchrun), send that rank's process alone `sig` (`kill_rank`). Returns (finished,
-    seconds, what the rank fault found). A run that exits with an error stops the drill."""
+    with `at_save`, the moment the `at_save`-th save or deletion started in this run shows in one of the
+    `saves` folders (whichever comes first); with `rank` (torchrun), send that rank's process alone `sig`
+    (`kill_rank`). Returns (finished, seconds, what the rank fault found, the saves and deletions seen).
+    A run that exits with an error stops the drill."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            MARK: str(log)}
-    before = hidden(saves or [])
+    before, seen = hidden(saves or []), set()
     t0 = time.time()
     with open(log, "a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
         while (rc := proc.poll()) is None:
-            due = (kill_after is not None and time.time() - t0 >= kill_after) or (saves and hidden(saves) - before)
+            seen |= hidden(saves or []) - before  # each save or deletion is a directory of a name of its own
+            due = (kill_after is not None and time.time() - t0 >= kill_after) or (at_save and len(seen) >= at_save)
             if due and rank is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return False, time.time() - t0, {}
+                return False, time.time() - t0, {}, len(seen)
             # a fault due in start-up waits for its rank (for every rank, when torchrun is its target)
             if due and ((pids := rank_pids(str(log))).get(rank) or (rank == AGENT and len(pids) == RANKS)):
                 seconds = time.time() - t0
-                return False, seconds, kill_rank(proc, str(log), rank, pids.get(rank, proc.pid), sig)
+                return False, seconds, kill_rank(proc, str(log), rank, pids.get(rank, proc.pid), sig), len(seen)
             time.sleep(0.001 if saves else 0.05)
     if rc != 0:
         raise SystemExit(f"fault drill: {' '.join(cmd)} exited with {rc}; see {log}")
-    return True, time.time() - t0, {}
+    return True, time.time() - t0, {}, len(seen)
 
 
 def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, model: str,
@@ -339,7 +349,8 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         return grpo_command(out, data, smoke, model)
 
     straight = work / "straight"
-    _, wall, _ = launch(command(straight), work / "straight.log", None)
+    # the saves and deletions of the uninterrupted run, counted: a kill aimed at a save picks one of them
+    _, wall, _, saves_in_run = launch(command(straight), work / "straight.log", None, folders(straight))
     reference = outputs(task, straight)
     recoveries = None if task.startswith("sft") else recovered(straight)
     if (task == "grpo" or (task == "ddp" and ddp_rollbacks)) and not recoveries:
@@ -347,24 +358,27 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
                          "no kill could land in a rollback")
     rows: list[dict] = []
     rounds: list[dict] = []
-    copy_no, attempt = 0, 0
+    copy_no, attempt, copy_saves = 0, 0, 0
     while len(rows) < kills or attempt:  # go on until the kills have landed and the last copy has finished
         out = work / f"copy{copy_no}"
         cmd = command(out) + (["--resume"] if attempt else [])
         after = rng.uniform(0, wall) if len(rows) < kills else None
-        in_a_save = after is not None and rng.random() < 0.5  # half the kills wait for a save instead
-        saves = [out, out / "checkpoints"] if in_a_save else None
+        # half the kills wait for a save instead: one drawn from those this copy has still to make (a resumed
+        # attempt makes at least the run's saves less those its earlier attempts saw), the first to the last
+        in_a_save = after is not None and rng.random() < 0.5 and copy_saves < saves_in_run
+        at_save = rng.randint(1, saves_in_run - copy_saves) if in_a_save else None
+        aimed = f"save {at_save} of {saves_in_run - copy_saves}" if in_a_save else "a random time"
         rank, sig = (FAULTS[len(rows) % len(FAULTS)] if task in UNDER_TORCHRUN and after is not None
                      else (None, "SIGKILL"))
-        finished, seconds, ranks = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after, saves,
-                                          rank, sig)
-        attempt += 1
+        finished, seconds, ranks, saved = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after,
+                                                 folders(out) if in_a_save else None, at_save, rank, sig)
+        attempt, copy_saves = attempt + 1, copy_saves + saved
         if finished:
             diff = differences(reference, outputs(task, out)) + left_behind(out)
             rounds.append({"copy": copy_no, "attempts": attempt, "equal": not diff, "differences": diff})
             print(f"{task} copy {copy_no}: finished after {attempt - 1} kills: "
                   f"{'bit for bit equal' if not diff else 'DIFFERS: ' + '; '.join(diff)}", flush=True)
-            copy_no, attempt = copy_no + 1, 0
+            copy_no, attempt, copy_saves = copy_no + 1, 0, 0
             continue
         problems, latest, in_save = check_checkpoints(task, out)
         if ranks.get("hung"):
@@ -374,7 +388,7 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         elif ranks.get("left_running"):
             problems.append(f"{ranks['left_running']} of its processes still ran after torchrun ended")
         rows.append({"task": task, "copy": copy_no, "kill": len(rows) + 1, "after_s": round(seconds, 2),
-                     "aimed_at": "a save" if in_a_save else "a random time", **ranks,
+                     "aimed_at": aimed, **ranks,
                      "after_a_rollback": None if task.startswith("sft") else recovered(out) > 0,
                      "latest_checkpoint_step": latest, "in_save": in_save, "problems": problems})
         killed = "" if not ranks else (

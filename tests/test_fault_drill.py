@@ -32,6 +32,11 @@ def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(t
     results = {r["task"]: r for r in json.loads((out / "drill.json").read_text())}
     assert set(results) == {"grpo", "sft"}
     assert results["grpo"]["straight_rollbacks"] >= 1  # the GRPO run's guard fires, so kills land around a rollback
+    # the seeded draw aims the GRPO run's second kill at one of its later saves: that attempt resumes from a checkpoint
+    # an earlier save wrote whole, not from nothing
+    second = results["grpo"]["kills"][1]
+    assert second["aimed_at"].startswith("save ") and int(second["aimed_at"].split()[1]) > 1
+    assert second["latest_checkpoint_step"] is not None
     for r in results.values():
         assert len(r["kills"]) == 2 and not any(k["problems"] for k in r["kills"])
         assert r["copies"] and all(c["equal"] for c in r["copies"])
@@ -111,7 +116,7 @@ def test_the_drill_names_a_torchrun_that_hangs_or_leaves_a_rank_running(tmp_path
     monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
     monkeypatch.setattr(drill, "ENGINE_GRACE_S", 0.5)  # the stand-in starts no engine
     log = tmp_path / "run.log"
-    finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, mode], log, 0.0, rank=1, sig=sig)
+    finished, _, found, _ = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, mode], log, 0.0, rank=1, sig=sig)
     assert not finished and found["rank"] == 1 and found["signal"] == sig
     assert found["hung"] == (mode == "hang") and found["left_running"] == (1 if sig == "SIGKILL" else 2)
     assert (found["teardown_s"] >= 2.0) == (mode == "hang")
@@ -125,10 +130,33 @@ def test_the_drill_names_ranks_that_run_on_after_torchrun_is_killed(tmp_path, mo
     monkeypatch.setattr(drill, "TEARDOWN_S", 2.0)
     monkeypatch.setattr(drill, "ENGINE_GRACE_S", 0.5)  # the stand-in starts no engine
     log = tmp_path / "run.log"
-    finished, _, found = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, "orphan"], log, 0.0, rank=drill.AGENT)
+    finished, _, found, _ = drill.launch([sys.executable, "-c", FAKE_TORCHRUN, "orphan"], log, 0.0, rank=drill.AGENT)
     assert not finished and found["rank"] == "torchrun" and found["hung"] and found["left_running"] == 2
     assert found["teardown_s"] >= 2.0
     assert drill.marked(str(log)) == []
+
+
+SAVER = """
+import sys, tempfile, time
+from pathlib import Path
+for n in range(3):  # three saves, each in a hidden directory of a name of its own, as atomic.py makes them
+    time.sleep(0.3)
+    tempfile.mkdtemp(prefix=".step_%d.tmp-" % n, dir=sys.argv[1])
+    time.sleep(0.5)  # the save takes a while: a kill at its start lands before the mark below
+    (Path(sys.argv[1]) / "saved").write_text(str(n + 1))
+"""
+
+
+def test_a_kill_aimed_at_a_save_waits_for_the_one_drawn_and_the_saves_are_counted(tmp_path):
+    """The uninterrupted run's saves are counted (the draw's range); a kill aimed at the second lands as it starts."""
+    drill = drill_module()
+    run, saver = tmp_path / "run", [sys.executable, "-c", SAVER, str(tmp_path / "run")]
+    run.mkdir()
+    assert drill.launch(saver, tmp_path / "a.log", None, drill.folders(run))[::3] == (True, 3)
+    for stale in drill.hidden([run]):
+        stale.rmdir()
+    finished, _, _, seen = drill.launch(saver, tmp_path / "b.log", 30.0, drill.folders(run), at_save=2)
+    assert not finished and seen == 2 and (run / "saved").read_text() == "1"  # killed before it wrote its mark
 
 
 def test_the_ddp_task_runs_at_the_grpo_tasks_lr_only_when_asked_to_roll_back(tmp_path):
