@@ -364,14 +364,15 @@ def drill(task: str, kills: int, work: Path, rng: random.Random, smoke: bool, mo
         cmd = command(out) + (["--resume"] if attempt else [])
         after = rng.uniform(0, wall) if len(rows) < kills else None
         # half the kills wait for a save instead: one drawn from those this copy has still to make (a resumed
-        # attempt makes at least the run's saves less those its earlier attempts saw), the first to the last
+        # attempt makes at least the run's saves less those its earlier attempts saw), the first to the last;
+        # every attempt's saves are watched, so that they are counted
         in_a_save = after is not None and rng.random() < 0.5 and copy_saves < saves_in_run
         at_save = rng.randint(1, saves_in_run - copy_saves) if in_a_save else None
         aimed = f"save {at_save} of {saves_in_run - copy_saves}" if in_a_save else "a random time"
         rank, sig = (FAULTS[len(rows) % len(FAULTS)] if task in UNDER_TORCHRUN and after is not None
                      else (None, "SIGKILL"))
         finished, seconds, ranks, saved = launch(cmd, work / f"copy{copy_no}.log", wall * 2 if in_a_save else after,
-                                                 folders(out) if in_a_save else None, at_save, rank, sig)
+                                                 folders(out), at_save, rank, sig)
         attempt, copy_saves = attempt + 1, copy_saves + saved
         if finished:
             diff = differences(reference, outputs(task, out)) + left_behind(out)
