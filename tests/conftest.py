@@ -130,6 +130,39 @@ def build_bpe_tokenizer(texts, vocab_size: int = 512):
     return with_conventions(tok, EOS_TOKEN)
 
 
+# a P: and an A: sample in the upstream format, for tokenizer round trips
+SAMPLES = [
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
+    "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
+    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0",
+]
+
+
+def make_tokenizer(kind: str):
+    """One of the shipped tokenizers (char, square, board), or a BPE trained on the upstream samples (bpe)."""
+    from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer, build_square_tokenizer
+
+    builders = {"char": build_chess_tokenizer, "square": build_square_tokenizer, "board": build_board_tokenizer,
+                "bpe": lambda: build_bpe_tokenizer(REFERENCE.read_text().split("\n"))}
+    return builders[kind]()
+
+
+def tiny_gpt2(vocab_size: int, eos_boost: float = 1.5, n_positions: int = 256, seed: int = 0):
+    """Random 2x64 GPT-2 in eval mode; init 0.1 gives varied (non-looping) text, and the final LayerNorm is
+    shifted so that the EOS logit (id 0) rises by exactly `eos_boost`, which makes EOS reachable."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_layer=2, n_embd=64, n_head=4,
+                     bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.1)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        e = model.transformer.wte.weight[0]
+        model.transformer.ln_f.bias += eos_boost * e / e.dot(e)
+    return model
+
+
 def find_stockfish_or_none() -> str | None:
     """Stockfish as users' runs find it (explicit path, STOCKFISH_PATH, PATH, the usual spots)."""
     from rookworld_rlvr.engine import StockfishNotFound, find_stockfish

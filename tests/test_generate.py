@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer, build_square_tokenizer
+from rookworld_rlvr.chess_tokenizers import build_chess_tokenizer
 from rookworld_rlvr.model import filter_logits, generate, positions_from_mask, token_logprobs
 
 from rookworld_rlvr.model.logprobs import length_buckets
 
-from conftest import REFERENCE, build_bpe_tokenizer, packs_weights  # noqa: E402
+from conftest import make_tokenizer, packs_weights, tiny_gpt2 as shared_tiny_gpt2  # noqa: E402
 from numerics import assert_bf16_rounding_close, assert_rounding_close, gradient_terms, logprob_terms  # noqa: E402
 
 
@@ -31,12 +31,6 @@ def build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask):
     return input_ids, attention_mask, positions_from_mask(attention_mask)
 
 
-SAMPLES = [
-    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
-    "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
-    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
-    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0",
-]
 # P: and A: prompts of different lengths (compact and column-padded P: layouts).
 PROMPTS = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 ",
@@ -49,30 +43,9 @@ PROMPTS = [
 ]
 
 
-def corpus() -> list[str]:
-    if REFERENCE.exists():
-        return REFERENCE.read_text().split("\n")
-    return SAMPLES * 50
-
-
-def make_tokenizer(kind: str):
-    if kind == "square":
-        return build_square_tokenizer()
-    return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
-
-
-def tiny_gpt2(vocab_size: int, *, eos_boost: float, n_positions: int = 512, seed: int = 0) -> GPT2LMHeadModel:
-    """Random 2x64 GPT-2; init 0.1 gives varied (non-looping) text, eos_boost makes EOS reachable."""
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=vocab_size, n_positions=n_positions, n_layer=2, n_embd=64, n_head=4,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.1,
-    )
-    model = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # shift the final LayerNorm so the EOS logit rises by exactly eos_boost
-        e = model.transformer.wte.weight[0]
-        model.transformer.ln_f.bias += eos_boost * e / e.dot(e)
-    return model
+def tiny_gpt2(vocab_size: int, *, eos_boost: float, n_positions: int = 512, seed: int = 0):
+    """conftest's tiny GPT-2, 512 positions unless asked, each call naming its EOS boost."""
+    return shared_tiny_gpt2(vocab_size, eos_boost, n_positions, seed)
 
 
 # Chosen so greedy decoding of PROMPTS ends some rows at EOS and others at the length limit.

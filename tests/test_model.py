@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
 
 from rookworld_rlvr.atomic import SaveError
 from rookworld_rlvr.chess_tokenizers import build_board_tokenizer, build_chess_tokenizer, build_square_tokenizer
@@ -24,14 +24,10 @@ from rookworld_rlvr.model import (
     tiny_config,
 )
 
-from conftest import REFERENCE, REPO, build_bpe_tokenizer, random_transitions, unchosen_float32_matmul  # noqa: E402
+from conftest import (  # noqa: E402
+    REFERENCE, REPO, SAMPLES, make_tokenizer, random_transitions, tiny_gpt2, unchosen_float32_matmul,
+)
 from numerics import assert_rounding_close, logprob_terms  # noqa: E402
-SAMPLES = [
-    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 c8f5 h7f6 h7g5 h7f8 "
-    "E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6",
-    "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
-    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0",
-]
 PROMPTS = [
     "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 ",
     "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
@@ -48,31 +44,6 @@ def read_reference() -> list[str]:
     if not REFERENCE.exists():
         pytest.fail(f"reference file {REFERENCE} not present")
     return REFERENCE.read_text().split("\n")
-
-
-def corpus() -> list[str]:
-    return REFERENCE.read_text().split("\n") if REFERENCE.exists() else SAMPLES * 50
-
-
-def make_tokenizer(kind: str):
-    if kind == "square":
-        return build_square_tokenizer()
-    if kind == "board":
-        return build_board_tokenizer()
-    return build_chess_tokenizer() if kind == "char" else build_bpe_tokenizer(corpus(), vocab_size=512)
-
-
-def tiny_gpt2(vocab_size: int, eos_boost: float = 1.5, seed: int = 0) -> GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=vocab_size, n_positions=256, n_layer=2, n_embd=64, n_head=4,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.1,
-    )
-    model = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():
-        e = model.transformer.wte.weight[0]
-        model.transformer.ln_f.bias += eos_boost * e / e.dot(e)
-    return model
 
 
 # 6. tokenizers -----------------------------------------------------------------------------------
