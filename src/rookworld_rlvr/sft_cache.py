@@ -11,16 +11,14 @@ and safetensors inside functions.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import itertools
 import json
 import multiprocessing as mp
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from rookworld_rlvr.data.io import data_lines, file_sha256, parse_lines, read_samples
+from rookworld_rlvr.data.io import data_lines, file_sha256, gc_paused, parse_lines, read_samples
 from rookworld_rlvr.interrupt import forked_pool, pool_size
 from rookworld_rlvr.sft_rows import Row, encode, encode_many
 
@@ -146,24 +144,11 @@ def load_rows(path: str | Path, key: str) -> dict[str, list[Row]] | None:
             if (fh.metadata() or {}).get("key") != key:
                 return None
             arrays = {name: fh.get_tensor(name) for name in fh.keys()}
-        with _collector_paused():
+        with gc_paused():  # millions of rows made: 1.4M loaded in 7.5 s, not 35
             return {task: _rows(arrays, task) for task in TASKS}
     except (OSError, ValueError, KeyError, IndexError, SafetensorError) as exc:
         raise ValueError(f"sft.rows_cache: {path}: not a readable rows cache ({exc}); delete it to encode the "
                          "data afresh") from exc
-
-
-@contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while millions of rows are made (none of them in a cycle): it would
-    run every few hundred objects and walk all the ones made before: 1.4M rows loaded in 35 s instead of 7.5."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _stored_key(path: str | Path) -> str | None:

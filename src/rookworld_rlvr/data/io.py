@@ -11,6 +11,7 @@ model or trainer.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import hashlib
 import io
@@ -22,6 +23,7 @@ import os
 import random
 import re
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -259,6 +261,27 @@ def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadRepor
     path = Path(path)
     report = report if report is not None else ReadReport()
     workers = workers or pool_size()
+    with gc_paused():
+        return _read_samples(path, skip_invalid, report, workers)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, and as it was after it. Reading a file makes
+    objects by the million and keeps them all, so each of the collector's full passes walks every one read so
+    far and frees none (a sample's objects hold no cycles; refcounting frees the boards it checked). Off, on 2
+    cores (the forked workers inherit it): 240,198 rows in 12.7 s instead of 14.4, 960,792 in 42 s instead of 54,
+    the same peak memory; SFT's rows cache loaded 1.4M rows in 7.5 s instead of 35."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_samples(path: Path, skip_invalid: bool, report: ReadReport, workers: int) -> list[Sample]:
     lines = list(data_lines(path))
     parallel = can_fork(workers, len(lines))
     size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
