@@ -144,7 +144,7 @@ def load_rows(path: str | Path, key: str) -> dict[str, list[Row]] | None:
             if (fh.metadata() or {}).get("key") != key:
                 return None
             arrays = {name: fh.get_tensor(name) for name in fh.keys()}
-        with gc_paused():  # millions of rows made: 1.4M loaded in 7.5 s, not 35
+        with gc_paused():  # millions of rows made (gc_paused says what it saves)
             return {task: _rows(arrays, task) for task in TASKS}
     except (OSError, ValueError, KeyError, IndexError, SafetensorError) as exc:
         raise ValueError(f"sft.rows_cache: {path}: not a readable rows cache ({exc}); delete it to encode the "
