@@ -330,6 +330,19 @@ def tiny_model_dir(tmp_path_factory):
     return out
 
 
+SMALL_TINY_PRESET = {"n_layer": 2, "n_embd": 64, "n_head": 4}  # tiny_model_dir's shape
+
+
+@pytest.fixture
+def small_tiny_preset(monkeypatch):
+    """A fresh SFT model's `tiny` preset at tiny_model_dir's shape (2 x 64) instead of the shipped 6 x 256: the
+    tests that use it check what a run does (its steps, saves, resumes and logs), which the shape does not
+    change, at about a twentieth of the arithmetic. test_model checks the presets' real shapes."""
+    from rookworld_rlvr.model import load
+
+    monkeypatch.setitem(load.PRESETS, "tiny", SMALL_TINY_PRESET)
+
+
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory, reference_lines):
     """Train/eval JSONL: P: from the reference file, A: from random games (real truths)."""

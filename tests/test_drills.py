@@ -24,6 +24,10 @@ from rookworld_rlvr.sft import SFTConfig, train as sft_train
 from rookworld_rlvr.statefile import state_exists
 
 
+# a fresh model's `tiny` preset at a small shape here (conftest: small_tiny_preset)
+pytestmark = pytest.mark.usefixtures("small_tiny_preset")
+
+
 class Killed(BaseException):
     """A kill: not an Exception, so nothing on the way catches it."""
 

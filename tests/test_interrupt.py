@@ -26,6 +26,10 @@ from rookworld_rlvr.sft import SFTConfig, train as sft_train
 from test_faults import _fields, _records, varied_reward
 
 
+# a fresh model's `tiny` preset at a small shape here (conftest: small_tiny_preset)
+pytestmark = pytest.mark.usefixtures("small_tiny_preset")
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     n = torch.get_num_threads()

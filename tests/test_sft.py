@@ -12,6 +12,10 @@ from rookworld_rlvr.sft import SFTConfig, _accumulate, encode, make_batch, set_d
 from numerics import assert_rounding_close, gradient_terms  # noqa: E402
 
 
+# a fresh model's `tiny` preset at a small shape here (conftest: small_tiny_preset)
+pytestmark = pytest.mark.usefixtures("small_tiny_preset")
+
+
 def test_completion_only_loss_masks_prompt_and_padding():
     ids, mask, labels = make_batch([([5, 6, 7, 8, 0], 2), ([5, 6, 0], 1)], pad_id=0, loss_on="completion")
     assert labels.tolist() == [[-100, -100, 7, 8, 0], [-100, 6, 0, -100, -100]]
@@ -179,6 +183,7 @@ def test_legality_loss_is_the_log_mass_off_legal_moves_and_training_on_it_raises
     for coef in (0.0, 50.0):
         model, _ = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
         model.train()
+        set_dropout(model, 0.0)  # as SFT trains by default (and CPU attention with dropout is about 4x slower)
         opt = adamw(list(model.parameters()), 1e-2, (0.9, 0.95), 0.0)
         for _ in range(8):
             opt.zero_grad()
@@ -186,7 +191,7 @@ def test_legality_loss_is_the_log_mass_off_legal_moves_and_training_on_it_raises
             opt.step()
         model.eval()
         after[coef] = held_out(model)
-    assert after[50.0] < 0.75 * after[0.0], after  # measured 0.64
+    assert after[50.0] < 0.75 * after[0.0], after  # measured 0.66
     with pytest.raises(ValueError, match="legal_coef"):
         SFTConfig(data=str(small_data / "train.jsonl"), legal_coef=-1.0).validate()
 

@@ -15,6 +15,10 @@ from rookworld_rlvr.sft import SFTConfig, train
 from rookworld_rlvr.sft_rows import encode
 from rookworld_rlvr.sft_cache import training_rows
 
+# a fresh model's `tiny` preset at a small shape here (conftest: small_tiny_preset)
+pytestmark = pytest.mark.usefixtures("small_tiny_preset")
+
+
 DATA = Path(__file__).parents[1] / "data" / "train.jsonl.xz"
 
 

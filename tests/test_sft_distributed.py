@@ -15,11 +15,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import built_once
+from conftest import SMALL_TINY_PRESET, built_once
 from ranks import WORLD, free_port
 from rookworld_rlvr.grpo import distributed as dist
 from rookworld_rlvr.model import load_policy
 from rookworld_rlvr.sft import SFTConfig, train
+
+
+# a fresh model's `tiny` preset at a small shape, here (conftest: small_tiny_preset) and in the ranks
+pytestmark = pytest.mark.usefixtures("small_tiny_preset")
 
 
 def _config(data: Path, out: Path, **over) -> SFTConfig:
@@ -49,7 +53,9 @@ def plain_sgd(params, lr, *_, **__):
 def _rank_main(rank: int, port: int, data: str, out: str) -> None:
     import rookworld_rlvr.grpo.control as control
     import rookworld_rlvr.sft as sft
+    from rookworld_rlvr.model import load
 
+    load.PRESETS["tiny"] = SMALL_TINY_PRESET  # as the test process's small_tiny_preset (this process ends after)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     torch.set_num_threads(1)
@@ -103,7 +109,7 @@ def two_ranks(tmp_path_factory, worker_id, small_data):
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
+@pytest.mark.slow(seconds=12)  # its module fixture `two_ranks` takes about 10 s
 def test_sft_on_two_ranks_trains_what_one_process_trains_each_rank_on_half_the_rows(two_ranks, small_data,
                                                                                     tmp_path, one_thread, monkeypatch):
     """Each rank trains on 3 of the 6 rows and answers 1 of the 2 prompts itself; the summed gradients make the
@@ -132,7 +138,7 @@ def test_sft_on_two_ranks_trains_what_one_process_trains_each_rank_on_half_the_r
     assert r0["printed"].count("rows kept in") == 1 and r0["printed"].count("from the rows cache") == 2
 
 
-@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
+@pytest.mark.slow(seconds=12)  # its module fixture `two_ranks` takes about 10 s
 def test_sft_stopped_on_two_ranks_and_resumed_equals_the_straight_run_bit_for_bit(two_ranks):
     """The stop decision is rank 0's (only it saw the file appear), so both ranks stop after step 2; the
     checkpoint keeps each rank's dropout stream, and the resumed run ends on the straight run's weights."""
@@ -145,7 +151,7 @@ def test_sft_stopped_on_two_ranks_and_resumed_equals_the_straight_run_bit_for_bi
                            straight["transformer.h.0.mlp.c_fc.weight"])  # dropout did act
 
 
-@pytest.mark.slow(seconds=40)  # its module fixture `two_ranks` takes 20-40 s
+@pytest.mark.slow(seconds=12)  # its module fixture `two_ranks` takes about 10 s
 def test_sft_on_two_ranks_refuses_what_it_cannot_split(two_ranks):
     out, (r0, r1) = two_ranks
     assert r0["errors"] == r1["errors"] == [
