@@ -320,10 +320,36 @@ def test_the_documented_gpu_rl_commands_use_only_its_options():
     assert all(set(re.findall(r"(?<![\w-])--[a-z-]+", c)) <= known for c in commands), (known, commands)
 
 
-def test_an_export_that_would_not_come_back_is_named(tmp_path):
+def export_module():
     spec = importlib.util.spec_from_file_location("export_bf16", REPO / "scripts" / "export_bf16.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_export_is_the_model_in_bf16_shards_beside_its_config_and_tokenizer(tmp_path, capsys):
+    from rookworld_rlvr.model import load_policy
+
+    source, out = REPO / "models" / "rookworld-board", tmp_path / "export"
+    assert export_module().main([str(source), str(out), "--shard-mb", "4"]) == 0
+    assert f"export_bf16: 8 files, 9.3 MiB in {out}" in capsys.readouterr().out
+    shards = sorted(out.glob("*.safetensors"))
+    assert [p.name for p in shards] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert all(p.stat().st_size <= 4_000_000 for p in shards) and (out / "model.safetensors.index.json").exists()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+    config, before = (json.loads((d / "config.json").read_text()) for d in (out, source))
+    assert config == {**before, "dtype": "bfloat16"}
+    exported, _ = load_policy(str(out), device="cpu", verbose=False)
+    model, _ = load_policy(str(source), device="cpu", verbose=False)
+    for (name, a), b in zip(exported.state_dict().items(), model.state_dict().values()):  # float32 from bf16
+        torch.testing.assert_close(a, b.to(torch.bfloat16).float(), rtol=0, atol=0, msg=name)
+    with pytest.raises(SystemExit, match=f"export_bf16: no \\*.safetensors weights in {tmp_path}"):
+        export_module().export(tmp_path, tmp_path / "nothing")
+
+
+def test_an_export_that_would_not_come_back_is_named(tmp_path):
+    module = export_module()
     (tmp_path / "big.safetensors").write_bytes(b"\0" * (17 * 2**20))
     for i in range(8):
         (tmp_path / f"f{i}.json").write_text("{}")
