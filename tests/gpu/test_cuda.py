@@ -39,6 +39,14 @@ def device() -> torch.device:
     return torch.device(DEVICE)
 
 
+@pytest.fixture(autouse=True)
+def _small_fresh_models_on_the_cpu(device, request):
+    """On the CPU (gpu_check.sh --smoke, which proves these tests run) a fresh SFT model's `tiny` preset at a
+    small shape (conftest: small_tiny_preset); on a GPU the shipped one, whose head size the kernels see."""
+    if device.type == "cpu":
+        request.getfixturevalue("small_tiny_preset")
+
+
 @pytest.fixture
 def ieee_float32(float32_matmul):
     """float32 products in IEEE float32: the process's choice, which `resolve_device` keeps (on CUDA it would
