@@ -344,8 +344,11 @@ def test_the_export_is_the_model_in_bf16_shards_beside_its_config_and_tokenizer(
     model, _ = load_policy(str(source), device="cpu", verbose=False)
     for (name, a), b in zip(exported.state_dict().items(), model.state_dict().values()):  # float32 from bf16
         torch.testing.assert_close(a, b.to(torch.bfloat16).float(), rtol=0, atol=0, msg=name)
-    with pytest.raises(SystemExit, match=f"export_bf16: no \\*.safetensors weights in {tmp_path}"):
-        export_module().export(tmp_path, tmp_path / "nothing")
+    for missing in ("model.safetensors", "config.json"):
+        shutil.copytree(source, tmp_path / "partial", dirs_exist_ok=True)
+        (tmp_path / "partial" / missing).unlink()
+        with pytest.raises(SystemExit, match=f"export_bf16: {tmp_path / 'partial'} is no model directory"):
+            export_module().export(tmp_path / "partial", tmp_path / "nothing")
 
 
 def test_an_export_that_would_not_come_back_is_named(tmp_path):
