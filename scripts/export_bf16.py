@@ -30,11 +30,12 @@ def export(model_dir: Path, out: Path, shard_mb: int = 15) -> list[Path]:
     from huggingface_hub import save_torch_state_dict
     from safetensors.torch import load_file
 
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        weights.update(load_file(f))
-    if not weights or not (model_dir / "config.json").is_file():
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files or not (model_dir / "config.json").is_file():
         raise SystemExit(f"export_bf16: {model_dir} is no model directory (no *.safetensors weights or no config.json)")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
     out.mkdir(parents=True, exist_ok=True)
     save_torch_state_dict({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
                           out, max_shard_size=f"{shard_mb}MB")

@@ -311,6 +311,9 @@ def in_hub_cache(model_dir: Path, cache: Path, repo_id: str) -> None:
     (repo / "refs" / "main").write_text(commit)
 
 
+SMALL_TINY_PRESET = {"n_layer": 2, "n_embd": 64, "n_head": 4}  # tiny_model_dir's shape
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random GPT-2 with the chess tokenizer, saved in Hugging Face format."""
@@ -323,14 +326,12 @@ def tiny_model_dir(tmp_path_factory):
     torch.manual_seed(0)
     tok = build_chess_tokenizer()
     cfg = tiny_config(len(tok), "tiny", n_positions=320)
-    cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 64, 4
+    for name, value in SMALL_TINY_PRESET.items():
+        setattr(cfg, name, value)
     model = GPT2LMHeadModel(cfg)
     out = tmp_path_factory.mktemp("tiny") / "model"
     save_pretrained_atomic(model, tok, out)
     return out
-
-
-SMALL_TINY_PRESET = {"n_layer": 2, "n_embd": 64, "n_head": 4}  # tiny_model_dir's shape
 
 
 @pytest.fixture
