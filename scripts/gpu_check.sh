@@ -68,7 +68,7 @@ else
   echo "grpo_vs_trl: TRL, datasets or accelerate does not import here (scripts/gpu_pack.sh --trl carries them); not run" >> "$out/grpo_vs_trl.txt"
 fi
 # (also when a measurement failed: gpu_check.py then exits 1, its rows naming the errors, and its JSON stands)
-[ -f "$out/gpu_check.json" ] && "$py" benchmarks/gpu_check.py --out "$out" --add-trl "$out/grpo_vs_trl.json" "$out/grpo_vs_trl.txt" > /dev/null
+[ -f "$out/gpu_check.json" ] && "$py" benchmarks/gpu_check_table.py --out "$out" --add-trl "$out/grpo_vs_trl.json" "$out/grpo_vs_trl.txt" > /dev/null
 # where a minute is left: where the preset's GRPO step spends its time (torch.profiler), into OUT/grpo_profile.txt
 prof_s=90
 if [ -n "${DEADLINE_S:-}" ]; then

@@ -197,3 +197,29 @@ def test_the_trl_comparisons_random_model_runs_every_completion_to_the_limit_in_
     assert min(ours) < limit and min(hf) < limit
     with pytest.raises(ValueError, match="freshly initialised"):
         bench.never_stops(model, tok.eos_token_id)  # its layer norm is no longer at its initial values
+
+
+def test_a_trl_run_that_wrote_no_result_is_named_in_the_table_by_its_logs_last_lines(tmp_path):
+    """gpu_check.sh's last step on the GPU machine: TRL's result (or, where its run wrote none, why) joins
+    gpu_check.json and gpu_check.md, in a process that imports neither torch nor transformers (seconds of the
+    call's deadline otherwise)."""
+    result = {"machine": {"torch": "2.11.0+cu130", "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}, "smoke": False,
+              "generation": [], "grpo": [], "sft": [], "not_measured": [], "complete": True,
+              "trl": "not measured yet: scripts/gpu_check.sh runs benchmarks/grpo_vs_trl.py next"}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(result))
+    log = tmp_path / "grpo_vs_trl.txt"
+    log.write_text("loading TRL\nTraceback (most recent call last):\nModuleNotFoundError: No module named 'trl'\n")
+    code = ("import runpy, sys\nsys.argv = sys.argv[1:]\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'rookworld_rlvr') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks" / "gpu_check_table.py"), "--out",
+                           str(tmp_path), "--add-trl", str(tmp_path / "grpo_vs_trl.json"), str(log)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    trl = json.loads((tmp_path / "gpu_check.json").read_text())["trl"]
+    assert trl == ("not measured: loading TRL / Traceback (most recent call last): / ModuleNotFoundError: "
+                   "No module named 'trl'")
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table.startswith("# GPU check: NVIDIA H100 80GB HBM3\n") and f"TRL GRPOTrainer: {trl}" in table
