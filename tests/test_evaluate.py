@@ -673,3 +673,42 @@ def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_pat
         rows = {"histories A": 6, "strength": 6, "puzzles": 9}.get(bar, 20)  # and at the end
         assert len(re.findall(rf"{bar}:\s+0%\|[^|]*\| 0/{rows} ", err)) == (2 if progress else 0), err[-3000:]
     assert ("grpo: 100%" in err) is progress
+
+
+def test_eval_held_out_judges_a_model_as_its_run_judged_it(tmp_path, tiny_model_dir, small_data, capsys):
+    """`rookworld eval --held-out RUN` reads the run's config: its held-out sets, its eval_limit, batch size,
+    answer length and rewards. The run's final model judged that way gets the figures the run's own final
+    evaluation wrote (here a malformed answer's reward is not the default's, so the rewards came along too).
+    Options the config gives are refused beside it, and an evaluation the config does not have is named."""
+    run = tmp_path / "run"
+    fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data=small_data / "eval.jsonl",
+                  output_dir=run, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, tensorboard="false",
+                  progress="false", report="false", engine_cache="null", device="cpu", threads=1, eval_limit=5,
+                  eval_batch_size=3, malformed_penalty=-0.7, **held_out_fields(small_data))
+    assert main(["train"] + as_options(fields)) == 0
+    final = json.loads((run / "summary.json").read_text())["final"]
+    out = tmp_path / "final.json"
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run / "final"), "--held-out", str(run), "--json", str(out), "--device", "cpu",
+                 "--threads", "1", "--quiet"]) == 0
+    judged = json.loads(out.read_text())
+    assert judged["meta"]["held_out"] == str(run) and judged["meta"]["data"] == str(small_data / "eval.jsonl")
+    assert judged["meta"]["config"] == final["meta"]["config"]  # eval_limit 5, batch 3, 8 tokens, ...
+    assert judged["policy"]["n"] == judged["environment"]["n"] == 5
+    for section in ("policy", "environment", "histories", "strength", "puzzles"):
+        ours = {k: v for k, v in judged[section].items() if k != "examples"}
+        assert ours == {k: v for k, v in final[section].items() if k != "examples"}, section
+    default = main(["eval", "--model", str(run / "final"), "--data", str(small_data / "eval.jsonl"), "--limit", "5",
+                    "--max-new-tokens", "8", "--device", "cpu", "--threads", "1", "--quiet", "--json",
+                    str(tmp_path / "default.json")])
+    assert default == 0 and json.loads((tmp_path / "default.json").read_text())["policy"]["mean_reward"] != \
+        final["policy"]["mean_reward"]
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run / "final"), "--held-out", str(run / "config.yaml"), "--limit", "2",
+                 "--batch-size", "4"]) == 1
+    assert capsys.readouterr().err == ("error: --held-out takes --limit, --batch-size from its config: leave them "
+                                       "out, or give --data instead of --held-out\n")
+    (tmp_path / "none.yaml").write_text("eval_data: ''\n")
+    assert main(["eval", "--model", str(run / "final"), "--held-out", str(tmp_path / "none.yaml")]) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'none.yaml'}: its eval_data '' holds no samples, so its "
+                                       "run judges nothing\n")

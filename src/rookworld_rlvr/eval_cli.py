@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from argparse import SUPPRESS
 from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
@@ -20,22 +22,34 @@ from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.tables import format_table
 from rookworld_rlvr.tasks import policy as pol_task
-from rookworld_rlvr.tasks.rewards import RewardScorer
+from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer
 
+# the options whose values --held-out takes from its config (given beside it, they are refused)
+FROM_CONFIG = ("--strength", "--puzzles", "--histories", "--limit", "--layout", "--batch-size", "--max-new-tokens",
+               "--depth")
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     d = EvalConfig()
     p.add_argument("--model", required=True, help="model directory or Hub id")
-    p.add_argument("--data", required=True, help="our JSONL(.gz) or upstream RookWorld text lines (P: and A: mixed)")
-    p.add_argument("--strength", metavar="FILE", help="judged positions (`rookworld data judge`): move quality of the "
-                                                     "greedy B: next to a random legal mover, and why the illegal ones are "
-                                                     "illegal (strength.illegal.*), e.g. data/strength.jsonl.gz")
-    p.add_argument("--puzzles", metavar="FILE", help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating "
-                                                    "moves` lines), e.g. data/puzzles_eval.jsonl.gz")
-    p.add_argument("--histories", metavar="FILE", help="held-out A: transitions with short histories (`rookworld data "
-                                                      "histories`), scored apart, per history length, e.g. "
-                                                      "data/eval_histories.jsonl.gz")
-    p.add_argument("--limit", type=zero_or_more, default=d.limit, help="samples per task (default: all)")
+    sets = p.add_mutually_exclusive_group(required=True)
+    sets.add_argument("--data", help="our JSONL(.gz) or upstream RookWorld text lines (P: and A: mixed)")
+    sets.add_argument("--held-out", metavar="CONFIG",
+                      help="the held-out sets of a training config, or of a run directory's config.yaml, judged as "
+                           "its run judges them: eval_data (its first eval_limit per task), strength_data, "
+                           "puzzle_eval_data, history_eval_data, with its layout, max_new_tokens, eval_batch_size, "
+                           "engine_depth and rewards (e.g. configs/default.yaml; instead of --data and the options "
+                           f"{', '.join(FROM_CONFIG)})")
+    p.add_argument("--strength", metavar="FILE", default=SUPPRESS,
+                   help="judged positions (`rookworld data judge`): move quality of the greedy B: next to a random "
+                        "legal mover, and why the illegal ones are illegal (strength.illegal.*), e.g. "
+                        "data/strength.jsonl.gz")
+    p.add_argument("--puzzles", metavar="FILE", default=SUPPRESS,
+                   help="puzzles (JSONL from `rookworld data judge`, or `FEN<TAB>mating moves` lines), e.g. "
+                        "data/puzzles_eval.jsonl.gz")
+    p.add_argument("--histories", metavar="FILE", default=SUPPRESS,
+                   help="held-out A: transitions with short histories (`rookworld data histories`), scored apart, "
+                        "per history length, e.g. data/eval_histories.jsonl.gz")
+    p.add_argument("--limit", type=zero_or_more, default=SUPPRESS, help="samples per task (default: all)")
     p.add_argument("--json", type=output_file, metavar="OUT",
                    help="also write the results as JSON (atomically); until then the "
                         "answers completed so far are kept in OUT.answers.jsonl, so that "
@@ -51,17 +65,18 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--legal-moves", action="store_true",
                    help="decode P: answers among legal moves only: measures the model's choice among legal "
                         "moves (legality and distinct candidates are then 100%% by construction)")
-    p.add_argument("--layout", choices=pol_task.LAYOUTS, default=d.layout, help="P: prompt layout")
-    p.add_argument("--batch-size", type=at_least_one, default=d.batch_size,
+    p.add_argument("--layout", choices=pol_task.LAYOUTS, default=SUPPRESS,
+                   help=f"P: prompt layout (default {d.layout})")
+    p.add_argument("--batch-size", type=at_least_one, default=SUPPRESS,
                    help=f"prompts decoded at once (the same greedy answers at any size; default {d.batch_size})")
-    p.add_argument("--max-new-tokens", type=at_least_one, default=d.max_new_tokens,
+    p.add_argument("--max-new-tokens", type=at_least_one, default=SUPPRESS,
                    help=f"tokens at most per answer, capped to the model's context (default {d.max_new_tokens})")
     add_device(p)
     p.add_argument("--dtype", default="float32", help="the model's weights: float32, bfloat16 or float16 "
                                                       "(default float32)")
     add_threads(p)
-    p.add_argument("--depth", type=at_least_one, default=d.engine_depth,
-                   help="Stockfish depth for moves outside the top 5")
+    p.add_argument("--depth", type=at_least_one, default=SUPPRESS,
+                   help=f"Stockfish depth for moves outside the top 5 (default {d.engine_depth})")
     p.add_argument("--examples", type=zero_or_more, default=0, metavar="N", help="keep N examples per task in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--traceback", action="store_true", help="show tracebacks instead of one-line errors")
@@ -83,35 +98,76 @@ def _guarded(args: argparse.Namespace, what: str, func: Callable[[], Any]) -> tu
         return False, None
 
 
-def run(args: argparse.Namespace, name: str) -> int:
-    config = EvalConfig(layout=args.layout, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                        limit=args.limit, selfplay_games=args.selfplay, selfplay_max_plies=args.selfplay_max_plies,
-                        selfplay_temperature=args.selfplay_temperature, engine_depth=args.depth,
-                        temperature=args.temperature, seed=args.seed, legal_moves=args.legal_moves)
-    config.validate()
-    ok, samples = _guarded(args, f"read data {args.data}", lambda: limit_per_task(iter_samples(args.data), args.limit))
+@dataclass
+class _Sets:
+    """What one evaluation judges, and how: from the options, or from a config (--held-out)."""
+
+    data: str
+    config: EvalConfig
+    samples: list[Sample]
+    judged: list | None = None
+    puzzles: list | None = None
+    histories: list[Sample] | None = None
+    rewards: RewardConfig | None = None  # None: the default rewards
+
+
+def _from_config(args: argparse.Namespace) -> _Sets | None:
+    """--held-out: the config's sets, read as its run reads them (held_out)."""
+    from rookworld_rlvr.config import load_config
+    from rookworld_rlvr.held_out import config_file, eval_config, read_held_out
+
+    if given := [flag for flag in FROM_CONFIG if hasattr(args, flag[2:].replace("-", "_"))]:
+        _fail(f"--held-out takes {', '.join(given)} from its config: leave {'it' if len(given) == 1 else 'them'} out, "
+              "or give --data instead of --held-out")
+        return None
+    path = config_file(args.held_out)
+    cfg = load_config(path)  # its errors name the file, the line and the field
+    ok, held = _guarded(args, f"read the held-out sets of {path}", lambda: read_held_out(cfg))
     if not ok:
-        return 1
-    if not samples and not args.puzzles and not args.strength and not args.histories and not args.selfplay:
-        took = f"--limit 0 takes no sample of {args.data}" if args.limit == 0 else f"no samples in {args.data}"
-        return _fail(f"{took}, and no other set was asked for (--strength, --puzzles, --histories, --selfplay)")
+        return None
+    if not held.samples:
+        _fail(f"{path}: its eval_data {cfg.eval_data!r} holds no samples, so its run judges nothing")
+        return None
+    return _Sets(cfg.eval_data, eval_config(cfg), held.samples, held.judged, held.puzzles, held.histories,
+                 cfg.reward_config())
+
+
+def _from_options(args: argparse.Namespace) -> _Sets | None:
+    """--data and the sets and settings given beside it (the defaults of EvalConfig where none is given)."""
     from rookworld_rlvr.data.judged import read_judged, read_puzzles
 
-    judged = puzzles = None
-    if args.strength:
-        ok, judged = _guarded(args, f"read judged positions {args.strength}", lambda: read_judged(args.strength))
-        if not ok:
-            return 1
-    if args.puzzles:
-        ok, puzzles = _guarded(args, f"read puzzles {args.puzzles}", lambda: read_puzzles(args.puzzles))
-        if not ok:
-            return 1
-    histories = None
-    if args.histories:
-        ok, histories = _guarded(args, f"read histories {args.histories}",
-                                 lambda: [s for s in iter_samples(args.histories) if s.task == "A"])
-        if not ok:
-            return 1
+    d = EvalConfig()
+    limit, strength, puzzles, histories = (getattr(args, k, None)
+                                           for k in ("limit", "strength", "puzzles", "histories"))
+    config = EvalConfig(layout=getattr(args, "layout", d.layout), batch_size=getattr(args, "batch_size", d.batch_size),
+                        max_new_tokens=getattr(args, "max_new_tokens", d.max_new_tokens), limit=limit,
+                        engine_depth=getattr(args, "depth", d.engine_depth))
+    ok, samples = _guarded(args, f"read data {args.data}", lambda: limit_per_task(iter_samples(args.data), limit))
+    if not ok:
+        return None
+    if not samples and not puzzles and not strength and not histories and not args.selfplay:
+        took = f"--limit 0 takes no sample of {args.data}" if limit == 0 else f"no samples in {args.data}"
+        _fail(f"{took}, and no other set was asked for (--strength, --puzzles, --histories, --selfplay)")
+        return None
+    read = {"judged positions": (strength, read_judged), "puzzles": (puzzles, read_puzzles),
+            "histories": (histories, lambda path: [s for s in iter_samples(path) if s.task == "A"])}
+    rows = {}
+    for what, (path, reader) in read.items():
+        if path:
+            ok, rows[what] = _guarded(args, f"read {what} {path}", lambda: reader(path))
+            if not ok:
+                return None
+    return _Sets(args.data, config, samples, rows.get("judged positions"), rows.get("puzzles"), rows.get("histories"))
+
+
+def run(args: argparse.Namespace, name: str) -> int:
+    sets = _from_config(args) if args.held_out else _from_options(args)
+    if sets is None:
+        return 1
+    config = replace(sets.config, selfplay_games=args.selfplay, selfplay_max_plies=args.selfplay_max_plies,
+                     selfplay_temperature=args.selfplay_temperature, temperature=args.temperature, seed=args.seed,
+                     legal_moves=args.legal_moves)
+    config.validate()
     from rookworld_rlvr.config import TrainConfig
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.model import resolve_device
@@ -131,10 +187,11 @@ def run(args: argparse.Namespace, name: str) -> int:
         model, tokenizer = loaded
         journal = _journal(args, model, main, dist.broadcast_object) if args.json else None
         with ExitStack() as stack:
-            scorer = _cli_scorer(samples, args.depth, stack)
+            scorer = _cli_scorer(sets.samples, config.engine_depth, sets.rewards, stack)
             try:
-                results = evaluate(model, tokenizer, samples, config=config, scorer=scorer, strength_set=judged,
-                                   puzzles=puzzles, histories=histories, progress=not args.quiet and main,
+                results = evaluate(model, tokenizer, sets.samples, config=config, scorer=scorer,
+                                   strength_set=sets.judged, puzzles=sets.puzzles, histories=sets.histories,
+                                   progress=not args.quiet and main,
                                    return_examples=args.examples, spread=dist.spread, journal=journal)
             except BaseException:  # Ctrl-C, an error: say what is kept (a kill cannot; the file is there all the same)
                 if journal is not None and journal.done and main:
@@ -143,7 +200,7 @@ def run(args: argparse.Namespace, name: str) -> int:
                 raise
     if not main:
         return 0
-    results["meta"].update(model=args.model, data=args.data)
+    results["meta"].update(model=args.model, data=sets.data, **({"held_out": args.held_out} if args.held_out else {}))
     print(format_table(results))
     from rookworld_rlvr.verdict import headline_table
 
@@ -171,15 +228,16 @@ def _journal(args: argparse.Namespace, model, main: bool, share: Callable[[Any],
     return journal
 
 
-def _cli_scorer(samples: Sequence[Sample], depth: int, stack: ExitStack) -> RewardScorer | None:
-    """A scorer with a Stockfish pool when there are P: samples (engines start lazily)."""
+def _cli_scorer(samples: Sequence[Sample], depth: int, rewards: RewardConfig | None,
+                stack: ExitStack) -> RewardScorer:
+    """A scorer of `rewards`, with a Stockfish pool when there are P: samples (engines start lazily)."""
     if not any(s.task == "P" for s in samples):
-        return None
+        return RewardScorer(rewards)
     from rookworld_rlvr.engine import EngineConfig, StockfishNotFound, StockfishPool
 
     try:
         pool = stack.enter_context(StockfishPool(EngineConfig(depth=depth)))
     except StockfishNotFound as e:  # evaluate asks again only if a completion needs it
         print(f"warning: {e}", file=sys.stderr)
-        return None
-    return RewardScorer(engine=pool)
+        return RewardScorer(rewards)
+    return RewardScorer(rewards, engine=pool)

@@ -65,11 +65,12 @@ def preflight(cfg: TrainConfig) -> None:
 def build(cfg: TrainConfig, log=print):
     """Load data, engine, scorer and evaluation; return a ready Trainer (and the pool to close)."""
     from rookworld_rlvr.data.io import ReadReport, Sample, read_samples
-    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+    from rookworld_rlvr.data.judged import read_puzzles
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
-    from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
+    from rookworld_rlvr.evaluate import evaluate
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.trainer import Trainer
+    from rookworld_rlvr.held_out import eval_config, read_held_out
     from rookworld_rlvr.hostmem import for_device
     from rookworld_rlvr.tasks.rewards import RewardScorer
 
@@ -84,27 +85,22 @@ def build(cfg: TrainConfig, log=print):
 
     train = read("data", cfg.data)
     anchor = read("anchor_data", cfg.anchor_data) if cfg.anchor_data and cfg.anchor_coef else None
-    eval_samples = read_samples(cfg.eval_data, skip_invalid=cfg.skip_invalid) if cfg.eval_data else []
     puzzles = [Sample("P", p) for p in read_puzzles(cfg.puzzle_data)] if cfg.puzzle_data else []
-    judged = read_judged(cfg.strength_data) if cfg.strength_data and eval_samples else None
-    held_out_puzzles = read_puzzles(cfg.puzzle_eval_data) if cfg.puzzle_eval_data and eval_samples else None
-    histories = [s for s in read_samples(cfg.history_eval_data) if s.task == "A"] \
-        if cfg.history_eval_data and eval_samples else None
-    eval_samples = limit_per_task(eval_samples, cfg.eval_limit or None)
+    held = read_held_out(cfg)  # what `rookworld eval --held-out` reads for this config too
     pool = StockfishPool(EngineConfig(depth=cfg.engine_depth, workers=cfg.engine_workers, cache_path=cfg.engine_cache))
     scorer = RewardScorer(cfg.reward_config(), engine=pool)  # the reward function (score_batch, prefetch)
-    eval_cfg = EvalConfig(layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size)
+    eval_cfg = eval_config(cfg)
 
     def eval_fn(model, tokenizer, journal=None):
-        if not eval_samples:
+        if not held.samples:
             return None
         # its bars (`progress`): minutes at the start and the end of a CPU run that would otherwise print nothing
-        return evaluate(model, tokenizer, eval_samples, config=eval_cfg, scorer=scorer, strength_set=judged,
-                        puzzles=held_out_puzzles, histories=histories, return_examples=3, spread=dist.spread,
+        return evaluate(model, tokenizer, held.samples, config=eval_cfg, scorer=scorer, strength_set=held.judged,
+                        puzzles=held.puzzles, histories=held.histories, return_examples=3, spread=dist.spread,
                         journal=journal, progress=cfg.progress and dist.is_main())
 
     try:
-        trainer = Trainer(cfg, scorer, train, eval_fn if eval_samples else None, log=log, puzzles=puzzles,
+        trainer = Trainer(cfg, scorer, train, eval_fn if held.samples else None, log=log, puzzles=puzzles,
                           anchor_samples=anchor)
     except BaseException:
         pool.close()  # no engine outlives a failed start
