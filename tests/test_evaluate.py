@@ -712,3 +712,42 @@ def test_eval_held_out_judges_a_model_as_its_run_judged_it(tmp_path, tiny_model_
     assert main(["eval", "--model", str(run / "final"), "--held-out", str(tmp_path / "none.yaml")]) == 1
     assert capsys.readouterr().err == (f"error: {tmp_path / 'none.yaml'}: its eval_data '' holds no samples, so its "
                                        "run judges nothing\n")
+
+
+def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_model, data_file, tiny, tmp_path,
+                                                                          capsys):
+    """`rookworld eval --against OTHER.json`: this model judged against another's evaluation on the same sets, as
+    `rookworld train` judges its final model against its base: paired over the items both answered. On other
+    items (another --limit) the verdict says its intervals there are unpaired; a file that is no evaluation is
+    named before any model loads."""
+    import copy
+
+    from rookworld_rlvr import verdict
+    from rookworld_rlvr.model.load import save_pretrained_atomic
+
+    model, tokenizer = tiny
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    other_dir = save_pretrained_atomic(other, tokenizer, tmp_path / "other")
+    common = ["--data", str(data_file), "--max-new-tokens", "16", "--device", "cpu", "--quiet"]
+
+    def evaluate(model_dir, out, *more):
+        assert main(["eval", "--model", str(model_dir), *common, "--json", str(out), *more]) == 0
+        return capsys.readouterr().out, json.loads(out.read_text())
+
+    _, base = evaluate(saved_model, tmp_path / "base.json", "--limit", "4")
+    text, final = evaluate(other_dir, tmp_path / "final.json", "--limit", "4", "--against", str(tmp_path / "base.json"))
+    table = verdict.verdict_table(base, final, (str(saved_model), str(other_dir)))
+    assert text.endswith(f"\n{table}\nwrote {tmp_path / 'final.json'}\n") and "note:" not in text
+    h = next(h for h in verdict.HEADLINES if h.key == "environment.next_state_acc")
+    assert verdict.change_interval(base, final, h) == verdict._paired(base, final, h) is not None
+    text, _ = evaluate(other_dir, tmp_path / "two.json", "--limit", "2", "--against", str(tmp_path / "base.json"))
+    assert (f"note: {tmp_path / 'base.json'} judged other items in policy, environment (another --data, --limit or "
+            "set): the changes there have unpaired, wider intervals") in text
+    (tmp_path / "metrics.json").write_text('{"policy": {}}')
+    assert main(["eval", "--model", str(tmp_path / "no-model"), *common, "--against",
+                 str(tmp_path / "metrics.json")]) == 1
+    assert capsys.readouterr().err == (f"error: cannot read --against {tmp_path / 'metrics.json'}: not the JSON of "
+                                       "an evaluation (`rookworld eval --json` writes one): it has no 'meta'\n")

@@ -14,6 +14,7 @@ import sys
 from argparse import SUPPRESS
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
@@ -77,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     add_threads(p)
     p.add_argument("--depth", type=at_least_one, default=SUPPRESS,
                    help=f"Stockfish depth for moves outside the top 5 (default {d.engine_depth})")
+    p.add_argument("--against", metavar="EVAL_JSON",
+                   help="another model's evaluation on the same sets (what `rookworld eval --json` wrote): this model "
+                        "is judged against it, each figure's change with its 95%% interval, paired over the items "
+                        "both answered (the verdict `rookworld train` ends with)")
     p.add_argument("--examples", type=zero_or_more, default=0, metavar="N", help="keep N examples per task in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--traceback", action="store_true", help="show tracebacks instead of one-line errors")
@@ -160,7 +165,20 @@ def _from_options(args: argparse.Namespace) -> _Sets | None:
     return _Sets(args.data, config, samples, rows.get("judged positions"), rows.get("puzzles"), rows.get("histories"))
 
 
+def _evaluation(path: str) -> dict:
+    """An evaluation's results as `rookworld eval --json` wrote them (--against)."""
+    result = json.loads(Path(path).read_text())
+    if not isinstance(result, dict) or not isinstance(result.get("meta"), dict):
+        raise ValueError("not the JSON of an evaluation (`rookworld eval --json` writes one): it has no 'meta'")
+    return result
+
+
 def run(args: argparse.Namespace, name: str) -> int:
+    other = None
+    if args.against:  # before the minutes of the evaluation
+        ok, other = _guarded(args, f"read --against {args.against}", lambda: _evaluation(args.against))
+        if not ok:
+            return 1
     sets = _from_config(args) if args.held_out else _from_options(args)
     if sets is None:
         return 1
@@ -205,6 +223,8 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.verdict import headline_table
 
     print(f"\n{headline_table(results, args.model)}")
+    if other is not None:
+        _print_against(other, results, args)
     if args.json:
         atomic_write_text(args.json, [json.dumps(results, indent=2) + "\n"])
         print(f"wrote {args.json}")
@@ -212,12 +232,22 @@ def run(args: argparse.Namespace, name: str) -> int:
     return 0
 
 
+def _print_against(other: dict, results: dict, args: argparse.Namespace) -> None:
+    """The verdict of this model against the --against evaluation's, and the sets whose items differ."""
+    from rookworld_rlvr.verdict import unpaired_sections, verdict_table
+
+    before = str(other["meta"].get("model") or args.against)
+    names = (args.against if before == args.model else before, args.model)
+    print(f"\n{verdict_table(other, results, names)}")
+    if unpaired := unpaired_sections(other, results):
+        print(f"note: {args.against} judged other items in {', '.join(unpaired)} (another --data, --limit or set): "
+              "the changes there have unpaired, wider intervals")
+
+
 def _journal(args: argparse.Namespace, model, main: bool, share: Callable[[Any], Any]):
     """The answers of this evaluation kept beside --json until it is written (model.journal): those an
     earlier run of it on the same weights and options completed before it was stopped are read back
     on rank 0 and shared (`share`) with the other ranks, which form the same batches."""
-    from pathlib import Path
-
     from rookworld_rlvr.model import journal as answers
 
     path = Path(f"{args.json}.answers.jsonl")
