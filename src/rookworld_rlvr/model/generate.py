@@ -331,12 +331,19 @@ def generate(
             tokens, token_logp = next_tokens(logits, **sample)
             if compacted:
                 tokens, token_logp = tokens[rows], token_logp[rows]
-            alive = ~finished[rows]
-            tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
-            completion[rows, step] = tokens
-            completion_mask[rows, step] = alive.long()
-            logprobs[rows, step] = torch.where(alive, token_logp, torch.zeros_like(token_logp))
-            hit_eos[rows] = hit_eos[rows] | (alive & (tokens == eos_id))
+                alive = ~finished[rows]
+                tokens = torch.where(alive, tokens, pad_id)
+                completion[rows, step] = tokens
+                completion_mask[rows, step] = alive.long()
+                logprobs[rows, step] = torch.where(alive, token_logp, 0.0)
+                hit_eos[rows] = hit_eos[rows] | (alive & (tokens == eos_id))
+            else:  # every row decodes (always with decode_graph): columns written in place, half the kernels
+                alive = ~finished
+                tokens = torch.where(alive, tokens, pad_id)
+                completion[:, step] = tokens
+                completion_mask[:, step] = alive
+                logprobs[:, step] = torch.where(alive, token_logp, 0.0)
+                hit_eos |= alive & (tokens == eos_id)
             finished = hit_eos | (step + 1 >= row_limit)
             if step + 1 == max_new_tokens or ((step + 1) % check_every == 0 and bool(finished.all())):
                 break

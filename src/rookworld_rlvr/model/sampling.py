@@ -38,7 +38,7 @@ def next_tokens(
         tokens = logits.argmax(-1)
         logp = logits.log_softmax(-1)
     else:
-        scaled = logits / temperature
+        scaled = logits if isinstance(temperature, float) and temperature == 1.0 else logits / temperature  # x/1 == x
         logp = scaled.log_softmax(-1)
         tokens = draw(filter_logits(scaled, top_k, top_p).softmax(-1), generator)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -51,7 +51,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     CPU cores (6 s of a 100-token rollout at 124M), where this takes a few. The sum is float64 and u
     a float32 below 1 times the total, so u stays below it and a token of probability 0 (filtered
     out) is never drawn. `generator` may live on another device: only the N uniforms come from it."""
-    cdf = probs.double().cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # the sum in float64, cast and summed by one kernel
     device = probs.device if generator is None else generator.device
     u = torch.rand((probs.shape[0], 1), generator=generator, device=device).to(probs.device, torch.float64)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
