@@ -746,6 +746,10 @@ def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_
     text, _ = evaluate(other_dir, tmp_path / "two.json", "--limit", "2", "--against", str(tmp_path / "base.json"))
     assert (f"note: {tmp_path / 'base.json'} judged other items in policy, environment (another --data, --limit or "
             "set): the changes there have unpaired, wider intervals") in text
+    assert "note: the two evaluations ran with other settings (limit 2 here, 4 there): a change may be theirs" in text
+    text, _ = evaluate(other_dir, tmp_path / "legal.json", "--limit", "4", "--batch-size", "3", "--legal-moves",
+                       "--against", str(tmp_path / "base.json"))
+    assert "judged other items" not in text and "(legal_moves True here, False there)" in text  # batch: no note
     (tmp_path / "metrics.json").write_text('{"policy": {}}')
     assert main(["eval", "--model", str(tmp_path / "no-model"), *common, "--against",
                  str(tmp_path / "metrics.json")]) == 1

@@ -242,6 +242,10 @@ def _print_against(other: dict, results: dict, args: argparse.Namespace) -> None
     if unpaired := unpaired_sections(other, results):
         print(f"note: {args.against} judged other items in {', '.join(unpaired)} (another --data, --limit or set): "
               "the changes there have unpaired, wider intervals")
+    theirs, ours = other["meta"].get("config") or {}, results["meta"]["config"]
+    if differ := [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours
+                  if k != "batch_size" and k in theirs and theirs[k] != ours[k]]:  # the batch changes no answer
+        print(f"note: the two evaluations ran with other settings ({'; '.join(differ)}): a change may be theirs")
 
 
 def _journal(args: argparse.Namespace, model, main: bool, share: Callable[[Any], Any]):
