@@ -29,6 +29,7 @@ from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer
 FROM_CONFIG = ("--strength", "--puzzles", "--histories", "--limit", "--layout", "--batch-size", "--max-new-tokens",
                "--depth")
 
+
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     d = EvalConfig()
     p.add_argument("--model", required=True, help="model directory or Hub id")
