@@ -18,7 +18,7 @@ from rookworld_rlvr.model import filter_logits, generate, positions_from_mask, t
 
 from rookworld_rlvr.model.logprobs import length_buckets
 
-from conftest import make_tokenizer, packs_weights, tiny_gpt2 as shared_tiny_gpt2  # noqa: E402
+from conftest import REPO, make_tokenizer, packs_weights, tiny_gpt2 as shared_tiny_gpt2  # noqa: E402
 from numerics import assert_bf16_rounding_close, assert_rounding_close, gradient_terms, logprob_terms  # noqa: E402
 
 
@@ -764,6 +764,23 @@ def test_the_shape_stable_decode_step_under_bf16_autocast_and_its_limits():
     assert_bf16_rounding_close(static.logprobs, plain.logprobs, "bf16 shape-stable step")
     with pytest.raises(ValueError, match="decode_graph"):
         generate(model, tok, PROMPTS[:1], max_new_tokens=4, decode_graph=True, record=True)
+
+
+def test_a_tokens_bookkeeping_around_the_decode_graph_writes_columns_not_rows(tiny_model_dir):
+    """Around a CUDA graph's replay, a token's sampling and bookkeeping are launched from Python one kernel each.
+    With decode_graph every row stays in the batch, so each buffer's column is written in place: no indexed write
+    of the rows, which cost four kernels a token more (benchmarks/decode_launches.py counts them)."""
+    import importlib.util
+
+    from rookworld_rlvr.model import load_policy
+
+    spec = importlib.util.spec_from_file_location("decode_launches", REPO / "benchmarks" / "decode_launches.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
+    ops = bench.per_token(model, tok, PROMPTS[:2], 24, 0.8)
+    assert ops["searchsorted"] == ops["log_softmax"] == 1  # one draw a token: the count is per token
+    assert "index_put_" not in ops and ops.get("index", 0) < 0.5  # (the stop check's read, every 8 tokens)
 
 
 def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits():
