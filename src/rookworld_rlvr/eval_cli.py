@@ -21,6 +21,7 @@ from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_
                                       zero_or_more)
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
+from rookworld_rlvr.held_out import HeldOut
 from rookworld_rlvr.tables import format_table
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.rewards import RewardConfig, RewardScorer
@@ -110,10 +111,7 @@ class _Sets:
 
     data: str
     config: EvalConfig
-    samples: list[Sample]
-    judged: list | None = None
-    puzzles: list | None = None
-    histories: list[Sample] | None = None
+    held: HeldOut
     rewards: RewardConfig | None = None  # None: the default rewards
 
 
@@ -134,8 +132,7 @@ def _from_config(args: argparse.Namespace) -> _Sets | None:
     if not held.samples:
         _fail(f"{path}: its eval_data {cfg.eval_data!r} holds no samples, so its run judges nothing")
         return None
-    return _Sets(cfg.eval_data, eval_config(cfg), held.samples, held.judged, held.puzzles, held.histories,
-                 cfg.reward_config())
+    return _Sets(cfg.eval_data, eval_config(cfg), held, cfg.reward_config())
 
 
 def _from_options(args: argparse.Namespace) -> _Sets | None:
@@ -163,7 +160,8 @@ def _from_options(args: argparse.Namespace) -> _Sets | None:
             ok, rows[what] = _guarded(args, f"read {what} {path}", lambda: reader(path))
             if not ok:
                 return None
-    return _Sets(args.data, config, samples, rows.get("judged positions"), rows.get("puzzles"), rows.get("histories"))
+    return _Sets(args.data, config, HeldOut(samples, rows.get("judged positions"), rows.get("puzzles"),
+                                            rows.get("histories")))
 
 
 def _evaluation(path: str) -> dict:
@@ -206,10 +204,11 @@ def run(args: argparse.Namespace, name: str) -> int:
         model, tokenizer = loaded
         journal = _journal(args, model, main, dist.broadcast_object) if args.json else None
         with ExitStack() as stack:
-            scorer = _cli_scorer(sets.samples, config.engine_depth, sets.rewards, stack)
+            held = sets.held
+            scorer = _cli_scorer(held.samples, config.engine_depth, sets.rewards, stack)
             try:
-                results = evaluate(model, tokenizer, sets.samples, config=config, scorer=scorer,
-                                   strength_set=sets.judged, puzzles=sets.puzzles, histories=sets.histories,
+                results = evaluate(model, tokenizer, held.samples, config=config, scorer=scorer,
+                                   strength_set=held.judged, puzzles=held.puzzles, histories=held.histories,
                                    progress=not args.quiet and main,
                                    return_examples=args.examples, spread=dist.spread, journal=journal)
             except BaseException:  # Ctrl-C, an error: say what is kept (a kill cannot; the file is there all the same)

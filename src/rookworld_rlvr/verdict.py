@@ -295,9 +295,12 @@ def rows(base: dict | None, final: dict | None) -> list[dict[str, Any]]:
 def unpaired_sections(base: dict | None, final: dict | None) -> list[str]:
     """The sections both evaluations hold but over other items (their `items_of` differ): their changes get the
     unpaired, wider intervals."""
-    return [name for name in ("policy", "environment", "histories", "strength", "puzzles")
-            if isinstance(of := get(base, f"{name}.items_of"), str) and isinstance(get(final, f"{name}.items_of"), str)
-            and of != get(final, f"{name}.items_of")]
+    out = []
+    for name in ("policy", "environment", "histories", "strength", "puzzles"):
+        a, b = get(base, f"{name}.items_of"), get(final, f"{name}.items_of")
+        if isinstance(a, str) and isinstance(b, str) and a != b:
+            out.append(name)
+    return out
 
 
 def fmt_ci(value: float | None, ci: tuple[float, float] | None) -> str:

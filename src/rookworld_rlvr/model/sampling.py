@@ -38,7 +38,7 @@ def next_tokens(
         tokens = logits.argmax(-1)
         logp = logits.log_softmax(-1)
     else:
-        scaled = logits if isinstance(temperature, float) and temperature == 1.0 else logits / temperature  # x/1 == x
+        scaled = logits / temperature
         logp = scaled.log_softmax(-1)
         tokens = draw(filter_logits(scaled, top_k, top_p).softmax(-1), generator)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
