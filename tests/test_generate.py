@@ -738,20 +738,50 @@ def test_rows_that_finish_are_handed_over_with_their_final_texts_while_others_de
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_the_shape_stable_decode_step_gives_the_same_tokens_and_log_probs(rig, greedy):
-    """decode_graph (on CUDA one captured graph per rollout; on a CPU the same shape-stable step run
-    eagerly): keys written by index, attention over the whole masked cache, no group leaving the
-    batch. The tokens equal the default path's and the log-probs agree up to float reordering."""
+@pytest.mark.parametrize("check_every", [1, 8])
+def test_the_shape_stable_decode_step_gives_the_same_tokens_and_log_probs(rig, greedy, check_every):
+    """decode_graph (on CUDA one captured graph a token: its draw, its bookkeeping and the model's step; on a
+    CPU the same shape-stable call run eagerly): keys written by index, attention over the whole masked cache,
+    no group leaving the batch, uniforms drawn every check_every tokens. The tokens equal the default path's,
+    the log-probs agree up to float reordering, and the generator is left where the default path leaves it."""
     kind, model, tok = rig
     kwargs = dict(max_new_tokens=[4, 40, 9, 40], temperature=[1.0, 0.6, 1.4, 0.9], num_return_sequences=3,
-                  greedy=greedy)
-    plain = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), **kwargs)
-    static = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), decode_graph=True, **kwargs)
+                  greedy=greedy, check_every=check_every)
+    gens = {graph: torch.Generator().manual_seed(5) for graph in (False, True)}
+    plain = generate(model, tok, PROMPTS[:4], generator=gens[False], **kwargs)
+    static = generate(model, tok, PROMPTS[:4], generator=gens[True], decode_graph=True, **kwargs)
     assert min(plain.completion_mask.sum(1)) < plain.completion_ids.shape[1], "no row stopped early"
     assert static.texts == plain.texts and static.finish_reasons == plain.finish_reasons
     assert torch.equal(static.completion_ids, plain.completion_ids)
     assert torch.equal(static.completion_mask, plain.completion_mask)
     assert_rounding_close(static.logprobs, plain.logprobs, logprob_terms(model), kind)
+    assert torch.equal(gens[True].get_state(), gens[False].get_state()), "the next rollout would draw otherwise"
+
+
+def test_the_warm_up_before_a_decode_graphs_capture_leaves_no_trace(rig, monkeypatch):
+    """On CUDA the token's call runs twice before its capture (TokenGraph.warm_up), drawing, writing and decoding
+    tokens 0 and 1; what they wrote is put back. Here the warm-up runs eagerly before the first token: the
+    rollout equals one without it, rows that drew EOS in the warm-up included."""
+    from rookworld_rlvr.model.token_graph import TokenGraph
+
+    kind, model, tok = rig
+    kwargs = dict(max_new_tokens=[4, 40, 9, 40], temperature=[1.0, 0.6, 1.4, 0.9], num_return_sequences=3,
+                  decode_graph=True, check_every=8)
+    plain = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), **kwargs)
+    call = TokenGraph.__call__
+
+    def warmed_first(self, decode=True):
+        if decode and not getattr(self, "warmed", False):
+            self.warmed = True
+            self.warm_up(lambda: self._token(decode=True))
+        call(self, decode)
+
+    monkeypatch.setattr(TokenGraph, "__call__", warmed_first)
+    warmed = generate(model, tok, PROMPTS[:4], generator=torch.Generator().manual_seed(5), **kwargs)
+    assert min(plain.completion_mask.sum(1)) < 9, "no row stopped within the first tokens"
+    assert torch.equal(warmed.completion_ids, plain.completion_ids)
+    assert torch.equal(warmed.completion_mask, plain.completion_mask)
+    assert torch.equal(warmed.logprobs, plain.logprobs)
 
 
 def test_the_shape_stable_decode_step_under_bf16_autocast_and_its_limits():
@@ -766,10 +796,11 @@ def test_the_shape_stable_decode_step_under_bf16_autocast_and_its_limits():
         generate(model, tok, PROMPTS[:1], max_new_tokens=4, decode_graph=True, record=True)
 
 
-def test_a_tokens_bookkeeping_around_the_decode_graph_writes_columns_not_rows(tiny_model_dir):
-    """Around a CUDA graph's replay, a token's sampling and bookkeeping are launched from Python one kernel each.
-    With decode_graph every row stays in the batch, so each buffer's column is written in place: no indexed write
-    of the rows, which cost four kernels a token more (benchmarks/decode_launches.py counts them)."""
+def test_a_tokens_draw_and_bookkeeping_run_inside_the_decode_graph(tiny_model_dir):
+    """With decode_graph a CUDA token is one graph replay: its draw, the buffers it writes and the model's step.
+    Around the model's step alone the token's sampling and bookkeeping were 24.6 launches a token from Python;
+    outside the token's graph what is left is the uniforms drawn and the stop check read every 8 tokens
+    (benchmarks/decode_launches.py counts them, on a CPU, where the same call runs eagerly)."""
     import importlib.util
 
     from rookworld_rlvr.model import load_policy
@@ -778,9 +809,12 @@ def test_a_tokens_bookkeeping_around_the_decode_graph_writes_columns_not_rows(ti
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     model, tok = load_policy(str(tiny_model_dir), device="cpu", verbose=False)
-    ops = bench.per_token(model, tok, PROMPTS[:2], 24, 0.8)
-    assert ops["searchsorted"] == ops["log_softmax"] == 1  # one draw a token: the count is per token
-    assert "index_put_" not in ops and ops.get("index", 0) < 0.5  # (the stop check's read, every 8 tokens)
+    around_step = bench.per_token(model, tok, PROMPTS[:2], 24, 0.8, step_only=True)
+    assert around_step["searchsorted"] == around_step["log_softmax"] == 1  # one draw a token: counts are per token
+    outside = bench.per_token(model, tok, PROMPTS[:2], 24, 0.8)
+    kernels = {k: v for k, v in outside.items() if k not in bench.VIEWS}
+    assert sum(kernels.values()) < 1 and not {"searchsorted", "log_softmax", "index_copy_"} & set(kernels), kernels
+    assert outside["rand"] == 1 / 8  # the uniforms of 8 tokens at once
 
 
 def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits():

@@ -67,9 +67,10 @@ class TrainConfig:
                                      "shorter policy pass; the tiny model, 256 wide: no gain), and on GPUs (unmeasured "
                                      "there). Plain GPT-2 policies without autocast or LoRA; the log says if it is on")
     decode_graph: bool = _f(False, "decode with a shape-stable step: every row stays in the batch to the end and, on "
-                                   "CUDA, each token replays one captured CUDA graph of the whole model (one launch "
-                                   "instead of hundreds from Python); the same samples up to float reordering. Plain "
-                                   "GPT-2 policies (LoRA included); its step records nothing (record_rollout off)")
+                                   "CUDA, each token (its draw, its bookkeeping, the whole model's step) replays one "
+                                   "captured CUDA graph (one launch instead of hundreds from Python); the same samples "
+                                   "up to float reordering. Plain GPT-2 policies (LoRA included); its step records "
+                                   "nothing (record_rollout off)")
     threads: int | None = _f(None, "torch intra-op threads (default: torch's choice)")
     step_timeout_minutes: float = _f(10.0, "under torchrun: how long a rank waits for the others at a step's "
                                            "collectives (rewards, gradients, metrics, the shares of a held-out "

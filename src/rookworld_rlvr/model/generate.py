@@ -21,7 +21,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from . import gpt2_decode
 from .kv_cache import DynamicCache, make_cache, select_rows
 from .padding import pad
-from .sampling import next_tokens
+from .sampling import fill_uniform, next_tokens
+from .token_graph import Buffers, TokenGraph
 
 @dataclass
 class Generation:
@@ -214,16 +215,22 @@ def generate(
     and their final texts (as `Generation.texts`), while the other rows decode on; e.g. to start
     scoring them. Rows still decoding at the last step are not reported.
 
-    `decode_graph`: decode with the shape-stable step (`gpt2_decode.GraphedStep`): every row stays
-    in the decode batch and, on CUDA, each step replays one captured CUDA graph instead of launching
-    every kernel from Python. The same tokens and log-probs up to float reordering. A plain GPT-2
-    only (the cascade path), without `record`.
+    `decode_graph`: decode with the shape-stable step (`token_graph.TokenGraph`): every row stays
+    in the decode batch and, on CUDA, each token (its draw, its bookkeeping and the model's step)
+    replays one captured CUDA graph instead of launching every kernel from Python. The same tokens
+    and log-probs up to float reordering. A plain GPT-2 only (the cascade path), without `record`
+    or a `logits_processor`.
+
+    Sampled rows take their uniforms `check_every` tokens at a time, one per row a token, from
+    `generator` (on a CPU the same numbers as one draw a token).
     """
     _check_prompts(prompts)
     if record and not (gpt2_decode.supports(model) and DynamicCache is not None and autocast_dtype is None):
         raise ValueError("record=True needs a plain GPT-2 in eval mode and no autocast (the cascade decoding path)")
-    if decode_graph and (record or DynamicCache is None or not gpt2_decode.supports(model, any_mode=True)):
-        raise ValueError("decode_graph=True needs a plain GPT-2 (the cascade decoding path) and record=False")
+    if decode_graph and (record or logits_processor is not None or DynamicCache is None
+                         or not gpt2_decode.supports(model, any_mode=True)):
+        raise ValueError("decode_graph=True needs a plain GPT-2 (the cascade decoding path), record=False and no "
+                         "logits_processor")
     per_prompt = {}
     for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature)):
         values = list(value) if isinstance(value, (list, tuple)) else [value] * len(prompts)
@@ -265,7 +272,7 @@ def generate(
     n_rows = index.shape[0]
     keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
     cache_kw = cache_keyword(model)
-    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
 
     completion = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     completion_mask = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)
@@ -273,6 +280,8 @@ def generate(
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
     hit_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)
     reported = torch.zeros(n_rows, dtype=torch.bool, device=device)  # rows handed to on_finished
+    # each row's uniform for each token, drawn check_every tokens at a time (zeros until drawn)
+    uniforms = None if greedy else torch.zeros((max_new_tokens, n_rows), dtype=torch.float64, device=device)
 
     recorded = None
     if record:
@@ -309,11 +318,10 @@ def generate(
             input_ids=u_ids, attention_mask=u_mask, position_ids=positions_from_mask(u_mask), **{cache_kw: cache}
         )
         if cascade:  # the prompt cache stays one copy per prompt; see gpt2_decode
-            # the graph's step on weights cast once (autocast's cache cannot serve a graph: see GraphedStep)
+            # the graph's step on weights cast once (autocast's cache cannot serve a graph: see TokenGraph)
             decoder = gpt2_decode.CascadeDecoder(model, cache, u_mask, G, max_new_tokens, pack=autocast_dtype is None,
                                                  record=record, static=decode_graph,
                                                  cast=autocast_dtype if decode_graph else None)
-            graphed = gpt2_decode.GraphedStep(decoder, n_rows, device) if decode_graph else None
         else:
             cache = select_rows(cache, index)
         # The rows still decoding: all at first; a group whose G rows have all finished is dropped
@@ -321,38 +329,49 @@ def generate(
         rows = torch.arange(n_rows, device=device)
         logits = logits.index_select(0, index)
         next_position = u_mask.sum(-1).index_select(0, index)
+        if decode_graph:  # the rows' buffers, written in place by each token's call
+            graphed = TokenGraph(decoder, logits, Buffers(completion, completion_mask, logprobs, hit_eos, finished,
+                                                          row_limit, next_position, uniforms), sample, pad_id, eos_id)
         attention_mask = prompt_mask
         for step in range(max_new_tokens):
-            if logits_processor is not None:
-                logits = logits_processor(index[rows], completion[rows, :step], logits)
-            compacted = rows.numel() < n_rows
-            if compacted:  # every row draws, so no row's sample depends on which groups left
-                logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
-            tokens, token_logp = next_tokens(logits, **sample)
-            if compacted:
-                tokens, token_logp = tokens[rows], token_logp[rows]
-                alive = ~finished[rows]
-                tokens = torch.where(alive, tokens, pad_id)
-                completion[rows, step] = tokens
-                completion_mask[rows, step] = alive.long()
-                logprobs[rows, step] = torch.where(alive, token_logp, 0.0)
-                hit_eos[rows] = hit_eos[rows] | (alive & (tokens == eos_id))
-            else:  # every row decodes (always with decode_graph): columns written in place, half the kernels
-                alive = ~finished
-                tokens = torch.where(alive, tokens, pad_id)
-                completion[:, step] = tokens
-                completion_mask[:, step] = alive
-                logprobs[:, step] = torch.where(alive, token_logp, 0.0)
-                hit_eos |= alive & (tokens == eos_id)
-            finished = hit_eos | (step + 1 >= row_limit)
+            if uniforms is not None and step % check_every == 0:  # the uniforms of the next check_every tokens
+                fill_uniform(uniforms[step:step + check_every], generator)
+            if graphed is not None:  # the token drawn, kept and decoded by one call (on CUDA a graph's replay)
+                graphed(decode=step + 1 < max_new_tokens)
+            else:
+                if logits_processor is not None:
+                    logits = logits_processor(index[rows], completion[rows, :step], logits)
+                compacted = rows.numel() < n_rows
+                if compacted:  # every row draws, so no row's sample depends on which groups left
+                    logits = logits.new_zeros((n_rows, logits.shape[-1])).index_copy_(0, rows, logits)
+                u = None if uniforms is None else uniforms[step].unsqueeze(-1)
+                tokens, token_logp = next_tokens(logits, uniforms=u, **sample)
+                if compacted:
+                    tokens, token_logp = tokens[rows], token_logp[rows]
+                    alive = ~finished[rows]
+                    tokens = torch.where(alive, tokens, pad_id)
+                    completion[rows, step] = tokens
+                    completion_mask[rows, step] = alive.long()
+                    logprobs[rows, step] = torch.where(alive, token_logp, 0.0)
+                    hit_eos[rows] = hit_eos[rows] | (alive & (tokens == eos_id))
+                else:  # every row decodes: columns written in place, half the kernels
+                    alive = ~finished
+                    tokens = torch.where(alive, tokens, pad_id)
+                    completion[:, step] = tokens
+                    completion_mask[:, step] = alive
+                    logprobs[:, step] = torch.where(alive, token_logp, 0.0)
+                    hit_eos |= alive & (tokens == eos_id)
+                finished = hit_eos | (step + 1 >= row_limit)
             if step + 1 == max_new_tokens or ((step + 1) % check_every == 0 and bool(finished.all())):
                 break
             checked = (step + 1) % check_every == 0
             if checked and on_finished is not None:
                 reported = _report_finished(finished & ~reported, reported, on_finished, tokenizer, completion,
                                             completion_mask, hit_eos, step + 1, eos_id)
+            if graphed is not None:
+                continue
             live = ~finished[rows].view(-1, G).all(1) if checked else None  # per decoding group
-            if checked and not decode_graph and _worth_compacting(live, cascade, cache):
+            if checked and _worth_compacting(live, cascade, cache):
                 local = live.nonzero().squeeze(1)  # positions of the live groups among the decoding ones
                 local_rows = (local.unsqueeze(1) * G + torch.arange(G, device=device)).flatten()
                 rows, tokens, alive = rows[local_rows], tokens[local_rows], alive[local_rows]
@@ -362,9 +381,6 @@ def generate(
                     cache.batch_select_indices(local_rows)
                     attention_mask = attention_mask[local_rows]
             # Rows that already finished feed a masked pad token; their outputs are discarded.
-            if graphed is not None:
-                logits = graphed(tokens, next_position + step, step)
-                continue
             if cascade:
                 out, every_row = None, rows.numel() == n_rows  # (groups may have left just above)
                 if recorded is not None:  # written in place while every row decodes, else scattered after

@@ -224,7 +224,7 @@ class CascadeDecoder:
         sum(projection_widths)]: receives every layer's projection outputs (needs `record=True`).
 
         `t` (a 0-dim long tensor on the device, the step's index; needs `static=True`): the
-        shape-stable form, which a CUDA graph can capture (`GraphedStep`): keys and values are written
+        shape-stable form, which a CUDA graph can capture (`token_graph`): keys and values are written
         at t by index, every row attends over the whole completion cache with the slots after t
         masked, and no Python value changes between steps. The same numbers, up to float reordering."""
         tr = self.model.transformer
@@ -274,51 +274,3 @@ class CascadeDecoder:
         out_p = probs[..., :p] @ self.pv[i]  # [U, H, G, D]
         out_c = (probs[..., p:].unsqueeze(3) @ vc).squeeze(3)  # [U, H, G, D]
         return out_p + out_c
-
-
-class GraphedStep:
-    """A `CascadeDecoder(static=True)`'s step at fixed rows: on CUDA captured once as a CUDA graph (after
-    two eager warm-up runs of the first step, which rewrite the same keys) and replayed at every later
-    step, one launch for the whole model instead of hundreds of kernels; elsewhere run eagerly (the
-    same shape-stable code, which the CPU tests check). Under autocast the capture runs without
-    autocast's weight cache (a cached cast made during capture would be freed under the graph): give
-    the decoder `cast=` so that its weights are cast once, not at every replay."""
-
-    def __init__(self, decoder: CascadeDecoder, rows: int, device: torch.device) -> None:
-        self.decoder = decoder
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.t = torch.zeros((), dtype=torch.long, device=device)
-        self.cuda = device.type == "cuda"
-        self.graph = None
-        self.logits: torch.Tensor | None = None
-
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, t: int) -> torch.Tensor:
-        """Float32 logits [rows, V] (on CUDA the graph's own output buffer: read it before the next call)."""
-        self.t.fill_(t)
-        if not self.cuda:
-            return self.decoder.step(tokens, positions, t=self.t)
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
-        return self.logits
-
-    def _capture(self) -> None:
-        amp = torch.is_autocast_enabled("cuda")
-        dtype = torch.get_autocast_dtype("cuda") if amp else None
-
-        def run() -> torch.Tensor:
-            with torch.autocast("cuda", dtype=dtype, cache_enabled=False) if amp else contextlib.nullcontext():
-                return self.decoder.step(self.tokens, self.positions, t=self.t)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = run()

@@ -26,13 +26,16 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 def next_tokens(
     logits: torch.Tensor,
     *,
-    temperature: float,
+    temperature: float | torch.Tensor,
     top_k: int,
     top_p: float,
     greedy: bool,
-    generator: torch.Generator | None,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return it with its log-prob under log_softmax(logits / T)."""
+    """Pick one token per row; return it with its log-prob under log_softmax(logits / T). A sampled
+    row draws its uniform from `generator`, or takes it from `uniforms` [N, 1] (float64) drawn
+    beforehand: a CUDA graph's step draws nothing itself (`token_graph`)."""
     logits = logits.float()
     if greedy:
         tokens = logits.argmax(-1)
@@ -40,19 +43,32 @@ def next_tokens(
     else:
         scaled = logits / temperature
         logp = scaled.log_softmax(-1)
-        tokens = draw(filter_logits(scaled, top_k, top_p).softmax(-1), generator)
+        probs = filter_logits(scaled, top_k, top_p).softmax(-1)
+        tokens = draw(probs, generator) if uniforms is None else pick(probs, uniforms)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def fill_uniform(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill `out` (float64, any shape) with uniforms in [0, 1), drawn in float32 on the generator's
+    device (its own stream of numbers; on a CPU, k draws of n equal one of k x n) and copied over."""
+    source = out.device if generator is None else generator.device
+    return out.copy_(torch.rand(out.shape, generator=generator, device=source))
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `probs` [N, V] by inverse CDF: a uniform u per row, scaled to the row's
-    total, and the first token whose cumulative probability exceeds it. torch.multinomial draws an
-    exponential per vocabulary entry instead: at GPT-2's 50k vocabulary, 64 rows, 62 ms a step on 2
-    CPU cores (6 s of a 100-token rollout at 124M), where this takes a few. The sum is float64 and u
-    a float32 below 1 times the total, so u stays below it and a token of probability 0 (filtered
-    out) is never drawn. `generator` may live on another device: only the N uniforms come from it."""
+    """One token per row of `probs` [N, V], each row with a uniform of its own from `generator`
+    (`pick`). `generator` may live on another device: only the N uniforms come from it."""
+    u = fill_uniform(torch.empty((probs.shape[0], 1), dtype=torch.float64, device=probs.device), generator)
+    return pick(probs, u)
+
+
+def pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [N, V] by inverse CDF, given a uniform per row (`u` [N, 1] float64,
+    in [0, 1)): u scaled to the row's total, and the first token whose cumulative probability exceeds
+    it. torch.multinomial draws an exponential per vocabulary entry instead: at GPT-2's 50k vocabulary,
+    64 rows, 62 ms a step on 2 CPU cores (6 s of a 100-token rollout at 124M), where this takes a few.
+    The sum is float64 and u a float32 below 1 times the total, so u stays below it and a token of
+    probability 0 (filtered out) is never drawn."""
     cdf = probs.cumsum(-1, dtype=torch.float64)  # the sum in float64, cast and summed by one kernel
-    device = probs.device if generator is None else generator.device
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=device).to(probs.device, torch.float64)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return tokens.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (NaN probabilities: a valid id, a NaN log-prob)
