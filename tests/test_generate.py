@@ -212,6 +212,43 @@ def test_grouped_prompt_pass_equals_plain_pass_with_gradients(rig, monkeypatch, 
     assert torch.equal(plain, grouped)
 
 
+def test_the_segmented_scoring_pass_makes_each_attention_mask_once_not_at_every_layer(rig):
+    """Attention turns a boolean mask into its additive form (0 or -inf) at every call: on a GPU three
+    launches a layer and segment. The segmented scoring forward hands it the additive masks, made once per
+    segment, and gives the same log-probs bit for bit as boolean masks do."""
+    import collections
+
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    kind, model, tok = rig
+    gen, batch, n, _ = grouped_rollout(model, tok)
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count() as count:
+        ours = token_logprobs(model, *batch, n_completion=n, group_size=4)["logprobs"]
+    attends = count.ops["_scaled_dot_product_flash_attention_for_cpu"]
+    assert attends >= 2 * model.config.n_layer, "no segmented forward ran"
+    assert count.ops["scalar_tensor"] == 0 and count.ops["where"] < attends, count.ops  # (was 2 and 1 a call)
+    assert count.ops["masked_fill_"] == attends // model.config.n_layer  # one mask a segment
+    sdpa = F.scaled_dot_product_attention
+
+    def boolean(q, k, v, attn_mask=None, **kw):  # the mask as attention would have had it before
+        return sdpa(q, k, v, attn_mask=attn_mask == 0, **kw)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(F, "scaled_dot_product_attention", boolean)
+        assert torch.equal(token_logprobs(model, *batch, n_completion=n, group_size=4)["logprobs"], ours)
+
+
 @pytest.mark.parametrize("own_paths", [True, False])
 def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(rig, monkeypatch, own_paths):
     """transformers 5.24 renamed a forward's `past_key_values` to `cache` and deprecated the old name (it goes in

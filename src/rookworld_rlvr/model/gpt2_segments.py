@@ -77,6 +77,7 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
         raise ValueError(f"recorded projections are {tuple(recorded.shape)}, "
                          f"expected {(len(tr.h), sum(sizes), sum(widths))}")
     masks = _masks(segments)
+    biases: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # each mask as attention adds it, made once
     x = torch.cat([(tr.wte(s.ids) + tr.wpe(s.positions)).reshape(-1, e) for s in segments])
     for layer, block in enumerate(tr.h):
         rec = [None] * 4 if recorded is None else recorded[layer].split(widths, -1)
@@ -84,7 +85,7 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
         heads, dim = attn.num_heads, attn.head_dim
         qkv = linear(attn.c_attn, block.ln_1(x), grad_dtype, rec[0])
         outs, prompt_kv = [], None
-        for s, part, mask in zip(segments, qkv.split(sizes), masks):
+        for j, (s, part, mask) in enumerate(zip(segments, qkv.split(sizes), masks)):
             n, w = s.ids.shape
             q, k, v = (z.view(n, w, heads, dim).transpose(1, 2) for z in part.split(e, -1))
             if s.prompt_rows is None:
@@ -93,7 +94,10 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
                 raise ValueError("a completion segment needs a prompt segment before it")
             else:
                 k, v = (torch.cat([p.index_select(0, s.prompt_rows), z], 2) for p, z in zip(prompt_kv, (k, v)))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+            if (j, q.dtype) not in biases:  # what attention makes of a boolean mask at every call: 0 or -inf
+                biases[j, q.dtype] = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(
+                    ~mask, float("-inf"))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=biases[j, q.dtype], scale=attn.scaling)
             outs.append(o.transpose(1, 2).reshape(n * w, e))
         x = x + linear(attn.c_proj, torch.cat(outs), grad_dtype, rec[1])
         mlp = block.mlp  # GPT2MLP.forward, with our linear (dropout is off: eval mode)
