@@ -63,6 +63,8 @@ class TokenGraph:
         self.graph.replay()
 
     def _token(self, decode: bool) -> None:
+        """The token's work, the same kernels on the same buffers at every call (what the graph captures):
+        nothing here reads the device on the host or allocates outside the graph's own pool."""
         b, t = self.buffers, self.t
         column = t.view(1)
         u = None if b.uniforms is None else b.uniforms.index_select(0, column).view(-1, 1)
