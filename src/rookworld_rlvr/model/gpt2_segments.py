@@ -43,9 +43,10 @@ class Segment:
     prompt_rows: torch.Tensor | None = None
 
 
-def _masks(segments: list[Segment]) -> list[torch.Tensor]:
-    """Boolean attention masks [n, 1, w, keys] (True: may attend). A left-pad query of a prompt
-    sees itself, so that no row of the softmax is empty (its output is never read)."""
+def _masks(segments: list[Segment], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Attention masks [n, 1, w, keys] in the form attention adds them to its scores: 0 where a query may
+    attend, -inf elsewhere (what it would make of a boolean mask at every layer's call). A left-pad query of
+    a prompt sees itself, so that no row of the softmax is empty (its output is never read)."""
     out = []
     for s in segments:
         n, w = s.ids.shape
@@ -54,7 +55,7 @@ def _masks(segments: list[Segment]) -> list[torch.Tensor]:
             m = (causal & s.key_mask.bool()[:, None, :]) | torch.eye(w, dtype=torch.bool, device=s.ids.device)
         else:
             m = torch.cat([s.key_mask.bool()[:, None, :].expand(n, w, -1), causal.expand(n, w, w)], -1)
-        out.append(m[:, None])
+        out.append(torch.zeros(m[:, None].shape, dtype=dtype, device=m.device).masked_fill_(~m[:, None], float("-inf")))
     return out
 
 
@@ -76,16 +77,16 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
     if recorded is not None and tuple(recorded.shape) != (len(tr.h), sum(sizes), sum(widths)):
         raise ValueError(f"recorded projections are {tuple(recorded.shape)}, "
                          f"expected {(len(tr.h), sum(sizes), sum(widths))}")
-    masks = _masks(segments)
-    biases: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # each mask as attention adds it, made once
+    masks = None  # made once, in the dtype of the first layer's queries
     x = torch.cat([(tr.wte(s.ids) + tr.wpe(s.positions)).reshape(-1, e) for s in segments])
     for layer, block in enumerate(tr.h):
         rec = [None] * 4 if recorded is None else recorded[layer].split(widths, -1)
         attn = block.attn
         heads, dim = attn.num_heads, attn.head_dim
         qkv = linear(attn.c_attn, block.ln_1(x), grad_dtype, rec[0])
+        masks = _masks(segments, qkv.dtype) if masks is None else masks
         outs, prompt_kv = [], None
-        for j, (s, part, mask) in enumerate(zip(segments, qkv.split(sizes), masks)):
+        for s, part, mask in zip(segments, qkv.split(sizes), masks):
             n, w = s.ids.shape
             q, k, v = (z.view(n, w, heads, dim).transpose(1, 2) for z in part.split(e, -1))
             if s.prompt_rows is None:
@@ -94,10 +95,7 @@ def hidden_states(model, segments: list[Segment], grad_dtype: torch.dtype | None
                 raise ValueError("a completion segment needs a prompt segment before it")
             else:
                 k, v = (torch.cat([p.index_select(0, s.prompt_rows), z], 2) for p, z in zip(prompt_kv, (k, v)))
-            if (j, q.dtype) not in biases:  # what attention makes of a boolean mask at every call: 0 or -inf
-                biases[j, q.dtype] = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(
-                    ~mask, float("-inf"))
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=biases[j, q.dtype], scale=attn.scaling)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
             outs.append(o.transpose(1, 2).reshape(n * w, e))
         x = x + linear(attn.c_proj, torch.cat(outs), grad_dtype, rec[1])
         mlp = block.mlp  # GPT2MLP.forward, with our linear (dropout is off: eval mode)
