@@ -854,7 +854,47 @@ def test_a_tokens_draw_and_bookkeeping_run_inside_the_decode_graph(tiny_model_di
     assert outside["rand"] == 1 / 8  # the uniforms of 8 tokens at once
 
 
-def test_the_graphs_decode_step_runs_on_weights_cast_once_with_the_same_logits():
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_captured_token_call_holds_nothing_a_cuda_graph_capture_refuses(rig, monkeypatch, sampled):
+    """A CUDA graph's capture fails (or records a wrong graph) on a host read of a device value, on an
+    operation whose output size depends on the data, on a draw from a generator and on a tensor made from host
+    data: the GPU recipes decode with that graph, and a failure there costs a GPU machine's call. Every aten
+    operation of the token's call (TokenGraph._token with its decode, what the graph captures) is checked here,
+    on the CPU, where the same Python code runs eagerly; under bf16 autocast as on a GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rookworld_rlvr.model.token_graph import TokenGraph
+
+    refused = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2", "unique_dim",
+               "unique_consecutive", "lift_fresh", "rand", "randn", "randint", "random_", "uniform_", "normal_",
+               "bernoulli", "bernoulli_", "multinomial", "exponential_"}
+    found: list[str] = []
+
+    class Check(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            by_mask = name in ("index", "index_put_", "index_put") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+            without_size = name == "repeat_interleave" and (kwargs or {}).get("output_size") is None
+            if name in refused or by_mask or without_size:
+                found.append(name)
+            return func(*args, **(kwargs or {}))
+
+    captured, calls = TokenGraph._token, []
+
+    def checked(self, decode=True):
+        if not decode:  # the last token: run eagerly, never captured
+            return captured(self, decode)
+        calls.append(1)
+        with Check():
+            return captured(self, decode)
+
+    monkeypatch.setattr(TokenGraph, "_token", checked)
+    kind, model, tok = rig
+    generate(model, tok, PROMPTS[:4], max_new_tokens=[4, 12, 9, 12], temperature=[1.0, 0.6, 1.4, 0.9],
+             num_return_sequences=3, greedy=not sampled, decode_graph=True, check_every=8,
+             generator=torch.Generator().manual_seed(5), autocast_dtype=torch.bfloat16)
+    assert len(calls) == 11 and found == [], found  # 12 tokens: all but the last captured
     """A CUDA graph's decode step runs under autocast without its weight cache (GraphedStep), which made
     every replay cast every weight again, the LM head included (on an H200 bf16 casts were the most
     launched kernel of a GRPO step). Given cast=bf16 the decoder casts them once, when it is made, and
