@@ -24,7 +24,7 @@
 #    the base trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it
 #    trained on);
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
-#    shards and meta.tar (config, tokenizer, shard index, the SFT log). Put them together with
+#    shards and meta.tar (config, tokenizer, shard index, the SFT log and profile). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
 #    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
 # --end-by T (seconds since 1970; scripts/gpu_rl.sh passes its deadline): SFT gets at most the minutes left at its
@@ -95,14 +95,17 @@ with lzma.open("data/train.jsonl.xz", "rt") as fh:
 open(sys.argv[1], "w").writelines(rows)
 EOF
   openings=20
-  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0)
+  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0
+       --profile-steps 1 --profile-after 1)
 else
   source_data=data/train.jsonl.xz
   openings=4000
   # --own-repeats 0: no greedy answers of the model's own in each step (30 sequential decoding steps, where the
   # training step is one forward and backward; on the CPU they did not stop the repeats: models/README.md)
+  # --profile-steps: torch.profiler's tables of 5 steps after each invocation's first 20 (WORK/base.profile.txt, in
+  # meta.tar): where the GPU's SFT step goes (0.06-0.08 s a step of 256 on an H200, a few times its arithmetic)
   sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --own-repeats 0
-       --save-every 500 --eval-every 500 --eval-samples 0)
+       --save-every 500 --eval-every 500 --eval-samples 0 --profile-steps 5)
 fi
 
 for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
@@ -314,6 +317,7 @@ rm -rf "$work/export"
 rm -f "$out"/*.safetensors "$out/meta.tar"
 cp "$work"/export/*.safetensors "$out"/
 cp "$work/base.sft_log.jsonl" "$work/export/sft_log.jsonl"
+[ -f "$work/base.profile.txt" ] && cp "$work/base.profile.txt" "$work/export/sft_profile.txt"
 tar cf "$out/meta.tar" -C "$work/export" --exclude '*.safetensors' .
 "$py" - "$out" <<'EOF2'
 import sys

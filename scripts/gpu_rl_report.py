@@ -128,6 +128,10 @@ def report(work: Path) -> str:
              *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
              "Minutes per stage: " + minutes(times) + ".", ""]
+    profile = work / "sft" / "base.profile.txt"  # torch.profiler's tables of a few SFT steps: record.tar
+    if profile.exists():
+        lines += ["The base's SFT, profiled (sft/base.profile.txt): "
+                  + profile.read_text().splitlines()[0].removeprefix("# rookworld sft of ") + ".", ""]
     if skipped:
         lines += ["Not run in this call (the same command runs them): " + "; ".join(skipped) + ".", ""]
     if summary is None:
@@ -159,7 +163,7 @@ def report(work: Path) -> str:
     return "\n".join(lines + ["", *goals(summary, matches, plies)])
 
 
-RECORD = ("times.tsv", "match_*.json", "match_*.pgn", "selfplay_*.json", "sft/prepare.log")
+RECORD = ("times.tsv", "match_*.json", "match_*.pgn", "selfplay_*.json", "sft/prepare.log", "sft/base.profile.txt")
 
 
 def write_record(work: Path, out: Path) -> None:

@@ -90,6 +90,10 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     base = unpack(out / "base", tmp_path / "base")
     log = [json.loads(x) for x in (base / "sft_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3]
+    # where its steps went: torch.profiler's tables of its third step (the first skipped, the second the profiler's
+    # warm-up; 5 steps after 20 on a GPU), in meta.tar and record.tar, its headline in results.md
+    profile = (base / "sft_profile.txt").read_text()
+    assert profile.startswith("# rookworld sft of base, batch 4, ") and ": step 3 on cpu, " in profile.splitlines()[0]
     model, _ = load_policy(str(base), device="cpu", verbose=False)
     trained, _ = load_policy(str(work / "sft" / "base"), device="cpu", verbose=False)
     for (name, a), b in zip(model.state_dict().items(), trained.state_dict().values()):  # bf16 copies
@@ -124,6 +128,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert times["grpo"][1] <= min(times[name][0] for name in judging)
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
+    assert (record / "sft" / "base.profile.txt").read_text() == profile
+    assert f"The base's SFT, profiled (sft/base.profile.txt): {profile.splitlines()[0][19:]}." in \
+        (out / "results.md").read_text()
     prepared = (record / "sft" / "prepare.log").read_text()  # where the GPU machine's minutes before SFT went
     assert "replayed and merged at +" in prepared and "its rows encoded at +" in prepared
     cpus = sorted(os.sched_getaffinity(0))

@@ -351,6 +351,30 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
+def test_profile_steps_writes_where_the_steps_of_an_invocation_spend_their_time(tmp_path, small_data):
+    """A GPU machine's run sends back a text file, not a trace: torch.profiler's tables of a few steps, counted
+    from the start of each invocation (a resume starts CUDA and the allocator afresh too)."""
+    out, path = tmp_path / "m", tmp_path / "m.profile.txt"
+    cfg = SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(out), steps=2, batch_size=4,
+                    save_every=1, device="cpu", threads=1, own_repeats=0)
+    train(cfg, progress=False)
+    assert not path.exists()  # 0: off
+    cfg.steps, cfg.profile_steps, cfg.profile_after = 6, 2, 1  # steps 3 (skipped), 4 (the profiler's warm-up), 5-6
+    train(cfg, resume=True, progress=False)
+    text = path.read_text()
+    assert text.startswith("# rookworld sft of m, batch 4, ") and "steps 5-6 on cpu, " in text.splitlines()[0]
+    tables = text.split("## by calls")
+    assert "## by self_cpu_time_total" in tables[0] and "aten::mm" in tables[0] and "aten::view" in tables[1]
+    assert [json.loads(x)["step"] for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+    cfg.steps, cfg.profile_steps, cfg.profile_after = 7, 5, 0  # the run ends in the profiler's warm-up step
+    train(cfg, resume=True, progress=False)
+    label = text.split(": steps")[0]
+    assert path.read_text() == label + ": no step profiled (the run ended in the profiler's warm-up step 7)\n"
+    for name in ("profile_steps", "profile_after"):
+        with pytest.raises(ValueError, match=f"sft.{name} must be >= 0, got -1"):
+            SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", **{name: -1}).validate()
+
+
 def test_sft_eval_data_missing_is_named_and_empty_means_no_held_out_eval(tmp_path, small_data, tiny_model_dir):
     """A run resumed from another directory once found no data/eval.jsonl.gz and crashed inside the
     tokenizer; a missing file is now named before any work, and '' trains without held-out metrics."""

@@ -23,6 +23,7 @@ from rookworld_rlvr.sft_cache import training_rows
 from rookworld_rlvr.sft_config import SFTConfig
 from rookworld_rlvr.sft_rows import (MicroBatch, draw_batch, encode, legality_loss, make_batch, micro_batches,
                                     on_device, own_repeat_rows, repeat_bans, unlikelihood)
+from rookworld_rlvr.step_profile import StepProfile
 
 __all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans", "set_dropout", "train"]
 
@@ -31,7 +32,7 @@ SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no
 
 # where the run is, how many threads it uses and when this invocation ends: none changes what a resumed run computes
 _PLACE = ("out", "device", "threads", "stop_after_minutes", "stop_when", "rows_cache", "encode_only",
-          "step_timeout_minutes")
+          "step_timeout_minutes", "profile_steps", "profile_after")
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
@@ -292,6 +293,9 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         return env_rows, pol_rows, None if own_answers else micro_batches(mine, pad_id, cfg.loss_on)
 
     upcoming, drawn = None, rng.getstate()  # drawn: the rng after this step's draw, what a checkpoint keeps
+    label = f"rookworld sft of {out.name}, batch {cfg.batch_size}, {n_params / 1e6:.2f}M weights"
+    profiled = StepProfile(cfg.profile_steps if main else 0, cfg.profile_after, out.parent / f"{out.name}.profile.txt",
+                           device, label)
     if interrupt is not None:  # from here a signal pauses the run after its step (before, it acts at once)
         interrupt.arm()
     frac, stop, _ = reading()
@@ -301,6 +305,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         lr = cfg.lr * warm * cosine_lr(at, cfg.steps, 0, cfg.min_lr_ratio) * cooldown(at, cfg.steps, cfg.cooldown_steps)
         for g in opt.param_groups:
             g["lr"] = lr
+        profiled.before(step)
         env_rows, pol_rows, batches = upcoming or draw()
         opt.zero_grad(set_to_none=True)
         own = []
@@ -324,6 +329,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         # the step's first wait for the device; its sums, and the own answers that repeated a move, over all ranks
         loss, ul, legal, repeats = dist.all_reduce_sum(sums.tolist() + [sum(r.learn_from is None for r in own)])
         repeats = int(repeats)
+        profiled.after(step)
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
         record = {"step": step, "loss": loss, "A_rows": len(env_rows),
@@ -347,6 +353,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
             write_text(log_path, json.dumps(record) + "\n")
         if step % cfg.save_every == 0 and not done:
             save()
+    profiled.close(step)
     bar.close()
     model.eval()
     model.config.use_cache = True

@@ -79,6 +79,12 @@ _HELP = {
                    "fit it. Default 320",
     "layout": "how P: samples are written: compact (single spaces) or padded (upstream RookWorld's: the FEN, moves "
               "and evals padded with spaces to fixed widths). Default compact",
+    "profile_steps": "profile so many steps with torch.profiler (after --profile-after steps of this invocation, "
+                     "and one more that warms the profiler up) and write the operators by time and by calls to "
+                     "OUT.profile.txt, with the seconds a step and, on a GPU, the share of them the device was busy; "
+                     "0 = off. Default 0",
+    "profile_after": "steps of each invocation (a resume too) before the profiled ones: CUDA's start and the "
+                     "allocator's warm-up. Default 20",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",

@@ -75,6 +75,9 @@ class SFTConfig:
     # under torchrun: how long a rank waits for the others at a step (or an evaluation) before the run ends
     # (torchrun then stops the rest) instead of holding every device; rank 0's saves are waited for 15 minutes
     step_timeout_minutes: float = 10.0
+    # torch.profiler over this many steps, its tables in OUT.profile.txt (step_profile); 0 = off
+    profile_steps: int = 0
+    profile_after: int = 20  # steps of each invocation before the profile: CUDA's start, the allocator's warm-up
 
     def checkpoint_dir(self) -> Path:
         """Where the run's checkpoint lives (what --resume continues from): `<out>.checkpoint` beside `out`."""
@@ -89,7 +92,7 @@ class SFTConfig:
         if self.layout not in LAYOUTS:
             raise ValueError(f"sft.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         for name, low in (("n_positions", 1), ("warmup_steps", 0), ("eval_every", 1), ("eval_samples", 0),
-                          ("save_every", 1), ("threads", 1)):
+                          ("save_every", 1), ("threads", 1), ("profile_steps", 0), ("profile_after", 0)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"sft.{name} must be >= {low}, got {value}")

@@ -248,9 +248,16 @@ def test_sft_step_match_and_eval_run_on_the_device(tmp_path, small_data, device,
     from rookworld_rlvr.cli import main
     from rookworld_rlvr.sft import SFTConfig, train
 
-    train(SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=1,
-                    batch_size=4, save_every=1, device=str(device), threads=None), progress=False)
+    train(SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", out=str(tmp_path / "m"), steps=3,
+                    batch_size=4, save_every=1, device=str(device), threads=None, profile_steps=1, profile_after=1),
+          progress=False)
     assert (tmp_path / "m" / "model.safetensors").exists()
+    # the profile of step 3 (after a skipped step and the profiler's warm-up): on a GPU, the share the device was busy
+    head = (tmp_path / "m.profile.txt").read_text().splitlines()[0]
+    assert f": step 3 on {device}, " in head
+    if device.type == "cuda":
+        share = float(head.split("of the wall time")[0].rsplit("(", 1)[1].rstrip("% "))
+        assert "the device busy" in head and 0 < share <= 100, head
     from rookworld_rlvr.data.io import write_samples
 
     env_rows = [s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "A"][:4]
