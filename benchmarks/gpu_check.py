@@ -267,11 +267,13 @@ def profile_grpo(model_dir: Path, data: Path, device: torch.device, tmp: Path, o
 
 def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, res: Results) -> None:
     """s/step of `rookworld sft`: the shipped base's shape and settings (tiny, batch 64, 8 own answers a step), and
-    the GPU base's recipe (small, batch 256, bf16 where supported) without and with those own answers (each step
-    then decodes 8 greedy answers of 30 tokens before its forward and backward)."""
+    the GPU base's shape (small, bf16 where supported) at 256 rows a step without and with those own answers (each
+    step then decodes 8 greedy answers of 30 tokens before its forward and backward), and at the recipe's 512 rows:
+    how a step's time grows with its rows."""
     from rookworld_rlvr.sft import SFTConfig, train
 
-    shapes = [("tiny", 64, 8), ("small", 256, 0), ("small", 256, 8)] if not smoke else [("tiny", 4, 0), ("tiny", 4, 2)]
+    shapes = [("tiny", 64, 8), ("small", 256, 0), ("small", 256, 8), ("small", 512, 0)] if not smoke else \
+        [("tiny", 4, 0), ("tiny", 4, 2)]
     for preset, batch, own in shapes:
         name, what = f"sft-{preset}-{batch}-{own}", f"sft {preset} batch {batch} own_repeats {own}"
         if not res.in_time(what):

@@ -14,7 +14,7 @@
 #    as it plays (`rookworld data replay --picks`): the same samples, checked, without the merges (a minute or more
 #    of one core per record). --make-picks replays and merges every record and writes its picks beside it;
 # 2. `rookworld sft` on cuda: a fresh `wide` model (6 x 512, 19M parameters; --preset picks another), bf16
-#    autocast, batch 256, no greedy answers of its own in a step (--own-repeats 0), its lr schedule fitted to M
+#    autocast, batch 512, no greedy answers of its own in a step (--own-repeats 0), its lr schedule fitted to M
 #    minutes of training (default 8), checkpointed every 500 steps (rerun with the same OUT_DIR and RESUME=1 to
 #    continue). With records or more data, SFT does not wait for them: it starts on the shipped data and its game
 #    starts (ready in seconds) on 4 cores while the other cores replay (with picks: no merge), read and encode the
@@ -102,9 +102,12 @@ else
   openings=4000
   # --own-repeats 0: no greedy answers of the model's own in each step (30 sequential decoding steps, where the
   # training step is one forward and backward; on the CPU they did not stop the repeats: models/README.md)
-  # --profile-steps: torch.profiler's tables of 5 steps after each invocation's first 20 (WORK/base.profile.txt, in
-  # meta.tar): where the GPU's SFT step goes (0.06-0.08 s a step of 256 on an H200, a few times its arithmetic)
-  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 256 --steps 100000 --own-repeats 0
+  # --batch-size 512: a step of 256 rows took 0.06-0.08 s on an H200 and the same step 0.127 s in gpu_check.sh, not
+  # what the GPU's arithmetic alone would give: a step's time there is mostly its own (launches, the host), not its
+  # rows', so more rows a step are more samples a minute; at about 90k tokens a step a larger batch still costs
+  # little per sample. --profile-steps: torch.profiler's tables of 5 steps after each invocation's first 20
+  # (WORK/base.profile.txt, in meta.tar): where the step's time goes, measured
+  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 512 --steps 100000 --own-repeats 0
        --save-every 500 --eval-every 500 --eval-samples 0 --profile-steps 5)
 fi
 
