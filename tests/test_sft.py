@@ -351,7 +351,7 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log][-2:] == [5, 6]
 
 
-def test_profile_steps_writes_where_the_steps_of_an_invocation_spend_their_time(tmp_path, small_data):
+def test_profile_steps_writes_where_the_steps_of_an_invocation_spend_their_time(tmp_path, small_data, capsys):
     """A GPU machine's run sends back a text file, not a trace: torch.profiler's tables of a few steps, counted
     from the start of each invocation (a resume starts CUDA and the allocator afresh too)."""
     out, path = tmp_path / "m", tmp_path / "m.profile.txt"
@@ -370,6 +370,21 @@ def test_profile_steps_writes_where_the_steps_of_an_invocation_spend_their_time(
     train(cfg, resume=True, progress=False)
     label = text.split(": steps")[0]
     assert path.read_text() == label + ": no step profiled (the run ended in the profiler's warm-up step 7)\n"
+    # a profiler that fails (CUPTI missing on a GPU machine, say) is said and written; the training goes on
+    import torch.profiler
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("CUPTI unavailable")
+
+    for steps, patch in ((8, (torch.profiler, "profile", refuse)), (10, (torch.profiler.profile, "stop", refuse))):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(*patch)
+            cfg.steps, cfg.profile_steps, cfg.profile_after = steps, 1, 0
+            train(cfg, resume=True, progress=False)
+        assert [json.loads(x)["step"] for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()][-1] == steps
+        what = "did not start" if steps == 8 else f"failed at its end (step {steps})"
+        assert path.read_text() == f"{label}: the profiler {what}: RuntimeError: CUPTI unavailable\n"
+        assert f"warning: {label[2:]}: the profiler {what}" in capsys.readouterr().out
     for name in ("profile_steps", "profile_after"):
         with pytest.raises(ValueError, match=f"sft.{name} must be >= 0, got -1"):
             SFTConfig(data=str(small_data / "train.jsonl"), eval_data="", **{name: -1}).validate()

@@ -33,8 +33,12 @@ class StepProfile:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda() else [])
-        self.prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
-        self.prof.start()
+        try:
+            self.prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
+            self.prof.start()
+        except Exception as e:  # noqa: BLE001 - a diagnostic that fails must not end the training it watches
+            self._failed("did not start", e)
+            return
         self.first = step + 2  # the run's number of the first recorded step
 
     def after(self, step: int) -> None:
@@ -43,7 +47,11 @@ class StepProfile:
         if step + 1 == self.first:  # the warm-up step is done: the recorded steps' clock starts
             self._sync()
             self.t0 = time.perf_counter()
-        self.prof.step()
+        try:
+            self.prof.step()
+        except Exception as e:  # noqa: BLE001
+            self._failed(f"failed at step {step}", e)
+            return
         if step + 1 - self.first >= self.steps:
             self._finish(step)
 
@@ -61,11 +69,24 @@ class StepProfile:
 
             torch.cuda.synchronize(self.device)
 
+    def _failed(self, what: str, error: Exception) -> None:
+        """The profiler's failure, said and written where its tables would be; the run goes on unprofiled."""
+        self.prof, self.done = None, True
+        line = f"{self.label}: the profiler {what}: {type(error).__name__}: {error}"
+        print(f"warning: {line}", flush=True)
+        self.path.write_text(f"# {line}\n")
+
     def _finish(self, step: int) -> None:
         self._sync()
         wall = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
         prof, self.prof, self.done = self.prof, None, True
-        prof.stop()
+        try:
+            prof.stop()
+            self._write(prof, step, wall)
+        except Exception as e:  # noqa: BLE001
+            self._failed(f"failed at its end (step {step})", e)
+
+    def _write(self, prof, step: int, wall: float) -> None:
         n = step - self.first + 1
         if n < 1:
             self.path.write_text(f"# {self.label}: no step profiled (the run ended in the profiler's warm-up step "
