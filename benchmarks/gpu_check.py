@@ -20,6 +20,7 @@ import importlib
 import itertools
 import json
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -269,8 +270,11 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
     """s/step of `rookworld sft`: the shipped base's shape and settings (tiny, batch 64, 8 own answers a step), and
     the GPU base's shape (small, bf16 where supported) at 256 rows a step without and with those own answers (each
     step then decodes 8 greedy answers of 30 tokens before its forward and backward), and at the recipe's 512 rows:
-    how a step's time grows with its rows."""
+    how a step's time grows with its rows. The last steps are profiled (`--profile-steps`, after the timed ones): the
+    share of a step the device was busy says whether its kernels or the host's launches set the pace."""
     from rookworld_rlvr.sft import SFTConfig, train
+
+    timed = max(2, steps - 3)  # the steps timed; of the rest one warms the profiler up and the others are profiled
 
     shapes = [("tiny", 64, 8), ("small", 256, 0), ("small", 256, 8), ("small", 512, 0)] if not smoke else \
         [("tiny", 4, 0), ("tiny", 4, 2)]
@@ -280,7 +284,8 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
             continue
         cfg = SFTConfig(data=str(data), eval_data="", out=str(tmp / name), preset=preset, steps=steps,
                         batch_size=batch, own_repeats=own, save_every=10**6, device=str(device), autocast="auto",
-                        threads=None, rows_cache=str(tmp / "sft-rows.safetensors"))  # encoded once for all three
+                        threads=None, rows_cache=str(tmp / "sft-rows.safetensors"),  # encoded once for all
+                        profile_steps=max(0, steps - timed - 1), profile_after=timed)
         t = time.perf_counter()
         try:
             train(cfg, progress=False)
@@ -288,13 +293,18 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
             failed(res, "sft", {"preset": preset, "batch_size": batch, "own_repeats": own}, what, e)
             continue
         log = [json.loads(x) for x in (tmp / f"{name}.sft_log.jsonl").read_text().splitlines()]
-        seconds = [r["seconds"] for r in log]
+        seconds = [r["seconds"] for r in log][:timed]
         per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
         host = host_batch_seconds(cfg)
+        profile = tmp / f"{name}.profile.txt"
+        busy = re.search(r"\((\d+)% of the wall time", profile.read_text()) if profile.exists() else None
         res.add("sft", {"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
                         "samples_per_s": round(batch / per_step, 1) if per_step else None,
-                        "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1)})
-        print(f"{what}: {per_step:.3f} s/step, the host's batch {host * 1000:.1f} ms", flush=True)
+                        "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1),
+                        "device_busy_share": int(busy.group(1)) / 100 if busy else None,
+                        "profile": profile.read_text().splitlines()[0] if profile.exists() else None})
+        print(f"{what}: {per_step:.3f} s/step, the host's batch {host * 1000:.1f} ms"
+              + (f", the device busy {busy.group(1)}% of a profiled step" if busy else ""), flush=True)
 
 
 def host_batch_seconds(cfg, draws: int = 20) -> float:
@@ -362,7 +372,7 @@ def main() -> int:
         res = Results(args.out, result, args.deadline)
         generation(model_dir, device, shapes, 8 if args.smoke else 144, 1 if args.smoke else 3, res)
         grpo(model_dir, data, device, tmp, 2 if args.smoke else 6, args.smoke, res)
-        sft(data, device, tmp, 2 if args.smoke else 30, args.smoke, res)
+        sft(data, device, tmp, 4 if args.smoke else 30, args.smoke, res)
     result.update(seconds=round(time.time() - t0, 1), complete=True)
     res.save()
     print(markdown(result))

@@ -34,11 +34,16 @@ def markdown(result: dict) -> str:
         else:
             shares = ", ".join(f"{k} {v:.0%}" for k, v in r["phase_share"].items() if v >= 0.01)
             lines.append(f"| {r['config']} | {r['batch']} | {r['s_per_step']} | {r['peak_memory_gib']} | {shares} |")
-    lines += ["", "| SFT preset | batch | own answers a step | s/step | samples/s | the host's batch, ms |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| SFT preset | batch | own answers a step | s/step | samples/s | the host's batch, ms "
+              "| device busy |", "|---|---|---|---|---|---|---|"]
+
+    def busy(r: dict) -> str:  # the share of a profiled step the GPU ran kernels (none on a CPU, or in older results)
+        return "-" if r.get("device_busy_share") is None else f"{r['device_busy_share']:.0%}"
+
     lines += [f"| {r['preset']} | {r['batch_size']} | {r.get('own_repeats', '-')} | "
-              + (f"failed: {r['error']} | - | - |" if "error" in r else
-                 f"{r['s_per_step']} | {r['samples_per_s']} | {r.get('host_batch_ms', '-')} |") for r in result["sft"]]
+              + (f"failed: {r['error']} | - | - | - |" if "error" in r else
+                 f"{r['s_per_step']} | {r['samples_per_s']} | {r.get('host_batch_ms', '-')} | {busy(r)} |")
+              for r in result["sft"]]
     trl = result["trl"]
     if isinstance(trl, dict):
         lines += ["", f"| TRL {trl['trl']} GRPOTrainer beside ours | model | β | prompts x group x tokens | ours s/step "

@@ -43,6 +43,11 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
                for r in result["grpo"])
     assert [(r["preset"], r["own_repeats"]) for r in result["sft"]] == [("tiny", 0), ("tiny", 2)]
     assert all(r["s_per_step"] > 0 and r["host_batch_ms"] > 0 for r in result["sft"])
+    # each shape's last step profiled after the timed ones (on a GPU its busy share, which a CPU has not)
+    for r, own in zip(result["sft"], (0, 2)):
+        assert r["profile"].startswith(f"# rookworld sft of sft-tiny-4-{own}, batch 4, ") and \
+            ": step 4 on cpu, " in r["profile"], r["profile"]
+    assert all(r["device_busy_share"] is None for r in result["sft"])
     # TRL's GRPOTrainer beside ours on the same work, with the shared reward run without Stockfish (as on the GPU)
     trl = json.loads((out / "grpo_vs_trl.json").read_text())
     assert trl["machine"]["engine"] == "none" and trl["machine"]["device"] == "cpu"
@@ -54,6 +59,7 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert trl["machine"]["allocator"].startswith("host memory: freed blocks are kept for reuse")
     table = (out / "gpu_check.md").read_text()
     assert "| GRPO step (124M preset) |" in table and "(smoke: tiny sizes)" in table
+    assert "| the host's batch, ms | device busy |" in table and " | - |\n" in table.split("| SFT preset")[1]
     # ours as configs/rookworld-124m.yaml runs it on a GPU: the shape-stable decode step (eager on a CPU)
     assert pair["ours_decode_graph"] and "our decoding: shape-stable" in (out / "grpo_vs_trl.txt").read_text()
     assert (f"| float32, decode_graph | small | 0 | 2 x 2 x 8 | {pair['ours_s_per_step']:.3f} | "
