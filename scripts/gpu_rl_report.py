@@ -37,6 +37,19 @@ def machine(work: Path) -> str:
     return text
 
 
+def sft_pace(work: Path) -> str | None:
+    """The base's SFT as its log and checkpoint have it: steps, rows a step, samples a second (over its training
+    minutes, held-out evaluations and the first steps' warm-up included)."""
+    log, state = work / "sft" / "base.sft_log.jsonl", work / "sft" / "base.checkpoint" / "sft_state.json"
+    if not (log.exists() and state.exists()):
+        return None
+    last = json.loads(log.read_text().splitlines()[-1])
+    batch = json.loads(state.read_text())["config"]["batch_size"]  # statefile's JSON: plain values as they are
+    samples = last["step"] * batch
+    return (f"The base's SFT: {last['step']:,} steps of {batch} rows ({samples / 1e6:.2f}M samples) in "
+            f"{last['seconds'] / 60:.1f} minutes, {samples / max(last['seconds'], 1e-9):,.0f} samples a second.")
+
+
 def minutes(times: list[list[str]]) -> str:
     """Each stage's minutes from times.tsv (name, seconds, start time), the stages that ran at the same time as
     another named: their minutes overlap, so they do not add up to the call's."""
@@ -128,8 +141,11 @@ def report(work: Path) -> str:
              *([f"Base: {base} (--base).", ""] if given else []),
              told[:1].upper() + told[1:] + "." if told else "Training data: not recorded.", "",
              "Minutes per stage: " + minutes(times) + ".", ""]
+    pace = sft_pace(work) if not given else None
+    if pace:
+        lines += [pace, ""]
     profile = work / "sft" / "base.profile.txt"  # torch.profiler's tables of a few SFT steps: record.tar
-    if profile.exists():
+    if profile.exists() and not given:
         lines += ["The base's SFT, profiled (sft/base.profile.txt): "
                   + profile.read_text().splitlines()[0].removeprefix("# rookworld sft of ") + ".", ""]
     if skipped:

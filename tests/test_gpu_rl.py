@@ -129,6 +129,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
     assert (record / "sft" / "base.profile.txt").read_text() == profile
+    seconds = log[-1]["seconds"]  # the samples the base saw, and how fast: 3 steps of the smoke's 4 rows
+    assert f"The base's SFT: 3 steps of 4 rows (0.00M samples) in {seconds / 60:.1f} minutes, " \
+        f"{12 / seconds:,.0f} samples a second." in (out / "results.md").read_text()
     assert f"The base's SFT, profiled (sft/base.profile.txt): {profile.splitlines()[0][19:]}." in \
         (out / "results.md").read_text()
     prepared = (record / "sft" / "prepare.log").read_text()  # where the GPU machine's minutes before SFT went
@@ -233,6 +236,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     run4 = yaml.safe_load((rl4 / "config.yaml").read_text())
     assert run4["model"] == str(given) and run4["reward_signal"] is False  # --control: the anchor and KL alone
     assert f"Base: {given} (--base)." in (out4 / "results.md").read_text()
+    assert "The base's SFT" not in (out4 / "results.md").read_text()  # trained elsewhere: its pace is not this call's
     assert "GRPO's control (--control: reward_signal false" in (out4 / "results.md").read_text()
     assert "## Verdict: the base -> the control model" in (out4 / "results.md").read_text()
     # a WORK holds one kind of run: GRPO's WORK refuses its control, before anything runs
