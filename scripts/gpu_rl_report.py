@@ -3,7 +3,8 @@
 
 results.md: the GRPO run's (or its control's) verdict (its base and the trained model on the held-out sets, next to
 a random mover, with 95% intervals), the two matches, the machine, the minutes each stage took and the stages not
-run yet (a deadline, or a GRPO run not done), and the issue's goals for the base and for GRPO, each met or not.
+run yet (a deadline, or a GRPO run not done), the base's SFT and GRPO's pace (samples a second; positions, seconds
+a step and its phases), and the issue's goals for the base and for GRPO, each met or not.
 record.tar: the matches, self-play games, minutes per stage and the base's data log, as far as each has got. Then a
 check that everything in OUT would come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1
 when not). Written after every stage: it reports what is done so far.
@@ -48,6 +49,24 @@ def sft_pace(work: Path) -> str | None:
     samples = last["step"] * batch
     return (f"The base's SFT: {last['step']:,} steps of {batch} rows ({samples / 1e6:.2f}M samples) in "
             f"{last['seconds'] / 60:.1f} minutes, {samples / max(last['seconds'], 1e-9):,.0f} samples a second.")
+
+
+def grpo_pace(run: Path) -> str:
+    """The positions GRPO drew and where its steps' time went (metrics.jsonl's phases over every step, a step a
+    guard undid included): the goal is tens of thousands of positions in minutes, and a run that waits on scoring
+    shows it in `score`."""
+    import yaml
+
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    if not records:
+        return ""
+    per_step = yaml.safe_load((run / "config.yaml").read_text())["batch_positions"]
+    total = sum(r["time/step"] for r in records)
+    phases = {k.removeprefix("time/"): sum(r.get(k, 0.0) for r in records) / max(total, 1e-9)
+              for k in records[0] if k.startswith("time/") and k != "time/step"}
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in phases.items() if v >= 0.005)
+    return (f" {len(records) * per_step:,} positions drawn ({per_step} a step), {total / len(records):.2f} s a step: "
+            f"{shares}.")
 
 
 def minutes(times: list[list[str]]) -> str:
@@ -155,7 +174,8 @@ def report(work: Path) -> str:
     else:
         lines += [f"{run}: {summary['steps']} steps"
                   + (f" in {summary['minutes']} minutes" if "minutes" in summary else "")
-                  + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + ".", "",
+                  + (" (ended by max_minutes)" if summary.get("ended_by_time") else "") + "."
+                  + grpo_pace(work / "grpo"), "",
                   f"## Verdict: the base -> the {'control' if control else 'trained'} model (held-out, greedy)", "",
                   "```",
                   verdict_table(summary["base"], summary["final"]), "```", ""]

@@ -155,6 +155,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
         plies[name] = round(sp["mean_legal_half_moves"])
     text = (out / "results.md").read_text()
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
+    # how many positions GRPO drew, and where its steps' time went (tens of thousands in minutes, on the GPU)
+    assert re.search(r"\nGRPO: 2 steps[^\n]*\. 4 positions drawn \(2 a step\), [\d.]+ s a step: generate \d+%", text)
     assert f"({', '.join(list(times)[2:])} at once)." in text
     assert f"its histories, {records[0]}'s games (" in text and f"A: rows), {records[1]}'s games (" in text
     assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
