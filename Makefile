@@ -8,9 +8,8 @@ ARGS ?=
 # an index pip reads beside PyPI, for torch: PyPI's Linux torch is a CUDA build (several GB with its libraries);
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU build instead (a few hundred MB)
 TORCH_INDEX ?=
-# test processes (pytest-xdist): one more than the cores, at most 4 (each holds torch and tiny models in memory).
-# The drills wait (torchrun's 30 s before it kills a stopped rank, the step timeouts): a process more fills the waits
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((n + 1)); [ $$n -gt 4 ] && n=4; echo $$n)
+# test processes (pytest-xdist): one per core, at most 4 (each holds torch and tiny models in memory)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: setup stockfish browser train test clean
 
