@@ -968,7 +968,10 @@ def test_draw_samples_each_row_from_its_distribution_and_never_a_filtered_token(
     probabilities (filtered tokens first, in the middle and last; a one-hot row; a row spread over
     every token); a token of probability 0 is never drawn, at GPT-2's 50k vocabulary too; a seed
     repeats the draw."""
-    from rookworld_rlvr.model.sampling import draw
+    from rookworld_rlvr.model.sampling import fill_uniform, pick
+
+    def draw(probs, generator):  # a uniform of its own for each row, as generate draws them
+        return pick(probs, fill_uniform(torch.empty((probs.shape[0], 1), dtype=torch.float64), generator))
 
     v = 12
     rows = torch.zeros(4, v)

@@ -30,12 +30,11 @@ def next_tokens(
     top_k: int,
     top_p: float,
     greedy: bool,
-    generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return it with its log-prob under log_softmax(logits / T). A sampled
-    row draws its uniform from `generator`, or takes it from `uniforms` [N, 1] (float64) drawn
-    beforehand: a CUDA graph's step draws nothing itself (`token_graph`)."""
+    row takes its uniform from `uniforms` [N, 1] (float64, `fill_uniform`), drawn beforehand for
+    several tokens at once: a CUDA graph's step draws nothing itself (`token_graph`)."""
     logits = logits.float()
     if greedy:
         tokens = logits.argmax(-1)
@@ -44,7 +43,9 @@ def next_tokens(
         scaled = logits / temperature
         logp = scaled.log_softmax(-1)
         probs = filter_logits(scaled, top_k, top_p).softmax(-1)
-        tokens = draw(probs, generator) if uniforms is None else pick(probs, uniforms)
+        if uniforms is None:
+            raise ValueError("next_tokens: a sampled token needs its uniform (fill_uniform)")
+        tokens = pick(probs, uniforms)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -53,13 +54,6 @@ def fill_uniform(out: torch.Tensor, generator: torch.Generator | None) -> torch.
     device (its own stream of numbers; on a CPU, k draws of n equal one of k x n) and copied over."""
     source = out.device if generator is None else generator.device
     return out.copy_(torch.rand(out.shape, generator=generator, device=source))
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `probs` [N, V], each row with a uniform of its own from `generator`
-    (`pick`). `generator` may live on another device: only the N uniforms come from it."""
-    u = fill_uniform(torch.empty((probs.shape[0], 1), dtype=torch.float64, device=probs.device), generator)
-    return pick(probs, u)
 
 
 def pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
