@@ -85,6 +85,8 @@ def grpo_command(out: Path, data: Path, smoke: bool, model: str, rollbacks: bool
             "--steps", "4" if smoke else "12", "--batch-positions", "2", "--group-size", "4",
             "--anchor-batch", "4", "--eval-every", "2" if smoke else "4", "--save-every", "2", "--keep-last", "2",
             "--threads", "1", "--progress", "false", "--report", "false", "--output-dir", str(out),
+            # the base's evaluation answers, kept by the first run: the later copies read them back
+            "--eval-cache", str(out.parent / "eval-cache"),
             # float32, not auto: auto times a bf16 product at each start, and a busy CPU can read it slow, so two
             # runs compared bit for bit could differ in precision (a resume keeps its run's choice; a new run not)
             "--backward-dtype", "float32"]

@@ -307,6 +307,11 @@ ROWS = [
         and all(b[t][k] == o[t][k] and len(b[t][k]) == 2 for t in ("policy", "environment") for k in b[t]
                 if k.endswith("_items")) and any(k.endswith("_items") for k in b["environment"]),
         base={"eval_data": "EVALFILE", "eval_limit": 2}),
+    # the base's evaluation of a second run from the same weights: its answers read back, the same results
+    Row("eval_cache", {"eval_cache": "CACHEDIR"}, P(lambda env, over: _evaluate_twice(env, over)),
+        lambda b, o: not b[1] and o[1] == [f"held-out evaluation at step 0: {o[2]} batches of answers read from the "
+                                          f"evaluation cache {o[3]}"] and o[2] > 0 and b[0] == o[0],
+        base={"eval_data": "EVALFILE", "eval_limit": 2}),
     Row("strength_data", {"strength_data": "JUDGEDFILE"}, P(lambda env, over: _evaluate(env, over)),
         lambda b, o: "strength" not in b and o["strength"]["n"] == 2 and "random" in o["strength"],
         base={"eval_data": "EVALFILE", "eval_limit": 1}),
@@ -494,6 +499,24 @@ def _evaluate(env: Env, over: dict):
         return tr.evaluate()
     finally:
         pool.close()
+
+
+def _evaluate_twice(env: Env, over: dict) -> tuple:
+    """The base evaluation of a second run (of two from the same weights) without its timings, what that run
+    logged, the batches the first run decoded and the cache file it wrote (None without eval_cache)."""
+    from rookworld_rlvr.grpo.cli import build
+
+    over = {k: (str(env.tmp / f"eval-cache{env.n}") if v == "CACHEDIR" else v) for k, v in over.items()}
+    for logged in ([], []):
+        tr, pool = build(env.config(over), log=logged.append)
+        try:
+            res = tr.evaluate()
+        finally:
+            pool.close()
+    files = list(Path(over["eval_cache"]).iterdir()) if over.get("eval_cache") else [None]
+    batches = len(Path(files[0]).read_text().splitlines()) - 1 if files[0] else 0
+    return ({k: v for k, v in res.items() if k not in ("seconds", "meta")}, [m for m in logged if m.startswith("held-out")],
+            batches, files[0])
 
 
 def _anchor_prompts(env: Env, over: dict) -> tuple[set, set]:

@@ -22,10 +22,8 @@ import yaml
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardConfig
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k2", "k3", "exact")
-SCALES = ("group", "batch", "none")
+LOSS_TYPES, LEVELS = ("grpo", "bnpo", "dr_grpo", "dapo"), ("token", "sequence")
+KL_ESTIMATORS, SCALES = ("k1", "k2", "k3", "exact"), ("group", "batch", "none")
 # Fields that were removed, and why: an old preset or command line gets this instead of "unknown field".
 REMOVED = {
     "adv_clip": "removed: with group scaling |advantage| <= (G - 1) / sqrt(G) (2.47 at G = 8), so a clip at 3 or 5 "
@@ -84,6 +82,8 @@ class TrainConfig:
     eval_data: str = _f("data/eval.jsonl.gz", "held-out set for the greedy evaluation")
     eval_limit: int = _f(200, "eval_data samples per task per evaluation (0 = all); the other held-out sets run whole")
     eval_batch_size: int = _f(64, "prompts a held-out evaluation decodes at once (same answers; a GPU gains most)")
+    eval_cache: str = _f("", "folder where the evaluation of the weights a run starts from keeps its greedy answers, by "
+                         "weights, machine and code: a later run from them reads them back instead ('' = off)")
     skip_invalid: bool = _f(False, "skip and count malformed data lines instead of stopping")
     layout: str = _f("compact", "P: prompt layout: compact | padded (upstream columns; use for RookWorld-LM)")
     mix_env_ratio: float = _f(0.5, "share of A: (environment) prompts in each batch")

@@ -188,7 +188,7 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
         (("env_terminal_share",), "A" not in tasks, "no A: prompts are sampled (mix_env_ratio 0 in every phase)"),
         (("check_share",), "P" not in tasks or cfg.mix_puzzle_ratio == 1,
          "no P: positions are sampled (mix_env_ratio 1 or mix_puzzle_ratio 1)"),
-        (("eval_limit", "eval_batch_size", "eval_every", "history_eval_data"), not cfg.eval_data,
+        (("eval_limit", "eval_batch_size", "eval_every", "history_eval_data", "eval_cache"), not cfg.eval_data,
          "eval_data is empty (no evaluation)"),
         (("step_timeout_minutes",), processes == 1,
          "one process: it bounds how long torchrun's ranks wait for each other"),

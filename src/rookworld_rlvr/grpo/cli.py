@@ -51,8 +51,9 @@ def preflight(cfg: TrainConfig) -> None:
         raise ModelLoadError(problem)
     if lacking := device_problems(cfg):
         raise ValueError(lacking[0])
-    if blocked := blocked_directory(cfg.output_dir):
-        raise ValueError(f"output_dir: {blocked}")
+    for name in ("output_dir", "eval_cache"):
+        if getattr(cfg, name) and (blocked := blocked_directory(getattr(cfg, name))):
+            raise ValueError(f"{name}: {blocked}")
     needed = [("data", cfg.data), ("anchor_data", cfg.anchor_data if cfg.anchor_coef else None),
               ("eval_data", cfg.eval_data), ("puzzle_data", cfg.puzzle_data)]
     if cfg.eval_data:

@@ -5,7 +5,8 @@ guards, data cursors, sampling streams and RNGs, the evaluations so far, and (Lo
 or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `save` writes a
 checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
 one; `stop_if_asked` saves and stops where a signal asked (`interrupt`); `eval_journal` keeps what an
-owed evaluation completed before a stop. Owns the state's contents. Imports torch; nothing of chess.
+owed evaluation completed before a stop, and `eval_cache` the base evaluation's answers for later runs. Owns the
+state's contents. Imports torch; nothing of chess (the tokenizers' source only, hashed by `code_digest`).
 """
 
 from __future__ import annotations
@@ -203,17 +204,58 @@ def eval_journal(tr: Trainer, model) -> Journal | None:
     if "journal" not in inspect.signature(tr.eval_fn).parameters:
         return None
     header = eval_journal.identity(model, step=tr.step) if tr.main else None
-    journal = eval_journal.resume(tr.run_dir / eval_journal.NAME, header, dist.broadcast_object)
-    if journal.done:
-        tr.log(f"held-out evaluation at step {tr.step}: {len(journal.done)} batches completed before the stop are "
-               "kept")
+    cached = {}
+    if tr.main and (cache := eval_cache(tr, header)) is not None:
+        try:
+            cached = eval_journal.read(*cache)
+        except OSError as e:
+            tr.log(f"warning: eval_cache: cannot read {cache[0]} ({e}): its answers are decoded again")
+        if cached:
+            tr.log(f"held-out evaluation at step {tr.step}: {len(cached)} batches of answers read from the "
+                   f"evaluation cache {cache[0]}")
+    journal = eval_journal.resume(tr.run_dir / eval_journal.NAME, header, dist.broadcast_object, known=cached)
+    if len(journal.done) > len(cached):
+        tr.log(f"held-out evaluation at step {tr.step}: {len(journal.done) - len(cached)} batches completed before "
+               "the stop are kept")
     return journal
 
 
-def end_eval_journal(tr: Trainer) -> None:
-    """The evaluation returned: its journal goes (a later evaluation at this step may be of other weights,
-    after a rollback)."""
+def eval_cache(tr: Trainer, header: dict) -> tuple[Path, dict] | None:
+    """The cache file (`eval_cache`) of the evaluation of the weights the run starts from (step 0), and its
+    header: the journal's without the step, with the decoding code's hash. None where there is none."""
     from rookworld_rlvr.model import journal as eval_journal
 
-    if tr.main:
-        (tr.run_dir / eval_journal.NAME).unlink(missing_ok=True)
+    if not tr.cfg.eval_cache or tr.step != 0:
+        return None
+    header = {**{k: v for k, v in header.items() if k != "step"}, "code": code_digest()}
+    return eval_journal.cache_file(tr.cfg.eval_cache, header), header
+
+
+def code_digest() -> str:
+    """A hash of the decoding code (the model package, the chess tokenizers, transformers' version): a cache's
+    greedy answers are served only to the code that wrote them, since a change there may change one."""
+    import hashlib
+
+    import transformers
+
+    from rookworld_rlvr import chess_tokenizers, model
+
+    digest = hashlib.blake2b(transformers.__version__.encode(), digest_size=8)
+    for f in sorted(Path(model.__file__).parent.glob("*.py")) + [Path(chess_tokenizers.__file__)]:
+        digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()
+
+
+def end_eval_journal(tr: Trainer, journal: Journal | None = None) -> None:
+    """The evaluation returned: its answers go to the evaluation cache (`eval_cache`, at step 0) and its
+    journal goes (a later evaluation at this step may be of other weights, after a rollback)."""
+    from rookworld_rlvr.model import journal as eval_journal
+
+    if not tr.main:
+        return
+    if journal is not None and journal.done and (cache := eval_cache(tr, journal.header)):
+        try:
+            eval_journal.keep(*cache, journal.done)
+        except OSError as e:
+            tr.log(f"warning: eval_cache: the answers were not kept ({e}): the next run decodes them again")
+    (tr.run_dir / eval_journal.NAME).unlink(missing_ok=True)

@@ -409,7 +409,7 @@ class Trainer:
         model = self.sampler()
         journal = state.eval_journal(self, model)
         res = self.eval_fn(model, self.tokenizer, **({"journal": journal} if journal is not None else {}))
-        state.end_eval_journal(self)
+        state.end_eval_journal(self, journal)
         if self.main:
             res["seconds"] = round(time.time() - t0, 1)
             res["step"] = self.step

@@ -8,7 +8,8 @@ a kill during the evaluation (minutes on a CPU) loses only the batches in flight
 by its prompts and token budget: the resumed evaluation forms the same batches in the same order
 (`model.completions`), so a batch read back is the batch it would complete and the results equal
 the uninterrupted run's. A journal of other weights is not read, and a line cut short by a kill is
-dropped on reading. Imports json, hashlib, pathlib and torch; the caller decides where a journal
+dropped on reading. A cache (`cache_file`, `keep`) holds a finished evaluation's answers for later runs.
+Imports json, hashlib, os, pathlib and torch; the caller decides where a journal
 lives and shares rank 0's with the other ranks.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -34,8 +36,9 @@ class Journal:
     """Greedy batches' answers by `batch_key`; written to `path` as they come (None: kept in memory only,
     as on the ranks that do not write)."""
 
-    def __init__(self, path: Path | None = None, done: dict[str, tuple[list[str], list[str]]] | None = None) -> None:
-        self.path = path
+    def __init__(self, path: Path | None = None, done: dict[str, tuple[list[str], list[str]]] | None = None,
+                 header: dict[str, Any] | None = None) -> None:
+        self.path, self.header = path, header
         self.done = dict(done or {})
 
     def get(self, prompts: Sequence[str], budget: int) -> tuple[list[str], list[str]] | None:
@@ -104,17 +107,39 @@ def read(path: Path, header: dict[str, Any]) -> dict[str, tuple[list[str], list[
 def start(path: Path, header: dict[str, Any], done: dict) -> Journal:
     """A journal with this `header` written afresh at `path`, holding `done` (what `read` found)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, _text(header, done), append=False)
+    return Journal(path, done, header)
+
+
+def _text(header: dict[str, Any], done: dict) -> str:
     lines = [header] + [{"key": key, "texts": texts, "reasons": reasons} for key, (texts, reasons) in done.items()]
-    write_text(path, "".join(json.dumps(line) + "\n" for line in lines), append=False)
-    return Journal(path, done)
+    return "".join(json.dumps(line) + "\n" for line in lines)
 
 
 def resume(path: Path, header: dict[str, Any] | None,
-           share: Callable[[Any], Any] | None = None) -> Journal:
-    """The journal at `path` for the evaluation `header` names: the batches an earlier run of it kept,
-    then written afresh with them. Under torchrun rank 0 alone passes a header (it reads and writes)
-    and `share` (a broadcast) hands what it read to the other ranks, which keep it in memory."""
-    done = read(path, header) if header is not None else None
+           share: Callable[[Any], Any] | None = None, known: dict | None = None) -> Journal:
+    """The journal at `path` for the evaluation `header` names: the batches an earlier run of it kept
+    (and those `known` holds: a cache's, `read` with its own header), then written afresh with them. Under
+    torchrun rank 0 alone passes a header (it reads and writes) and `share` (a broadcast) hands what it
+    read to the other ranks, which keep it in memory."""
+    done = {**(known or {}), **read(path, header)} if header is not None else None
     if share is not None:
         done = share(done)
     return start(path, header, done) if header is not None else Journal(None, done)
+
+
+def cache_file(folder: str | Path, header: dict[str, Any]) -> Path:
+    """Where a cache folder keeps the answers of the evaluation `header` names: one file per header."""
+    return Path(folder) / f"{hashlib.sha1(json.dumps(header, sort_keys=True).encode()).hexdigest()[:20]}.jsonl"
+
+
+def keep(path: Path, header: dict[str, Any], done: dict) -> None:
+    """`done` written to `path` under `header` as `read` reads it, whole or not at all (a temporary file
+    renamed over it: two runs that finish the same evaluation at once leave one of theirs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_text(tmp, _text(header, done), append=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
