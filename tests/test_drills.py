@@ -734,7 +734,7 @@ def test_a_second_run_into_a_directory_in_use_stops_at_once_and_a_killed_holder_
 
 def test_an_output_directory_a_file_stands_in_is_one_error_line_before_any_work(tmp_path, tiny_model_dir,
                                                                                   small_data, capsys):
-    """`--output-dir` (or sft's `--out`) where a file is, or under one: before, a FileExistsError traceback from
+    """`--output-dir` (or sft's `--out`, or `--eval-cache`) where a file is, or under one: before, a FileExistsError traceback from
     the first mkdir (after the data was read); now one line naming the file, and nothing written (no lock file)."""
     from rookworld_rlvr.cli import main
 
@@ -746,6 +746,8 @@ def test_an_output_directory_a_file_stands_in_is_one_error_line_before_any_work(
     for argv, said in ((train + ["--output-dir", str(file)], f"output_dir: {file} is a file, not a directory"),
                        (train + ["--output-dir", str(file / "sub")],
                         f"output_dir: {file / 'sub'}: {file} is a file, not a directory"),
+                       (train + ["--output-dir", str(tmp_path / "run"), "--eval-cache", str(file)],
+                        f"eval_cache: {file} is a file, not a directory"),
                        (sft + ["--out", str(file / "m")], f"sft.out: {file / 'm'}: {file} is a file, not a directory")):
         assert main(argv) == 1
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {said}"
