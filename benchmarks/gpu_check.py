@@ -297,12 +297,13 @@ def sft(data: Path, device: torch.device, tmp: Path, steps: int, smoke: bool, re
         per_step = (seconds[-1] - seconds[0]) / max(len(seconds) - 1, 1)  # after the first (warm-up) step
         host = host_batch_seconds(cfg)
         profile = tmp / f"{name}.profile.txt"
-        busy = re.search(r"\((\d+)% of the wall time", profile.read_text()) if profile.exists() else None
+        text = profile.read_text() if profile.exists() else ""
+        busy = re.search(r"\((\d+)% of the wall time", text)
         res.add("sft", {"preset": preset, "batch_size": batch, "own_repeats": own, "s_per_step": round(per_step, 4),
                         "samples_per_s": round(batch / per_step, 1) if per_step else None,
                         "host_batch_ms": round(host * 1000, 2), "wall_s": round(time.perf_counter() - t, 1),
                         "device_busy_share": int(busy.group(1)) / 100 if busy else None,
-                        "profile": profile.read_text().splitlines()[0] if profile.exists() else None})
+                        "profile": text.splitlines()[0] if text else None})
         print(f"{what}: {per_step:.3f} s/step, the host's batch {host * 1000:.1f} ms"
               + (f", the device busy {busy.group(1)}% of a profiled step" if busy else ""), flush=True)
 

@@ -12,6 +12,7 @@ state's contents. Imports torch; nothing of chess (the tokenizers' source only, 
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import signal
 from pathlib import Path
@@ -231,6 +232,7 @@ def eval_cache(tr: Trainer, header: dict) -> tuple[Path, dict] | None:
     return eval_journal.cache_file(tr.cfg.eval_cache, header), header
 
 
+@functools.cache
 def code_digest() -> str:
     """A hash of the decoding code (the model package, the chess tokenizers, transformers' version): a cache's
     greedy answers are served only to the code that wrote them, since a change there may change one."""
