@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A base model trained on one GPU in one prepared, offline command (issue: a base that knows chess):
-#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny] [--data-only] [--end-by T]
-#                       [--more-games RECORD]... [--more-data FILE]... [--make-picks]
+#   scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset wide|small|tiny | --init MODEL_DIR] [--data-only]
+#                       [--end-by T] [--more-games RECORD]... [--more-data FILE]... [--make-picks]
 # 1. the training data: the shipped data/train.jsonl.xz plus, from python-chess alone, its A: rows copied with
 #    shorter histories (a fifth of them) and every transition of 4,000 random openings from the start position
 #    (the game starts the shipped data lacks), on the training side of the held-out split, seeded; from each
@@ -23,8 +23,13 @@
 #    checkpointed (`--stop-when`) and resumes on all of it with the same schedule. If the rest cannot be prepared,
 #    the base trained on the shipped data alone still comes back, with a warning (WORK/train.summary says what it
 #    trained on);
+# --init MODEL_DIR: SFT continues a base an earlier call sent back (unpacked: below) at its own size and tokenizer,
+#    instead of a fresh model, with a fresh optimizer and the same schedule fitted to M minutes: a base can so gain
+#    a GPU machine's minutes at a time. Its data order is drawn with the seed of the calls that trained it before
+#    (sft_history.jsonl: 0 for a fresh model, 1 after one call...), so no call walks the one before it;
 # 3. OUT_DIR gets what a GPU machine can send back (at most 8 files of 16 MiB): the weights as bf16 safetensors
-#    shards and meta.tar (config, tokenizer, shard index, the SFT log and profile). Put them together with
+#    shards and meta.tar (config, tokenizer, shard index, the SFT log and profile, sft_history.jsonl: each call
+#    that trained it, with its steps, samples and minutes; scripts/sft_history.py). Put them together with
 #    `mkdir base && tar xf OUT_DIR/meta.tar -C base && cp OUT_DIR/*.safetensors base/`, then judge it on a CPU
 #    with Stockfish: `rookworld eval --model base ...` (no Stockfish is needed on the GPU machine for this part).
 # --end-by T (seconds since 1970; scripts/gpu_rl.sh passes its deadline): SFT gets at most the minutes left at its
@@ -46,7 +51,7 @@ cleanup() {
   if [ -n "$left" ]; then kill $left 2> /dev/null || true; fi
 }
 trap cleanup EXIT
-out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]... [--make-picks]}
+out=${1:?usage: scripts/gpu_base.sh OUT_DIR [--smoke] [--minutes M] [--preset P | --init MODEL_DIR] [--data-only] [--end-by T] [--more-games RECORD]... [--more-data FILE]... [--make-picks]}
 shift
 smoke=0
 data_only=0
@@ -54,6 +59,8 @@ make_picks=0
 end_by=""
 minutes=8
 preset=wide
+preset_given=0
+init=""
 more=()
 games=()
 while [ $# -gt 0 ]; do
@@ -64,15 +71,24 @@ while [ $# -gt 0 ]; do
     --end-by) end_by=${2:?--end-by needs a time}; shift
               [[ $end_by =~ ^[0-9]+$ ]] || { echo "gpu_base.sh: --end-by needs seconds since 1970, got '$end_by'" >&2; exit 2; } ;;
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
-    --preset) preset=${2:?--preset needs a name}; shift ;;
+    --preset) preset=${2:?--preset needs a name}; preset_given=1; shift ;;
+    --init) init=${2:?--init needs a model folder}; shift
+            [ -f "$init/config.json" ] || {
+              echo "gpu_base.sh: --init $init: no model there (no config.json)" >&2; exit 2; } ;;
     --more-games) games+=("${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=("${2:?--more-data needs a file}"); shift ;;
-    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --data-only, --end-by T, --more-games RECORD," \
-            "--more-data FILE, --make-picks)" >&2; exit 2 ;;
+    *) echo "gpu_base.sh: unknown option $1 (--smoke, --minutes M, --preset P, --init MODEL_DIR, --data-only," \
+            "--end-by T, --more-games RECORD, --more-data FILE, --make-picks)" >&2; exit 2 ;;
   esac
   shift
 done
 py=${PYTHON:-python3}
+if [ -n "$init" ]; then
+  [ $preset_given = 0 ] || {
+    echo "gpu_base.sh: --preset sizes a fresh model; --init $init continues at its own size" >&2; exit 2; }
+  [ $data_only = 0 ] || {
+    echo "gpu_base.sh: --data-only trains nothing, so --init $init has nothing to continue" >&2; exit 2; }
+fi
 [[ ${PIN_MIN_CORES:-8} =~ ^[0-9]+$ ]] || {
   echo "gpu_base.sh: PIN_MIN_CORES needs a number of cores, got '$PIN_MIN_CORES'" >&2; exit 2; }
 mkdir -p "$out"
@@ -95,7 +111,8 @@ with lzma.open("data/train.jsonl.xz", "rt") as fh:
 open(sys.argv[1], "w").writelines(rows)
 EOF
   openings=20
-  sft=(--preset tiny --device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0
+  preset=tiny
+  sft=(--device cpu --batch-size 4 --steps 3 --save-every 2 --eval-every 3 --eval-samples 0 --own-repeats 0
        --profile-steps 1 --profile-after 1)
 else
   source_data=data/train.jsonl.xz
@@ -107,8 +124,19 @@ else
   # rows', so more rows a step are more samples a minute; at about 90k tokens a step a larger batch still costs
   # little per sample. --profile-steps: torch.profiler's tables of 5 steps after each invocation's first 20
   # (WORK/base.profile.txt, in meta.tar): where the step's time goes, measured
-  sft=(--preset "$preset" --device cuda --autocast auto --batch-size 512 --steps 100000 --own-repeats 0
+  sft=(--device cuda --autocast auto --batch-size 512 --steps 100000 --own-repeats 0
        --save-every 500 --eval-every 500 --eval-samples 0 --profile-steps 5)
+fi
+# the model SFT starts from: a fresh one of the preset's size, or --init's (whose tokenizer encodes the rows too)
+if [ -n "$init" ]; then
+  earlier=$("$py" scripts/sft_history.py count "$init")
+  echo "gpu_base: SFT continues $init, trained before in" \
+       "$("$py" scripts/sft_history.py describe "$init") (seed $earlier)"
+  model=(--init "$init" --seed "$earlier")
+  init_arg=(--init "$init")
+else
+  model=(--preset "$preset")
+  init_arg=()
 fi
 
 for f in "${games[@]}" "${more[@]}"; do [ -f "$f" ] || { echo "gpu_base.sh: $f: no such file" >&2; exit 2; }; done
@@ -228,11 +256,11 @@ sft_run() {  # data, rows cache, more sft options...: one invocation of the base
   shift 2
   echo "gpu_base: SFT on $data starts at +$(( $(date +%s) - t_start )) s"  # where a GPU machine's minutes go
   "${pin_sft[@]}" "$py" -m rookworld_rlvr sft --data "$data" --rows-cache "$cache" --eval-data data/eval.jsonl.gz \
-    --out "$work/base" "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
+    --out "$work/base" "${model[@]}" "${sft[@]}" --max-minutes "$minutes" --quiet "$@"
 }
 encode_rows() {  # data, rows cache: SFT's rows encoded into the cache its runs read (the same encoding flags)
   "$py" -m rookworld_rlvr sft --data "$1" --rows-cache "$2" --encode-only --device cpu --eval-data "" \
-    --out "$work/base" --quiet
+    --out "$work/base" "${init_arg[@]}" --quiet
 }
 encode_all() {
   encode_rows "$work/train.jsonl.gz" "$work/rows.safetensors"
@@ -277,7 +305,7 @@ else
   echo "gpu_base: SFT starts on the shipped data and its game starts ($rows0 rows) while the rest is prepared" \
        "(log: $work/prepare.log)"
   set -m  # the preparation in a process group of its own, so that it can be stopped whole
-  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start make_picks
+  "${pin_prep[@]}" bash -c "$(declare -p py smoke work source_data openings games more t_start make_picks init_arg
     declare -f prepare rows encode_rows encode_all picks_of picks_key); set -euo pipefail
     ! command -v taskset > /dev/null || echo \"gpu_base: preparing on cores \$(taskset -cp \$\$ | sed 's/.*: //')\"
     prepare; encode_all" \
@@ -321,6 +349,8 @@ rm -f "$out"/*.safetensors "$out/meta.tar"
 cp "$work"/export/*.safetensors "$out"/
 cp "$work/base.sft_log.jsonl" "$work/export/sft_log.jsonl"
 [ -f "$work/base.profile.txt" ] && cp "$work/base.profile.txt" "$work/export/sft_profile.txt"
+"$py" scripts/sft_history.py write "$work/export/sft_history.jsonl" --log "$work/base.sft_log.jsonl" \
+  --state "$work/base.checkpoint/sft_state.json" "${init_arg[@]}"
 tar cf "$out/meta.tar" -C "$work/export" --exclude '*.safetensors' .
 "$py" - "$out" <<'EOF2'
 import sys

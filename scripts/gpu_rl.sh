@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A base trained on one GPU and GRPO on top of it, judged, in one prepared, offline command (issue: RL that makes
 # a model play better, on the GPU):
-#   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny]
+#   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny | --sft-init B]
 #                     [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]...
 #                     [--more-data FILE]...
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
@@ -23,6 +23,9 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
+# --sft-init B: step 1's SFT continues B, a base an earlier call sent back (unpacked), instead of a fresh model
+# (gpu_base.sh --init): M more minutes for it. The base that comes back is B trained on; its meta.tar's
+# sft_history.jsonl and results.md count every call that trained it.
 # --continue: this call continues the one before it in WORK (the base it trained, on this machine's disk): it stops
 # at once (exit 2) where WORK holds no finished base, as on a machine started afresh, instead of spending its minutes
 # on a new base. GRPO from a base that came back instead: --base.
@@ -41,13 +44,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P] [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]... [--more-data FILE]..."
+usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P | --sft-init B] [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]... [--more-data FILE]..."
 out=${1:?usage: $usage}
 shift
 smoke=0
 sft_minutes=4
 grpo_minutes=2.5
 preset=small
+preset_given=0
+sft_init=""
 more=()
 deadline=""
 given=""
@@ -58,7 +63,10 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1 ;;
     --sft-minutes) sft_minutes=${2:?--sft-minutes needs a number}; shift ;;
     --grpo-minutes) grpo_minutes=${2:?--grpo-minutes needs a number}; shift ;;
-    --preset) preset=${2:?--preset needs a name}; shift ;;
+    --preset) preset=${2:?--preset needs a name}; preset_given=1; shift ;;
+    --sft-init) sft_init=${2:?--sft-init needs a model folder}; shift
+                [ -f "$sft_init/config.json" ] || {
+                  echo "gpu_rl.sh: --sft-init $sft_init: no model there (no config.json)" >&2; exit 2; } ;;
     --deadline-minutes)
       [[ ${2:-} =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "gpu_rl.sh: --deadline-minutes needs a number of minutes, got '${2:-}'" >&2; exit 2; }
       deadline=$(awk -v s="$t_start" -v m="$2" 'BEGIN { printf "%d", s + m * 60 }'); shift ;;
@@ -75,6 +83,14 @@ done
 py=${PYTHON:-python3}
 mode=$([ $control = 1 ] && echo control || echo grpo)
 work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
+if [ -n "$sft_init" ]; then  # a base to train on: not with one given as it is, nor with the base in WORK
+  why=""
+  if [ -n "$given" ]; then why="--sft-init trains a base on from $sft_init; --base takes $given as it is: one of them"
+  elif [ $continued = 1 ]; then why="--continue goes on with the base in WORK: --sft-init belongs to the base's call"
+  elif [ $preset_given = 1 ]; then why="--preset sizes a fresh model; --sft-init $sft_init continues at its own size"
+  fi
+  [ -z "$why" ] || { echo "gpu_rl.sh: $why" >&2; exit 2; }
+fi
 if [ $continued = 1 ]; then  # the base in WORK, or why not (before anything is made or run)
   why=""
   if [ -n "$given" ]; then why="--continue and --base: a call continues the base in WORK or starts from a given one"
@@ -156,7 +172,8 @@ if [ $smoke = 1 ]; then
   reserve=${RESERVE:-0}
 else
   device=cuda
-  base_args=(--minutes "$sft_minutes" --preset "$preset")
+  base_args=(--minutes "$sft_minutes")
+  [ -n "$sft_init" ] || base_args+=(--preset "$preset")
   grpo=(--engine-workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
   games=(--games 200 --batch-size 256)  # each ply's moves of a model (about 100 games) in one decode batch
   selfplay_plies=150
@@ -169,12 +186,21 @@ base=${given:-$work/sft/base}
   echo "gpu_rl.sh: $work holds a run from the base $(cat "$work/base_model"), not $base: set WORK to another folder" >&2
   exit 2; }
 echo "$base" > "$work/base_model"
+# ... and its base to the model its SFT started from (a fresh one, or --sft-init's): a rerun repeats the flag
+if [ $continued = 0 ] && [ -z "$given" ]; then
+  [ -f "$work/sft_init" ] && [ "$(cat "$work/sft_init")" != "${sft_init:-fresh}" ] && {
+    echo "gpu_rl.sh: $work holds a base whose SFT started from $(cat "$work/sft_init"), not ${sft_init:-fresh}:" \
+         "set WORK to another folder" >&2
+    exit 2; }
+  echo "${sft_init:-fresh}" > "$work/sft_init"
+fi
 # ... and to one kind of run: GRPO, or its control
 [ -f "$work/mode" ] && [ "$(cat "$work/mode")" != "$mode" ] && {
   echo "gpu_rl.sh: $work holds a $(cat "$work/mode") run, not a $mode run: set WORK to another folder" >&2
   exit 2; }
 echo "$mode" > "$work/mode"
 [ $control = 1 ] && grpo+=(--reward-signal false)
+[ -n "$sft_init" ] && base_args+=(--init "$sft_init")
 [ -n "$given" ] && base_args+=(--data-only)
 # with a deadline, the base is done RESERVE seconds before it (SFT cut to fit): the base comes back first
 [ -n "$deadline" ] && base_args+=(--end-by $(( deadline - reserve )))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_bf16 import report as report_files  # noqa: E402
+from sft_history import describe  # noqa: E402
 
 
 def machine(work: Path) -> str:
@@ -40,15 +41,22 @@ def machine(work: Path) -> str:
 
 def sft_pace(work: Path) -> str | None:
     """The base's SFT as its log and checkpoint have it: steps, rows a step, samples a second (over its training
-    minutes, held-out evaluations and the first steps' warm-up included)."""
+    minutes, held-out evaluations and the first steps' warm-up included), and the calls before it that trained the
+    model it continued."""
     log, state = work / "sft" / "base.sft_log.jsonl", work / "sft" / "base.checkpoint" / "sft_state.json"
     if not (log.exists() and state.exists()):
         return None
     last = json.loads(log.read_text().splitlines()[-1])
     batch = json.loads(state.read_text())["config"]["batch_size"]  # statefile's JSON: plain values as they are
     samples = last["step"] * batch
-    return (f"The base's SFT: {last['step']:,} steps of {batch} rows ({samples / 1e6:.2f}M samples) in "
+    text = (f"The base's SFT: {last['step']:,} steps of {batch} rows ({samples / 1e6:.2f}M samples) in "
             f"{last['seconds'] / 60:.1f} minutes, {samples / max(last['seconds'], 1e-9):,.0f} samples a second.")
+    history = work / "sft" / "export" / "sft_history.jsonl"  # every call that trained it (gpu_base.sh --init)
+    calls = [json.loads(x) for x in history.read_text().splitlines() if x.strip()] if history.exists() else []
+    if len(calls) > 1:
+        text += (f" It continued {calls[-1]['init']}, trained before in {describe(calls[:-1])}; in all "
+                 f"{describe(calls)}.")
+    return text
 
 
 def grpo_pace(run: Path) -> str:

@@ -287,6 +287,97 @@ def test_a_failed_data_preparation_still_sends_back_the_base(tmp_path):
     assert [r["step"] for r in log] == [1, 2, 3]
 
 
+@pytest.mark.slow(seconds=12)
+def test_a_base_sent_back_trains_on_from_its_weights_and_its_history_counts_every_call(tmp_path, tiny_model_dir):
+    """A GPU machine's 15 minutes train a base for about 8; `--init B` lets the next machine train on the base the
+    last one sent back instead of a fresh one: SFT starts from B's weights, shape and tokenizer, draws its data
+    with the seed of the calls before it (so it does not walk the same order again), and the base that comes back
+    carries every call's steps, samples and minutes, which results.md adds up."""
+    from rookworld_rlvr.model import load_policy
+
+    given = tmp_path / "B"
+    shutil.copytree(tiny_model_dir, given)
+    earlier = [{"init": None, "steps": 4000, "batch_size": 512, "samples": 2048000, "minutes": 8.5},
+               {"init": "runs/b1", "steps": 3000, "batch_size": 512, "samples": 1536000, "minutes": 8.5}]
+    (given / "sft_history.jsonl").write_text("".join(json.dumps(c) + "\n" for c in earlier))
+    out, work = tmp_path / "out", tmp_path / "rl" / "sft"  # WORK as gpu_rl.sh gives it, for its report below
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_base.sh"), str(out), "--smoke", "--init", str(given)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(work)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"gpu_base: SFT continues {given}, trained before in 2 calls: 7,000 steps, 3.58M samples, 17.0 minutes " \
+        "(seed 2)" in proc.stdout
+    config = json.loads((work / "base.checkpoint" / "sft_state.json").read_text())["config"]
+    assert config["init"] == str(given) and config["seed"] == 2
+    start, _ = load_policy(str(given), device="cpu", verbose=False)
+    trained, _ = load_policy(str(work / "base"), device="cpu", verbose=False)
+    assert trained.config.n_layer == 2 and trained.config.n_embd == 64  # B's shape, not the tiny preset's 6 x 256
+    # three steps in the lr's warm-up move each weight by at most about 1e-4; a fresh model is another one entirely
+    for (name, a), b in zip(start.state_dict().items(), trained.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-3, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), trained.state_dict().values()))
+    with tarfile.open(out / "meta.tar") as tar:
+        history = [json.loads(x) for x in tar.extractfile("./sft_history.jsonl").read().decode().splitlines()]
+    assert history[:2] == earlier and history[2]["init"] == str(given)
+    assert [history[2][k] for k in ("steps", "batch_size", "samples")] == [3, 4, 12]
+    pace = report_module().sft_pace(tmp_path / "rl")
+    assert f"It continued {given}, trained before in 2 calls: 7,000 steps, 3.58M samples, 17.0 minutes; in all " \
+        "3 calls: 7,003 steps, 3.58M samples, 17.0 minutes." in pace
+
+
+def test_a_history_says_what_it_knows_of_a_base_and_names_a_damaged_line(tmp_path):
+    """A base sent back before histories were kept has its SFT log: one call of its steps and minutes; a model with
+    neither is one call of unknown cost; a damaged history stops gpu_base.sh with its file and line, before any
+    minute of SFT is spent."""
+    spec = importlib.util.spec_from_file_location("sft_history", REPO / "scripts" / "sft_history.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    logged = tmp_path / "logged"
+    logged.mkdir()
+    (logged / "sft_log.jsonl").write_text('{"step": 500, "minutes": 1.2}\n{"step": 1348, "minutes": 1.81}\n')
+    assert module.describe(module.earlier(logged)) == "1 call: 1,348 steps, samples not recorded, 1.8 minutes"
+    assert module.describe(module.earlier(REPO / "models" / "rookworld-board")) == \
+        "1 call: steps not recorded, samples not recorded, minutes not recorded"
+    damaged = tmp_path / "damaged"
+    shutil.copytree(REPO / "models" / "rookworld-board", damaged, ignore=shutil.ignore_patterns("*.safetensors"))
+    (damaged / "sft_history.jsonl").write_text('{"steps": 3}\n{"steps": \n')
+    with pytest.raises(SystemExit, match=f"sft_history: {damaged}/sft_history.jsonl:2: not a JSON line"):
+        module.earlier(damaged)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_base.sh"), str(tmp_path / "out"), "--smoke", "--init",
+                           str(damaged)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work")})
+    assert proc.returncode == 1 and f"{damaged}/sft_history.jsonl:2: not a JSON line" in proc.stderr
+    assert not (tmp_path / "work" / "base.sft_log.jsonl").exists()
+
+
+def test_sft_init_belongs_to_a_call_that_trains_its_base_and_its_work_remembers_it(tmp_path):
+    """--sft-init trains a given base on: not with --base (a base taken as it is), --continue (the base in WORK)
+    or --preset (a fresh model's size); and a WORK whose base started from one model is not reused for another,
+    which would skip the SFT asked for as done before. Each stops at once (exit 2), nothing run."""
+    env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work")}
+    script = str(REPO / "scripts" / "gpu_rl.sh")
+    board = str(REPO / "models" / "rookworld-board")
+    for extra, said in ((["--base", board], "--base takes"), (["--continue"], "--continue goes on with the base"),
+                        (["--preset", "wide"], "--preset sizes a fresh model")):
+        proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--sft-init", board, *extra],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr and not (tmp_path / "work").exists(), proc.stderr
+    proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--sft-init", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and f"--sft-init {tmp_path}: no model there (no config.json)" in proc.stderr
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "sft_init").write_text("fresh\n")  # a base's call without --sft-init ran here
+    proc = subprocess.run(["bash", script, str(tmp_path / "out"), "--smoke", "--sft-init", board], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and f"holds a base whose SFT started from fresh, not {board}" in proc.stderr
+    assert not (tmp_path / "work" / "sft").exists()
+    base = str(REPO / "scripts" / "gpu_base.sh")
+    for extra, said in ((["--preset", "wide"], "--preset sizes a fresh model"), (["--data-only"], "trains nothing")):
+        proc = subprocess.run(["bash", base, str(tmp_path / "out"), "--smoke", "--init", board, *extra],
+                              capture_output=True, text=True, env={**env, "WORK": str(tmp_path / "w")}, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr and not (tmp_path / "w").exists(), proc.stderr
+
+
 def test_a_continuing_call_on_a_machine_without_the_base_stops_before_spending_its_minutes(tmp_path):
     """The call after the base's continues in WORK on the same machine; on one started afresh (WORK empty) it would
     train a new base in the minutes meant for GRPO. --continue stops it at once, saying what to run instead."""
