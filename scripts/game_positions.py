@@ -14,6 +14,10 @@ position of every game is kept (with `--last N`, each game's last N: where it wa
 on the training side, not game over, and none a position of a held-out file (`scripts/held_out.sh`)
 or of an `--exclude` file (compared without the move clocks). `data generate --positions` then labels
 them with Stockfish. One FEN a line, in the order the games reached them.
+
+The openings take Stockfish most of the time where the games run on a GPU: `--openings-only` writes them and stops,
+and `--openings-file` plays from such a file instead (`data/train_openings.txt`, 2,000 of them, is what
+`scripts/gpu_rl.sh --game-positions` reads); `--device` and `--batch-size` place and batch the model's moves.
 """
 
 from __future__ import annotations
@@ -63,6 +67,24 @@ def game_positions(games, held: set[str], last: int = 0, but_last: int = 0) -> l
             and not chess.Board(f).is_game_over()]
 
 
+def training_openings(path: Path, n: int, held: set[str]) -> list[str]:
+    """The first `n` openings of a file `--openings-only` wrote (`play.read_openings`: one FEN a line, each a
+    position with a legal move), each on the training side: a held-out position stops with its line."""
+    from rookworld_rlvr.data.io import DataError
+    from rookworld_rlvr.play import read_openings
+
+    try:
+        found = read_openings(path, n)
+    except DataError as e:
+        raise SystemExit(f"game_positions: {e}") from None
+    for number, fen in enumerate(found, 1):
+        if is_eval_fen(fen, EVAL_PERMILLE) or board_key(fen) in held:
+            raise SystemExit(f"game_positions: {path}: opening {number} ({fen}) is a held-out position")
+    if len(found) < n:
+        raise SystemExit(f"game_positions: {path} holds {len(found)} openings, not the {n} asked for")
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="models/rookworld-board")
@@ -74,16 +96,34 @@ def main() -> None:
     ap.add_argument("--exclude", type=Path, action="append", default=[],
                     help="a file of positions to leave out, as the held-out ones are (FENs one a line, openings, "
                     "samples, puzzles); repeatable")
+    ap.add_argument("--openings-file", type=Path, help="play from the first --openings of this file's openings "
+                    "(one FEN a line, as --openings-only writes them) instead of making them")
+    ap.add_argument("--openings-only", action="store_true", help="write the openings to --out and stop")
+    ap.add_argument("--device", default="cpu", help="where the model plays (cpu, cuda, ...)")
+    ap.add_argument("--batch-size", type=int, default=64, help="the model's moves decoded at once (one per game)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
+    if args.openings_file and args.openings_only:
+        ap.error("--openings-only makes openings; --openings-file reads them: one of them")
     from rookworld_rlvr.model import load_policy
 
     held = held_out_positions()
     held |= listed_positions(args.exclude)
-    starts = openings(args.openings, args.seed, args.depth, None, EVAL_PERMILLE, max_eval=None, side="train",
-                      exclude=held)  # made as the held-out openings are, on the training side
-    model, tok = load_policy(args.model, device="cpu", verbose=False)
-    result = play_match(ModelPlayer(model, tok, "white"), ModelPlayer(model, tok, "black"), starts, progress=False)
+    if args.openings_file:
+        starts = training_openings(args.openings_file, args.openings, held)
+    else:  # made as the held-out openings are, on the training side
+        starts = openings(args.openings, args.seed, args.depth, None, EVAL_PERMILLE, max_eval=None, side="train",
+                          exclude=held)
+    if args.openings_only:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(f"# {len(starts)} training-side openings: scripts/game_positions.py --openings "
+                            f"{args.openings} --seed {args.seed} --depth {args.depth} --openings-only\n"
+                            + "".join(f + "\n" for f in starts))
+        print(f"{len(starts)} openings written to {args.out}")
+        return
+    model, tok = load_policy(args.model, device=args.device, verbose=False)
+    players = [ModelPlayer(model, tok, colour, batch_size=args.batch_size) for colour in ("white", "black")]
+    result = play_match(*players, starts, progress=False)
     games = result.games[::2]  # a greedy game's colour-swapped twin is the same game
     fens = game_positions(games, held, args.last, args.but_last)
     ends: dict[str, int] = {}

@@ -3,7 +3,7 @@
 # a model play better, on the GPU):
 #   scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset small|wide|tiny | --sft-init B]
 #                     [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]...
-#                     [--more-data FILE]...
+#                     [--more-data FILE]... [--game-positions N]
 # 1. the base: scripts/gpu_base.sh (the shipped data plus game starts; `rookworld sft` of a fresh `small` model,
 #    8 x 384, 14M parameters, for M minutes, default 4; --more-games (a game record: data/more_games.jsonl.xz,
 #    _2 and _3) and --more-data (a sample file) add training samples, as in gpu_base.sh);
@@ -23,6 +23,12 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
+# --game-positions N: GRPO's P: prompts (puzzles aside) where the base's matches are decided: the base plays one
+# greedy game from each of N training-side openings (data/train_openings.txt; scripts/game_positions.py), the last
+# 4 positions of each game are labelled by Stockfish on the machine's cores, and as many positions of its training
+# data join them; the anchor's true answers still come from all of its training data (on 2 CPU cores, GRPO on such
+# positions was the recipe that won matches against its base: docs/grpo-experiments.md). A stage of its own
+# (`positions`) before GRPO; 0 (the default): GRPO's prompts from the base's training data alone.
 # --sft-init B: step 1's SFT continues B, a base an earlier call sent back (unpacked), instead of a fresh model
 # (gpu_base.sh --init): M more minutes for it. The base that comes back is B trained on; its meta.tar's
 # sft_history.jsonl and results.md count every call that trained it.
@@ -44,7 +50,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P | --sft-init B] [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]... [--more-data FILE]..."
+usage="scripts/gpu_rl.sh OUT_DIR [--smoke] [--sft-minutes M] [--grpo-minutes N] [--preset P | --sft-init B] [--deadline-minutes D] [--base MODEL_DIR | --continue] [--control] [--more-games RECORD]... [--more-data FILE]... [--game-positions N]"
 out=${1:?usage: $usage}
 shift
 smoke=0
@@ -53,6 +59,7 @@ grpo_minutes=2.5
 preset=small
 preset_given=0
 sft_init=""
+game_positions=0
 more=()
 deadline=""
 given=""
@@ -73,6 +80,10 @@ while [ $# -gt 0 ]; do
     --base) given=${2:?--base needs a model folder}; shift
             [ -f "$given/config.json" ] || { echo "gpu_rl.sh: --base $given: no model there (no config.json)" >&2; exit 2; } ;;
     --control) control=1 ;;
+    --game-positions)
+      [[ ${2:-} =~ ^[0-9]+$ ]] || {
+        echo "gpu_rl.sh: --game-positions needs a number of openings, got '${2:-}'" >&2; exit 2; }
+      game_positions=$2; shift ;;
     --continue) continued=1 ;;
     --more-games) more+=(--more-games "${2:?--more-games needs a game record}"); shift ;;
     --more-data) more+=(--more-data "${2:?--more-data needs a file}"); shift ;;
@@ -168,6 +179,11 @@ if [ $smoke = 1 ]; then
   grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
   games=(--games 2 --max-plies 8)
+  # the game positions' stage: the model's moves batched, Stockfish's depth and processes
+  positions=(--device cpu --batch-size 64)
+  label=(--depth 2 --workers 1)
+  # (a handful of positions may hold none in check, which check_share would refuse)
+  [ "$game_positions" -gt 0 ] && grpo+=(--check-share null)
   selfplay_plies=8
   reserve=${RESERVE:-0}
 else
@@ -176,6 +192,8 @@ else
   [ -n "$sft_init" ] || base_args+=(--preset "$preset")
   grpo=(--engine-workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
   games=(--games 200 --batch-size 256)  # each ply's moves of a model (about 100 games) in one decode batch
+  positions=(--device cuda --batch-size 256)
+  label=(--depth 8 --workers "$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))")
   selfplay_plies=150
   reserve=${RESERVE:-150}
 fi
@@ -199,6 +217,12 @@ fi
   echo "gpu_rl.sh: $work holds a $(cat "$work/mode") run, not a $mode run: set WORK to another folder" >&2
   exit 2; }
 echo "$mode" > "$work/mode"
+# ... and a GRPO run to its prompts (a rerun or --continue repeats --game-positions)
+positions_before=$(cat "$work/game_positions" 2> /dev/null || echo 0)
+{ [ -d "$work/grpo" ] || [ -f "$work/positions.done" ]; } && [ "$positions_before" != "$game_positions" ] && {
+  echo "gpu_rl.sh: $work holds a GRPO run with --game-positions $positions_before," \
+       "not $game_positions: set WORK to another folder" >&2
+  exit 2; }
 [ $control = 1 ] && grpo+=(--reward-signal false)
 [ -n "$sft_init" ] && base_args+=(--init "$sft_init")
 [ -n "$given" ] && base_args+=(--data-only)
@@ -212,19 +236,51 @@ base_stage() {
 [ -f "$work/sft/base.checkpoint/config.json" ] && [ ! -f "$work/base.done" ] && export RESUME_SFT=1
 stage base base_stage
 
-grpo_stage() {
-  local resume=()
-  [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
-  "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$base" --output-dir "$work/grpo" \
-    --data "$(cat "$work/sft/train.used")" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" \
-    "${grpo[@]}" "${resume[@]}"
+positions_stage() {  # --game-positions: GRPO's P: prompts from the ends of the base's own games, and as many others
+  local dir=$work/positions n ended
+  echo "$game_positions" > "$work/game_positions"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$py" scripts/game_positions.py --model "$base" --openings-file data/train_openings.txt \
+    --openings "$game_positions" --last 4 "${positions[@]}" --out "$dir/fens.txt" | tee "$dir/games.txt"
+  "$py" -m rookworld_rlvr data generate --out "$dir/gen" --games 0 --positions "$dir/fens.txt" "${label[@]}" --quiet
+  "$py" -m rookworld_rlvr data merge "$dir/gen/train.jsonl.gz" --tasks P --truth-only --out "$dir/games.jsonl.gz"
+  n=$(gzip -dc "$dir/games.jsonl.gz" | wc -l)
+  "$py" -m rookworld_rlvr data merge "$(cat "$work/sft/train.used")" --tasks P --max "$n" --seed 0 --truth-only \
+    --out "$dir/train.jsonl.gz"
+  cat "$dir/games.jsonl.gz" "$dir/train.jsonl.gz" > "$dir/grpo.jsonl.gz"  # gzip members, read as one file
+  ended=$(sed -E 's/^([0-9]+) games \((.*)\); .*/\1 games from training openings, ended by: \2/' "$dir/games.txt")
+  echo "GRPO's P: prompts (puzzles aside; --game-positions $game_positions): $n positions from the ends of the base's" \
+       "own greedy games (the last 4 of each; $ended), labelled by Stockfish, and" \
+       "$(gzip -dc "$dir/train.jsonl.gz" | wc -l) of its training positions" > "$dir/summary.txt"
 }
-# GRPO's minutes: --grpo-minutes, or what the deadline leaves after RESERVE seconds for what follows it
-grpo_budget=$(awk -v want="$grpo_minutes" -v left="$(left)" -v r="$reserve" \
-  'BEGIN { m = (left - r) / 60; if (m > want) m = want; printf "%.2f", m }')
+grpo_stage() {
+  local resume=() data=(--data "$(cat "$work/sft/train.used")")
+  [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
+  echo "$game_positions" > "$work/game_positions"
+  # the game positions as prompts; the anchor's true answers (P: and A:) from all of the base's training data
+  [ "$game_positions" -gt 0 ] && data=(--data "$work/positions/grpo.jsonl.gz"
+                                      --anchor-data "$(cat "$work/sft/train.used")")
+  "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$base" --output-dir "$work/grpo" \
+    "${data[@]}" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" "${grpo[@]}" "${resume[@]}"
+}
+budget() {  # GRPO's minutes: --grpo-minutes, or what the deadline leaves after RESERVE seconds for what follows it
+  awk -v want="$grpo_minutes" -v left="$(left)" -v r="$reserve" \
+    'BEGIN { m = (left - r) / 60; if (m > want) m = want; printf "%.2f", m }'
+}
+grpo_budget=$(budget)
+fits() { awk -v m="$grpo_budget" 'BEGIN { exit !(m >= 0.5) }'; }
 if [ -f "$work/grpo.done" ]; then
   stage grpo grpo_stage  # done before
-elif awk -v m="$grpo_budget" 'BEGIN { exit !(m >= 0.5) }'; then
+elif fits && [ "$game_positions" -gt 0 ] && [ ! -f "$work/positions.done" ]; then
+  stage positions positions_stage  # (a deadline past: skipped, and GRPO with it, below)
+fi
+[ -f "$work/grpo.done" ] || grpo_budget=$(budget)  # what the positions' stage left
+if [ -f "$work/grpo.done" ]; then
+  :
+elif [ "$game_positions" -gt 0 ] && [ ! -f "$work/positions.done" ] && fits; then
+  skip grpo "its game positions are not ready (positions not done)"
+elif fits; then
   [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ] || echo "gpu_rl: grpo gets $grpo_budget minutes (the deadline)"
   stage grpo grpo_stage
 elif [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ]; then

@@ -5,9 +5,10 @@ results.md: the GRPO run's (or its control's) verdict (its base and the trained 
 a random mover, with 95% intervals), the two matches, the machine, the minutes each stage took and the stages not
 run yet (a deadline, or a GRPO run not done), the base's SFT and GRPO's pace (samples a second; positions, seconds
 a step and its phases), and the issue's goals for the base and for GRPO, each met or not.
-record.tar: the matches, self-play games, minutes per stage and the base's data log, as far as each has got. Then a
-check that everything in OUT would come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1
-when not). Written after every stage: it reports what is done so far.
+record.tar: the matches, self-play games, minutes per stage, the base's data log and how its games ended where GRPO
+took its prompts from them (--game-positions), as far as each has got. Then a check that everything in OUT would
+come back from the GPU machine (at most 8 files of 16 MiB, 64 MiB in all; exit 1 when not). Written after every
+stage: it reports what is done so far.
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def report(work: Path) -> str:
     if profile.exists() and not given:
         lines += ["The base's SFT, profiled (sft/base.profile.txt): "
                   + profile.read_text().splitlines()[0].removeprefix("# rookworld sft of ") + ".", ""]
+    prompts = work / "positions" / "summary.txt"  # --game-positions: where GRPO's prompts came from
+    if prompts.exists() and (work / "positions.done").exists():
+        lines += [prompts.read_text().strip() + ".", ""]
     if skipped:
         lines += ["Not run in this call (the same command runs them): " + "; ".join(skipped) + ".", ""]
     if summary is None:
@@ -207,7 +211,8 @@ def report(work: Path) -> str:
     return "\n".join(lines + ["", *goals(summary, matches, plies)])
 
 
-RECORD = ("times.tsv", "match_*.json", "match_*.pgn", "selfplay_*.json", "sft/prepare.log", "sft/base.profile.txt")
+RECORD = ("times.tsv", "match_*.json", "match_*.pgn", "selfplay_*.json", "sft/prepare.log", "sft/base.profile.txt",
+          "positions/games.txt")
 
 
 def write_record(work: Path, out: Path) -> None:

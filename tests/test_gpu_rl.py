@@ -218,7 +218,9 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     # GRPO from a given base (one an earlier call trained and sent back), from a tree slimmed to travel beside it
     # (docs/gpu.md: no game records, no models/rookworld-board): the first stage makes only the training data (no
     # records asked for here), the base's match against the shipped base is skipped, named, and OUT holds the
-    # trained model, the record and the verdict, no base/
+    # trained model, the record and the verdict, no base/. With --game-positions, GRPO's prompts are the last
+    # positions of the base's own greedy games from training openings, labelled by Stockfish, and as many of its
+    # training positions; its anchor's true answers come from all of its training data
     given, work4, out4, slim = tmp_path / "given", tmp_path / "work4", tmp_path / "out4", tmp_path / "slim"
     shutil.copytree(work / "sft" / "base", given)
     for name in tracked():
@@ -227,8 +229,19 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
             shutil.copy2(REPO / name, slim / name)
     env4 = {**env, "WORK": str(work4)}
     proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(out4), "--smoke", "--base", str(given),
-                           "--control"], capture_output=True, text=True, env=env4, timeout=900)
+                           "--control", "--game-positions", "3"], capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    positions = read_samples(work4 / "positions" / "grpo.jsonl.gz")
+    fens = (work4 / "positions" / "fens.txt").read_text().split("\n")[:-1]
+    n = len(fens)  # 3 games' last 4 positions at most (a game that ends at once has fewer)
+    assert 3 <= n <= 12 and len(positions) == 2 * n and all(s.task == "P" for s in positions)
+    assert {s.truth.fen for s in positions[:n]} == set(fens) and not any(is_eval_fen(f, 40) for f in fens)
+    used = read_samples((work4 / "sft" / "train.used").read_text().strip())
+    assert {s.render("compact") for s in positions[n:]} <= {s.render("compact") for s in used}
+    assert f"GRPO's P: prompts (puzzles aside; --game-positions 3): {n} positions from the ends of the base's own " \
+        "greedy games (the last 4 of each; 3 games from training openings, ended by: " in (out4 / "results.md").read_text()
+    with tarfile.open(out4 / "record.tar") as tar:
+        assert tar.extractfile("positions/games.txt").read().decode().startswith("3 games (")
     assert "gpu_rl: match_base skipped: models/rookworld-board is not in this tree" in proc.stdout
     assert "match_base: models/rookworld-board is not in this tree" in (out4 / "results.md").read_text()
     assert (work4 / "match_trained.done").exists() and not (work4 / "match_base.done").exists()
@@ -237,6 +250,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     rl4 = unpack(out4 / "trained", tmp_path / "trained4")
     run4 = yaml.safe_load((rl4 / "config.yaml").read_text())
     assert run4["model"] == str(given) and run4["reward_signal"] is False  # --control: the anchor and KL alone
+    assert run4["data"] == str(work4 / "positions" / "grpo.jsonl.gz")
+    assert run4["anchor_data"] == (work4 / "sft" / "train.used").read_text().strip()
     assert f"Base: {given} (--base)." in (out4 / "results.md").read_text()
     assert "The base's SFT" not in (out4 / "results.md").read_text()  # trained elsewhere: its pace is not this call's
     assert "GRPO's control (--control: reward_signal false" in (out4 / "results.md").read_text()
@@ -245,6 +260,10 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), *cmd[3:], "--control"], capture_output=True, text=True,
                           env=env, timeout=900)
     assert proc.returncode == 2 and f"{work} holds a grpo run, not a control run" in proc.stderr
+    # ... and to its prompts: GRPO there without the game positions is refused before anything runs
+    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(tmp_path / "out5"), "--smoke", "--base",
+                           str(given), "--control"], capture_output=True, text=True, env=env4, timeout=900)
+    assert proc.returncode == 2 and "holds a GRPO run with --game-positions 3, not 0" in proc.stderr
     # that WORK belongs to that base: another base is refused before anything runs
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
                           capture_output=True, text=True, env=env4, timeout=900)

@@ -304,6 +304,35 @@ def test_game_positions_keeps_every_position_of_a_game_its_last_included_on_the_
             if f and not f.startswith("#")} <= gp.held_out_positions()
 
 
+def test_the_shipped_training_openings_are_training_positions_and_a_held_out_one_is_named(tmp_path):
+    """data/train_openings.txt, where `gpu_rl.sh --game-positions` plays the base's games (made once, so that a GPU
+    call spends no minute on Stockfish's openings): 2,000 distinct openings, each on the training side and none a
+    position of a held-out file. An openings file that holds a held-out position, too few openings or a line that
+    is not a FEN stops game_positions.py, naming the file and the opening or line."""
+    import importlib.util
+
+    from rookworld_rlvr.data.generate import is_eval_fen
+
+    spec = importlib.util.spec_from_file_location("game_positions", REPO / "scripts" / "game_positions.py")
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    held = gp.held_out_positions()
+    shipped = gp.training_openings(REPO / "data" / "train_openings.txt", 2000, held)
+    assert len(set(shipped)) == 2000 and not any(is_eval_fen(f, gp.EVAL_PERMILLE) for f in shipped)
+    mixed = tmp_path / "openings.txt"
+    held_out = next(f for f in (REPO / "data" / "openings.txt").read_text().splitlines() if not f.startswith("#"))
+    mixed.write_text(f"# two openings\n{shipped[0]}\n{held_out}\n")
+    assert gp.training_openings(mixed, 1, held) == shipped[:1]
+    with pytest.raises(SystemExit, match=f"{mixed}: opening 2 .* is a held-out position"):
+        gp.training_openings(mixed, 2, held)
+    mixed.write_text(f"{shipped[0]}\n{shipped[1]}\n")
+    with pytest.raises(SystemExit, match=f"{mixed} holds 2 openings, not the 3 asked for"):
+        gp.training_openings(mixed, 3, held)
+    mixed.write_text(f"{shipped[0]}\nnot a fen\n")
+    with pytest.raises(SystemExit, match=f"game_positions: {mixed}:2: bad FEN"):
+        gp.training_openings(mixed, 2, held)
+
+
 def test_mating_moves_are_every_legal_move_that_mates_at_once():
     """The fast search (one board; only moves that may give check, by bitboards, are played) finds what
     playing every legal move finds: on the shipped training mates, training positions without one, the
