@@ -23,12 +23,12 @@
 # --base MODEL_DIR: GRPO from that base (one trained by an earlier call and shipped) instead of step 1's SFT: step 1
 # makes only the training data (gpu_base.sh --data-only; without --more-games, seconds), and OUT gets no base/.
 # A base in one call and GRPO in the next fit a GPU machine's minutes where both in one call would not.
-# --game-positions N: GRPO's P: prompts (puzzles aside) where the base's matches are decided: the base plays one
-# greedy game from each of N training-side openings (data/train_openings.txt; scripts/game_positions.py), the last
-# 4 positions of each game are labelled by Stockfish on the machine's cores, and as many positions of its training
-# data join them; the anchor's true answers still come from all of its training data (on 2 CPU cores, GRPO on such
-# positions was the recipe that won matches against its base: docs/grpo-experiments.md). A stage of its own
-# (`positions`) before GRPO; 0 (the default): GRPO's prompts from the base's training data alone.
+# --game-positions N: GRPO where the base's matches are decided, configs/gpu-game-positions.yaml instead of
+# configs/gpu-grpo.yaml: the base plays one greedy game from each of N training-side openings (data/train_openings.txt;
+# scripts/game_positions.py), the last 4 positions of each game are labelled by Stockfish on the machine's cores,
+# and GRPO's P: prompts (puzzles aside) are those positions, with a KL ten times the other recipe's and no anchor (on
+# 2 CPU cores the recipe that won matches against its base: docs/grpo-experiments.md). A stage of its own
+# (`positions`) before GRPO. Not with --control: with no anchor the base is its own control.
 # --sft-init B: step 1's SFT continues B, a base an earlier call sent back (unpacked), instead of a fresh model
 # (gpu_base.sh --init): M more minutes for it. The base that comes back is B trained on; its meta.tar's
 # sft_history.jsonl and results.md count every call that trained it.
@@ -94,6 +94,11 @@ done
 py=${PYTHON:-python3}
 mode=$([ $control = 1 ] && echo control || echo grpo)
 work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
+if [ $control = 1 ] && [ "$game_positions" -gt 0 ]; then
+  echo "gpu_rl.sh: --control trains the anchor and the KL alone, and --game-positions' recipe has no anchor: nothing" \
+       "but its rewards moves the weights, so the base is its control (run it without --control)" >&2
+  exit 2
+fi
 if [ -n "$sft_init" ]; then  # a base to train on: not with one given as it is, nor with the base in WORK
   why=""
   if [ -n "$given" ]; then why="--sft-init trains a base on from $sft_init; --base takes $given as it is: one of them"
@@ -176,14 +181,13 @@ publish() {  # OUT's models from the stages done so far (each call's OUT starts 
 if [ $smoke = 1 ]; then
   device=cpu
   base_args=(--smoke --minutes "$sft_minutes")
-  grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --anchor-batch 4 --engine-workers 1
+  grpo=(--device cpu --steps 2 --batch-positions 2 --group-size 4 --engine-workers 1
         --eval-limit 4 --strength-data null --history-eval-data null --puzzle-eval-data null --max-new-tokens 40)
+  [ "$game_positions" -gt 0 ] || grpo+=(--anchor-batch 4)  # (its recipe has no anchor)
   games=(--games 2 --max-plies 8)
   # the game positions' stage: the model's moves batched, Stockfish's depth and processes
   positions=(--device cpu --batch-size 64)
   label=(--depth 2 --workers 1)
-  # (a handful of positions may hold none in check, which check_share would refuse)
-  [ "$game_positions" -gt 0 ] && grpo+=(--check-share null)
   selfplay_plies=8
   reserve=${RESERVE:-0}
 else
@@ -236,7 +240,7 @@ base_stage() {
 [ -f "$work/sft/base.checkpoint/config.json" ] && [ ! -f "$work/base.done" ] && export RESUME_SFT=1
 stage base base_stage
 
-positions_stage() {  # --game-positions: GRPO's P: prompts from the ends of the base's own games, and as many others
+positions_stage() {  # --game-positions: GRPO's P: prompts from the ends of the base's own games
   local dir=$work/positions n ended
   echo "$game_positions" > "$work/game_positions"
   rm -rf "$dir"
@@ -244,25 +248,21 @@ positions_stage() {  # --game-positions: GRPO's P: prompts from the ends of the 
   "$py" scripts/game_positions.py --model "$base" --openings-file data/train_openings.txt \
     --openings "$game_positions" --last 4 "${positions[@]}" --out "$dir/fens.txt" | tee "$dir/games.txt"
   "$py" -m rookworld_rlvr data generate --out "$dir/gen" --games 0 --positions "$dir/fens.txt" "${label[@]}" --quiet
-  "$py" -m rookworld_rlvr data merge "$dir/gen/train.jsonl.gz" --tasks P --truth-only --out "$dir/games.jsonl.gz"
-  n=$(gzip -dc "$dir/games.jsonl.gz" | wc -l)
-  "$py" -m rookworld_rlvr data merge "$(cat "$work/sft/train.used")" --tasks P --max "$n" --seed 0 --truth-only \
-    --out "$dir/train.jsonl.gz"
-  cat "$dir/games.jsonl.gz" "$dir/train.jsonl.gz" > "$dir/grpo.jsonl.gz"  # gzip members, read as one file
+  "$py" -m rookworld_rlvr data merge "$dir/gen/train.jsonl.gz" --tasks P --truth-only --out "$dir/grpo.jsonl.gz"
+  n=$(gzip -dc "$dir/grpo.jsonl.gz" | wc -l)
   ended=$(sed -E 's/^([0-9]+) games \((.*)\); .*/\1 games from training openings, ended by: \2/' "$dir/games.txt")
-  echo "GRPO's P: prompts (puzzles aside; --game-positions $game_positions): $n positions from the ends of the base's" \
-       "own greedy games (the last 4 of each; $ended), labelled by Stockfish, and" \
-       "$(gzip -dc "$dir/train.jsonl.gz" | wc -l) of its training positions" > "$dir/summary.txt"
+  echo "GRPO's P: prompts (puzzles aside; --game-positions $game_positions, configs/gpu-game-positions.yaml): $n" \
+       "positions from the ends of the base's own greedy games (the last 4 of each; $ended), labelled by" \
+       "Stockfish" > "$dir/summary.txt"
 }
 grpo_stage() {
-  local resume=() data=(--data "$(cat "$work/sft/train.used")")
+  local resume=() recipe=(--config configs/gpu-grpo.yaml --data "$(cat "$work/sft/train.used")")
   [ -d "$work/grpo/checkpoints" ] && resume=(--resume)
   echo "$game_positions" > "$work/game_positions"
-  # the game positions as prompts; the anchor's true answers (P: and A:) from all of the base's training data
-  [ "$game_positions" -gt 0 ] && data=(--data "$work/positions/grpo.jsonl.gz"
-                                      --anchor-data "$(cat "$work/sft/train.used")")
-  "$py" -m rookworld_rlvr train --config configs/gpu-grpo.yaml --model "$base" --output-dir "$work/grpo" \
-    "${data[@]}" --max-minutes "$grpo_budget" --engine-cache "$work/engine.sqlite" "${grpo[@]}" "${resume[@]}"
+  [ "$game_positions" -gt 0 ] && recipe=(--config configs/gpu-game-positions.yaml
+                                        --data "$work/positions/grpo.jsonl.gz")
+  "$py" -m rookworld_rlvr train "${recipe[@]}" --model "$base" --output-dir "$work/grpo" --max-minutes "$grpo_budget" \
+    --engine-cache "$work/engine.sqlite" "${grpo[@]}" "${resume[@]}"
 }
 budget() {  # GRPO's minutes: --grpo-minutes, or what the deadline leaves after RESERVE seconds for what follows it
   awk -v want="$grpo_minutes" -v left="$(left)" -v r="$reserve" \

@@ -58,7 +58,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     # (RESERVE, 60 s here) before it, less its start and the export; GRPO gets what is left after the reserve
     cmd = ["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(out), "--smoke", "--more-games", str(records[0]),
            "--more-games", str(records[1]), "--more-data", str(more), "--sft-minutes", "40", "--deadline-minutes",
-           "30", "--grpo-minutes", "40"]
+           "30", "--grpo-minutes", "40", "--game-positions", "3"]
     # PIN_MIN_CORES 2: SFT and the preparation pinned apart by taskset, as on a GPU machine's 8 cores or more
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "RESERVE": "60", "PIN_MIN_CORES": "2"},
                           timeout=900)
@@ -107,6 +107,14 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert before["items_of"] == after["items_of"] and len(after["next_state_acc_items"]) == after["n"] > 0
     config = yaml.safe_load((rl / "config.yaml").read_text())
     assert config["model"] == str(work / "sft" / "base") and config["decode_graph"]  # (eager here, a graph on CUDA)
+    # GRPO where the base's games end (--game-positions 3): the last positions of its greedy games from 3 training
+    # openings, labelled by Stockfish, are its P: prompts, in configs/gpu-game-positions.yaml's recipe
+    positions = read_samples(work / "positions" / "grpo.jsonl.gz")
+    fens = (work / "positions" / "fens.txt").read_text().split("\n")[:-1]  # the last 4 of each game at most
+    assert 3 <= len(fens) <= 12 and not any(is_eval_fen(f, 40) for f in fens)
+    assert all(s.task == "P" for s in positions) and sorted(s.truth.fen for s in positions) == sorted(fens)
+    assert config["data"] == str(work / "positions" / "grpo.jsonl.gz") and config["kl_coef"] == 0.4
+    assert config["anchor_coef"] == 0 and config["check_share"] is None
     granted = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_rl: grpo gets")]
     cut = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gpu_base: SFT gets")]
     # what is left less SFT's start, the handover and the export, printed to 2 decimals (so it can reach the bound)
@@ -122,13 +130,14 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     times = {row[0]: (int(row[2]), int(row[2]) + int(row[1]))
              for row in (line.split("\t") for line in (record / "times.tsv").read_text().splitlines())}
     judging = ["match_trained", "selfplay_base", "selfplay_trained", "match_base"]
-    assert list(times)[:2] == ["base", "grpo"] and sorted(list(times)[2:]) == sorted(judging)
+    assert list(times)[:3] == ["base", "positions", "grpo"] and sorted(list(times)[3:]) == sorted(judging)
     # the four judging stages ran at once (each takes seconds, from its imports alone; all start within one)
     assert max(times[name][0] for name in judging) < min(times[name][1] for name in judging)
     assert times["grpo"][1] <= min(times[name][0] for name in judging)
     for name in ("match_trained_vs_base", "match_base_vs_board"):
         assert json.loads((record / f"{name}.json").read_text())["games"] == 2
     assert (record / "sft" / "base.profile.txt").read_text() == profile
+    assert (record / "positions" / "games.txt").read_text().startswith("3 games (")
     seconds = log[-1]["seconds"]  # the samples the base saw, and how fast: 3 steps of the smoke's 4 rows
     assert f"The base's SFT: 3 steps of 4 rows (0.00M samples) in {seconds / 60:.1f} minutes, " \
         f"{12 / seconds:,.0f} samples a second." in (out / "results.md").read_text()
@@ -157,7 +166,10 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert "base -> the trained model" in text and "A: next state exact" in text and text.count("2 games") == 2
     # how many positions GRPO drew, and where its steps' time went (tens of thousands in minutes, on the GPU)
     assert re.search(r"\nGRPO: 2 steps[^\n]*\. 4 positions drawn \(2 a step\), [\d.]+ s a step: generate \d+%", text)
-    assert f"({', '.join(list(times)[2:])} at once)." in text
+    assert f"({', '.join(list(times)[3:])} at once)." in text
+    assert f"GRPO's P: prompts (puzzles aside; --game-positions 3, configs/gpu-game-positions.yaml): {len(fens)} " \
+        "positions from the ends of the base's own greedy games (the last 4 of each; 3 games from training openings, " \
+        "ended by: " in text
     assert f"its histories, {records[0]}'s games (" in text and f"A: rows), {records[1]}'s games (" in text
     assert f"A: rows), {more}. Its first 0 steps trained on the shipped data and its histories alone (" in text
     assert (work / "sft" / "train.used").read_text().strip() == str(work / "sft" / "train.jsonl.gz")
@@ -184,8 +196,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     for name in ("base.done", "times.tsv"):
         shutil.copy(work / name, late / name)
     out3 = tmp_path / "out3"
-    proc = subprocess.run(cmd[:2] + [str(out3), *cmd[3:-6], "--deadline-minutes", "0"], capture_output=True,
-                          text=True, env={**env, "WORK": str(late)}, timeout=900)
+    proc = subprocess.run(cmd[:2] + [str(out3), *cmd[3:-8], *cmd[-2:], "--deadline-minutes", "0"],
+                          capture_output=True, text=True, env={**env, "WORK": str(late)}, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_rl: base done before" in proc.stdout and not (late / "grpo").exists()
     assert sorted(p.relative_to(out3).as_posix() for p in out3.rglob("*") if p.is_file()) == \
@@ -218,9 +230,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     # GRPO from a given base (one an earlier call trained and sent back), from a tree slimmed to travel beside it
     # (docs/gpu.md: no game records, no models/rookworld-board): the first stage makes only the training data (no
     # records asked for here), the base's match against the shipped base is skipped, named, and OUT holds the
-    # trained model, the record and the verdict, no base/. With --game-positions, GRPO's prompts are the last
-    # positions of the base's own greedy games from training openings, labelled by Stockfish, and as many of its
-    # training positions; its anchor's true answers come from all of its training data
+    # trained model, the record and the verdict, no base/
     given, work4, out4, slim = tmp_path / "given", tmp_path / "work4", tmp_path / "out4", tmp_path / "slim"
     shutil.copytree(work / "sft" / "base", given)
     for name in tracked():
@@ -229,19 +239,8 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
             shutil.copy2(REPO / name, slim / name)
     env4 = {**env, "WORK": str(work4)}
     proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(out4), "--smoke", "--base", str(given),
-                           "--control", "--game-positions", "3"], capture_output=True, text=True, env=env4, timeout=900)
+                           "--control"], capture_output=True, text=True, env=env4, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    positions = read_samples(work4 / "positions" / "grpo.jsonl.gz")
-    fens = (work4 / "positions" / "fens.txt").read_text().split("\n")[:-1]
-    n = len(fens)  # 3 games' last 4 positions at most (a game that ends at once has fewer)
-    assert 3 <= n <= 12 and len(positions) == 2 * n and all(s.task == "P" for s in positions)
-    assert {s.truth.fen for s in positions[:n]} == set(fens) and not any(is_eval_fen(f, 40) for f in fens)
-    used = read_samples((work4 / "sft" / "train.used").read_text().strip())
-    assert {s.render("compact") for s in positions[n:]} <= {s.render("compact") for s in used}
-    assert f"GRPO's P: prompts (puzzles aside; --game-positions 3): {n} positions from the ends of the base's own " \
-        "greedy games (the last 4 of each; 3 games from training openings, ended by: " in (out4 / "results.md").read_text()
-    with tarfile.open(out4 / "record.tar") as tar:
-        assert tar.extractfile("positions/games.txt").read().decode().startswith("3 games (")
     assert "gpu_rl: match_base skipped: models/rookworld-board is not in this tree" in proc.stdout
     assert "match_base: models/rookworld-board is not in this tree" in (out4 / "results.md").read_text()
     assert (work4 / "match_trained.done").exists() and not (work4 / "match_base.done").exists()
@@ -250,19 +249,21 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     rl4 = unpack(out4 / "trained", tmp_path / "trained4")
     run4 = yaml.safe_load((rl4 / "config.yaml").read_text())
     assert run4["model"] == str(given) and run4["reward_signal"] is False  # --control: the anchor and KL alone
-    assert run4["data"] == str(work4 / "positions" / "grpo.jsonl.gz")
-    assert run4["anchor_data"] == (work4 / "sft" / "train.used").read_text().strip()
     assert f"Base: {given} (--base)." in (out4 / "results.md").read_text()
     assert "The base's SFT" not in (out4 / "results.md").read_text()  # trained elsewhere: its pace is not this call's
     assert "GRPO's control (--control: reward_signal false" in (out4 / "results.md").read_text()
     assert "## Verdict: the base -> the control model" in (out4 / "results.md").read_text()
-    # a WORK holds one kind of run: GRPO's WORK refuses its control, before anything runs
+    # a WORK holds one kind of run: the control's WORK refuses GRPO, before anything runs
+    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(tmp_path / "out5"), "--smoke", "--base",
+                           str(given)], capture_output=True, text=True, env=env4, timeout=900)
+    assert proc.returncode == 2 and f"{work4} holds a control run, not a grpo run" in proc.stderr
+    # --game-positions' recipe has no anchor: its control would train nothing (the base is its control)
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), *cmd[3:], "--control"], capture_output=True, text=True,
                           env=env, timeout=900)
-    assert proc.returncode == 2 and f"{work} holds a grpo run, not a control run" in proc.stderr
-    # ... and to its prompts: GRPO there without the game positions is refused before anything runs
-    proc = subprocess.run(["bash", str(slim / "scripts" / "gpu_rl.sh"), str(tmp_path / "out5"), "--smoke", "--base",
-                           str(given), "--control"], capture_output=True, text=True, env=env4, timeout=900)
+    assert proc.returncode == 2 and "the base is its control (run it without --control)" in proc.stderr
+    # ... and to its prompts: GRPO's WORK refuses a run without its game positions, before anything runs
+    proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), *cmd[3:-2]], capture_output=True, text=True, env=env,
+                          timeout=900)
     assert proc.returncode == 2 and "holds a GRPO run with --game-positions 3, not 0" in proc.stderr
     # that WORK belongs to that base: another base is refused before anything runs
     proc = subprocess.run(cmd[:2] + [str(tmp_path / "out5"), "--smoke", "--base", str(work / "sft" / "base")],
