@@ -28,6 +28,7 @@ from pathlib import Path
 
 import chess
 
+from rookworld_rlvr.cli_args import at_least_one
 from rookworld_rlvr.data.generate import is_eval_fen
 from rookworld_rlvr.data.judged import board_key, openings, positions_of_files
 from rookworld_rlvr.play import ModelPlayer, play_match
@@ -88,7 +89,8 @@ def training_openings(path: Path, n: int, held: set[str]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="models/rookworld-board")
-    ap.add_argument("--openings", type=int, default=300, help="games: one greedy self-play game from each opening")
+    ap.add_argument("--openings", type=at_least_one, default=300,
+                    help="games: one greedy self-play game from each opening")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--depth", type=int, default=8, help="Stockfish depth that picks the opening moves")
     ap.add_argument("--last", type=int, default=0, help="keep each game's last N positions (0 = all)")
@@ -100,7 +102,8 @@ def main() -> None:
                     "(one FEN a line, as --openings-only writes them) instead of making them")
     ap.add_argument("--openings-only", action="store_true", help="write the openings to --out and stop")
     ap.add_argument("--device", default="cpu", help="where the model plays (cpu, cuda, ...)")
-    ap.add_argument("--batch-size", type=int, default=64, help="the model's moves decoded at once (one per game)")
+    ap.add_argument("--batch-size", type=at_least_one, default=64,
+                    help="the model's moves decoded at once (one per game)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
     if args.openings_file and args.openings_only:

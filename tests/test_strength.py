@@ -331,6 +331,10 @@ def test_the_shipped_training_openings_are_training_positions_and_a_held_out_one
     mixed.write_text(f"{shipped[0]}\nnot a fen\n")
     with pytest.raises(SystemExit, match=f"game_positions: {mixed}:2: bad FEN"):
         gp.training_openings(mixed, 2, held)
+    for flag in ("--openings", "--batch-size"):  # a count of 0 is one line naming the flag, before any work
+        proc = subprocess.run([sys.executable, str(REPO / "scripts" / "game_positions.py"), flag, "0", "--out",
+                               str(tmp_path / "fens.txt")], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"argument {flag}: must be at least 1, got 0" in proc.stderr
 
 
 def test_mating_moves_are_every_legal_move_that_mates_at_once():
