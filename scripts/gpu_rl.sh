@@ -94,6 +94,9 @@ done
 py=${PYTHON:-python3}
 mode=$([ $control = 1 ] && echo control || echo grpo)
 work=${WORK:-runs/gpu-rl$([ $control = 1 ] && echo -control || true)}
+openings=$(grep -cv '^#' data/train_openings.txt)  # where the game positions' games start: asked for past them, the
+[ "$game_positions" -le "$openings" ] || {  # stage would stop after the base, with GRPO's minutes still unspent
+  echo "gpu_rl.sh: --game-positions $game_positions: data/train_openings.txt holds $openings openings" >&2; exit 2; }
 if [ $control = 1 ] && [ "$game_positions" -gt 0 ]; then
   echo "gpu_rl.sh: --control trains the anchor and the KL alone, and --game-positions' recipe has no anchor: nothing" \
        "but its rewards moves the weights, so the base is its control (run it without --control)" >&2

@@ -398,6 +398,16 @@ def test_sft_init_belongs_to_a_call_that_trains_its_base_and_its_work_remembers_
         assert proc.returncode == 2 and said in proc.stderr and not (tmp_path / "w").exists(), proc.stderr
 
 
+def test_game_positions_past_the_shipped_openings_stop_the_call_before_anything_runs(tmp_path):
+    """The game positions' stage runs after the base; asked for more games than data/train_openings.txt has
+    openings, it would stop the call there with GRPO's minutes unspent. The count is checked first (exit 2)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_rl.sh"), str(tmp_path / "out"), "--smoke",
+                           "--game-positions", "2001"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path / "work")})
+    assert proc.returncode == 2 and "--game-positions 2001: data/train_openings.txt holds 2000 openings" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_continuing_call_on_a_machine_without_the_base_stops_before_spending_its_minutes(tmp_path):
     """The call after the base's continues in WORK on the same machine; on one started afresh (WORK empty) it would
     train a new base in the minutes meant for GRPO. --continue stops it at once, saying what to run instead."""
