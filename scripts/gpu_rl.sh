@@ -273,15 +273,15 @@ budget() {  # GRPO's minutes: --grpo-minutes, or what the deadline leaves after 
 }
 grpo_budget=$(budget)
 fits() { awk -v m="$grpo_budget" 'BEGIN { exit !(m >= 0.5) }'; }
+waits=$([ "$game_positions" -gt 0 ] && [ ! -f "$work/positions.done" ] && echo 1 || echo 0)  # on its positions
+if [ ! -f "$work/grpo.done" ] && [ $waits = 1 ] && fits; then
+  stage positions positions_stage  # (a deadline past: skipped, and GRPO with it, below)
+  grpo_budget=$(budget)  # what the positions' stage left
+  [ -f "$work/positions.done" ] && waits=0
+fi
 if [ -f "$work/grpo.done" ]; then
   stage grpo grpo_stage  # done before
-elif fits && [ "$game_positions" -gt 0 ] && [ ! -f "$work/positions.done" ]; then
-  stage positions positions_stage  # (a deadline past: skipped, and GRPO with it, below)
-fi
-[ -f "$work/grpo.done" ] || grpo_budget=$(budget)  # what the positions' stage left
-if [ -f "$work/grpo.done" ]; then
-  :
-elif [ "$game_positions" -gt 0 ] && [ ! -f "$work/positions.done" ] && fits; then
+elif [ $waits = 1 ] && fits; then
   skip grpo "its game positions are not ready (positions not done)"
 elif fits; then
   [ "$grpo_budget" = "$(printf %.2f "$grpo_minutes")" ] || echo "gpu_rl: grpo gets $grpo_budget minutes (the deadline)"

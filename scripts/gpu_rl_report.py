@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_bf16 import report as report_files  # noqa: E402
-from sft_history import describe  # noqa: E402
+from sft_history import describe, earlier  # noqa: E402
 
 
 def machine(work: Path) -> str:
@@ -52,8 +52,7 @@ def sft_pace(work: Path) -> str | None:
     samples = last["step"] * batch
     text = (f"The base's SFT: {last['step']:,} steps of {batch} rows ({samples / 1e6:.2f}M samples) in "
             f"{last['seconds'] / 60:.1f} minutes, {samples / max(last['seconds'], 1e-9):,.0f} samples a second.")
-    history = work / "sft" / "export" / "sft_history.jsonl"  # every call that trained it (gpu_base.sh --init)
-    calls = [json.loads(x) for x in history.read_text().splitlines() if x.strip()] if history.exists() else []
+    calls = earlier(work / "sft" / "export")  # every call that trained it (gpu_base.sh --init): the export's history
     if len(calls) > 1:
         text += (f" It continued {calls[-1]['init']}, trained before in {describe(calls[:-1])}; in all "
                  f"{describe(calls)}.")
