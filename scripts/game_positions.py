@@ -1,6 +1,6 @@
 """The positions a model reaches in its own greedy games: GRPO prompts from where its matches are played.
 
-    python scripts/game_positions.py --openings 300 --out runs/sp/fens.txt              # 2.5 minutes on 2 cores
+    python scripts/game_positions.py --openings 300 --out runs/sp/fens.txt              # 2 minutes on 2 cores
     rookworld data generate --out runs/sp/gen --games 0 --workers 2 --depth 8 --positions runs/sp/fens.txt
     make train ARGS="--data runs/sp/gen/train.jsonl.gz --check-share null --anchor-data data/train.jsonl.xz \\
         --output-dir runs/sp"
@@ -126,8 +126,7 @@ def main() -> None:
         return
     model, tok = load_policy(args.model, device=args.device, verbose=False)
     players = [ModelPlayer(model, tok, colour, batch_size=args.batch_size) for colour in ("white", "black")]
-    result = play_match(*players, starts, progress=False)
-    games = result.games[::2]  # a greedy game's colour-swapped twin is the same game
+    games = play_match(*players, starts, progress=False, both_colours=False).games  # greedy: its twin is the same
     fens = game_positions(games, held, args.last, args.but_last)
     ends: dict[str, int] = {}
     for g in games:

@@ -60,6 +60,9 @@ def test_referee_ends_games_by_mate_illegal_and_missing_moves():
     assert res.games[0].termination == "illegal_move" and res.games[0].result == "0-1"
     s = res.summary()
     assert s["games"] == 2 and s["wins"] + s["draws"] + s["losses"] == 2
+    # one game per opening, A with white (scripts/game_positions.py: a greedy model's twin is the same game)
+    once = play_match(a, b, [START, START], both_colours=False)
+    assert [(g.white, g.black, g.termination) for g in once.games] == [("a", "b", "checkmate")] * 2
 
 
 def test_elo_interval_from_per_game_scores():

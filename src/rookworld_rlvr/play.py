@@ -200,16 +200,19 @@ def _ended(board: chess.Board, max_plies: int, start_plies: int) -> tuple[str, s
 
 
 def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 300,
-               progress: bool = False, on_game_end: Callable[[Game], None] | None = None) -> MatchResult:
+               progress: bool = False, on_game_end: Callable[[Game], None] | None = None,
+               both_colours: bool = True) -> MatchResult:
     """Two games per opening, A with white in the first; every game to its end. `on_game_end` is
-    called with each game as it ends (the command writes its PGN then, so a crash later loses none)."""
+    called with each game as it ends (the command writes its PGN then, so a crash later loses none).
+    `both_colours` False: one game per opening, A with white (a greedy model against itself would
+    play the colour-swapped game move for move again, at twice the cost)."""
     from tqdm import tqdm
 
     if a.name == b.name:
         raise ValueError(f"both players are named {a.name!r}: give them different names")
     result = MatchResult(a.name, b.name)
     for fen in openings:
-        for white, black in ((a, b), (b, a)):
+        for white, black in ((a, b), (b, a))[: 2 if both_colours else 1]:
             result.games.append(Game(white.name, black.name, fen, chess.Board(fen)))
     players = {a.name: a, b.name: b}
     starts = [len(g.board.move_stack) for g in result.games]
