@@ -9,11 +9,10 @@ games advance together: each ply, every model move of that ply is one batched ge
 The result is the score of A, the Elo difference with a 95% confidence interval (Wilson's score
 interval, draws taken into its variance), how the games ended, and the games as PGN.
 
-Also self-play for the evaluation (`selfplay_metrics`: the model against itself from the start
-position, ended at its first unreadable or illegal move). Owns games, their referee and the
-models' moves kept beside a match's output until it is written (model.journal); the
-model is reached through `model.completions` (imported inside functions, so `rookworld --help`
-stays fast).
+Also self-play for the evaluation (`selfplay_metrics`: the model against itself from the start position,
+ended at its first unreadable or illegal move). Owns games, their referee and the models' moves kept beside
+a match's output until it is written (model.journal); the model is reached through `model.completions`
+(imported inside functions, so `rookworld --help` stays fast).
 """
 
 from __future__ import annotations
@@ -199,13 +198,11 @@ def _ended(board: chess.Board, max_plies: int, start_plies: int) -> tuple[str, s
     return None
 
 
-def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 300,
-               progress: bool = False, on_game_end: Callable[[Game], None] | None = None,
-               both_colours: bool = True) -> MatchResult:
-    """Two games per opening, A with white in the first; every game to its end. `on_game_end` is
-    called with each game as it ends (the command writes its PGN then, so a crash later loses none).
-    `both_colours` False: one game per opening, A with white (a greedy model against itself would
-    play the colour-swapped game move for move again, at twice the cost)."""
+def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 300, progress: bool = False,
+               on_game_end: Callable[[Game], None] | None = None, both_colours: bool = True) -> MatchResult:
+    """Two games per opening, A with white in the first (`both_colours` False: that one alone; a greedy model
+    against itself would repeat it move for move); every game to its end. `on_game_end` is called with each
+    game as it ends (the command writes its PGN then, so a crash later loses none)."""
     from tqdm import tqdm
 
     if a.name == b.name:
