@@ -403,6 +403,17 @@ def test_selfplay_sampling_on_the_tiny_model(tiny):
     assert res["policy"]["n"] == 0 and res["environment"]["n"] == 0
 
 
+def test_several_greedy_self_play_games_are_refused_before_the_model_loads(capsys):
+    """Greedy games from the start are one game played again: `--selfplay 20` would report 20 games' mean where
+    one was measured. Refused in `evaluate` and in `rookworld eval` (before its model loads: "m" is none)."""
+    with pytest.raises(ValueError, match=r"EvalConfig.selfplay_games must be at most 1 at selfplay_temperature 0"):
+        ev.evaluate(None, None, [], config=ev.EvalConfig(selfplay_games=2))
+    ev.EvalConfig(selfplay_games=2, selfplay_temperature=0.5).validate()
+    argv = ["eval", "--model", "m", "--data", str(REPO / "data" / "eval.jsonl.gz"), "--limit", "1", "--selfplay", "3"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("error: EvalConfig.selfplay_games must be at most 1 at selfplay_temp")
+
+
 def test_load_mate_in_one(tmp_path):
     good = tmp_path / "m1.tsv"
     good.write_text(f"# comment\nP: {MATES[0][0]}\t{MATES[0][1][0]}\n\n{MATES[1][0]}\td8h4\n")

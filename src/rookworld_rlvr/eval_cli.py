@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="also write the results as JSON (atomically); until then the "
                         "answers completed so far are kept in OUT.answers.jsonl, so that "
                         "the same command run again after a stop completes only the rest")
-    p.add_argument("--selfplay", type=zero_or_more, default=d.selfplay_games, metavar="N", help="self-play games")
+    p.add_argument("--selfplay", type=zero_or_more, default=d.selfplay_games, metavar="N",
+                   help="self-play games from the start (more than 1 with --selfplay-temperature: greedy ones repeat)")
     p.add_argument("--selfplay-max-plies", type=at_least_one, default=d.selfplay_max_plies,
                    help=f"a self-play game ends after this many plies (default {d.selfplay_max_plies})")
     p.add_argument("--selfplay-temperature", type=temperature, default=d.selfplay_temperature, help="0 = greedy")

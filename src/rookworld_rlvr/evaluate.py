@@ -65,6 +65,8 @@ class EvalConfig:
             ("limit", self.limit is None or self.limit >= 0, ">= 0 or None"),
             ("temperature", self.temperature >= 0, ">= 0 (0 = greedy)"),
             ("selfplay_games", self.selfplay_games >= 0, ">= 0"),
+            ("selfplay_games", self.selfplay_games <= 1 or self.selfplay_temperature > 0, "at most 1 at "
+             "selfplay_temperature 0 (greedy games from the start are one game played again; a temperature samples)"),
             ("selfplay_max_plies", self.selfplay_max_plies >= 1, ">= 1"),
             ("selfplay_temperature", self.selfplay_temperature >= 0, ">= 0 (0 = greedy)"),
             ("selfplay_top_k", self.selfplay_top_k >= 0, ">= 0"),
