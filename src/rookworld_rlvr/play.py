@@ -209,7 +209,7 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
         raise ValueError(f"both players are named {a.name!r}: give them different names")
     result = MatchResult(a.name, b.name)
     for fen in openings:
-        for white, black in ((a, b), (b, a))[: 2 if both_colours else 1]:
+        for white, black in ((a, b), (b, a)) if both_colours else ((a, b),):
             result.games.append(Game(white.name, black.name, fen, chess.Board(fen)))
     players = {a.name: a, b.name: b}
     starts = [len(g.board.move_stack) for g in result.games]
