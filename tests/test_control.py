@@ -253,14 +253,14 @@ def test_adamw_is_fused_and_steps_like_plain_adamw_decaying_only_matrices():
     for _ in range(3):  # the same gradients into both (from a's loss): compares the optimizers alone
         opt.zero_grad()
         a(x, labels=x).loss.backward()
-        for p, q in zip(a.parameters(), b.parameters()):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
             q.grad = p.grad.clone()
         opt.step()
         plain.step()
     start = _gpt2()
-    moved = max((p - q).abs().max().item() for p, q in zip(a.parameters(), start.parameters()))
+    moved = max((p - q).abs().max().item() for p, q in zip(a.parameters(), start.parameters(), strict=True))
     assert moved > 1e-2  # the steps did something, so agreeing below is not vacuous
-    for p, q in zip(a.parameters(), b.parameters()):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
 
 

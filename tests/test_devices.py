@@ -30,8 +30,8 @@ def test_a_reference_on_its_own_device_is_frozen_and_a_resume_reloads_it_from_th
                    steps=2, resume=True)
     assert resumed.step == 1
     ref, policy = list(resumed.ref.parameters()), list(resumed.policy.parameters())
-    assert all(torch.equal(p, q) for p, q in zip(ref, base.parameters()))  # the base, reloaded
-    assert any(not torch.equal(p, q) for p, q in zip(ref, policy))  # not the resumed policy
+    assert all(torch.equal(p, q) for p, q in zip(ref, base.parameters(), strict=True))  # the base, reloaded
+    assert any(not torch.equal(p, q) for p, q in zip(ref, policy, strict=True))  # not the resumed policy
 
 
 def test_dtype_choices_on_devices_without_a_measurement(tiny_model_dir):

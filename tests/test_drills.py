@@ -341,9 +341,9 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
     on_disk = json.loads((tr.run_dir / "summary.json").read_text())["best"]
     assert on_disk == best
     loaded = AutoModelForCausalLM.from_pretrained(tr.run_dir / "best")
-    assert all(torch.equal(a, b) for a, b in zip(weights(loaded), kept[2]))
+    assert all(torch.equal(a, b) for a, b in zip(weights(loaded), kept[2], strict=True))
     final = AutoModelForCausalLM.from_pretrained(tr.run_dir / "final")
-    assert all(torch.equal(a, b) for a, b in zip(weights(final), kept[4]))
+    assert all(torch.equal(a, b) for a, b in zip(weights(final), kept[4], strict=True))
     assert not any(p.name.startswith("trainer_state") for p in (tr.run_dir / "best").iterdir())
 
 

@@ -216,8 +216,8 @@ def test_held_out_se_pairs_the_rows_of_two_evaluations(reference, env_samples):
     b = mt.score_completions(samples, bad, RewardScorer())
     assert a["policy"]["rewards"] == [1.0] * 20 and len(b["environment"]["rewards"]) == 20
     assert mt.held_out_se(a, a) == 0
-    dp = [x - y for x, y in zip(b["policy"]["rewards"], a["policy"]["rewards"])]
-    de = [x - y for x, y in zip(b["environment"]["rewards"], a["environment"]["rewards"])]
+    dp = [x - y for x, y in zip(b["policy"]["rewards"], a["policy"]["rewards"], strict=True)]
+    de = [x - y for x, y in zip(b["environment"]["rewards"], a["environment"]["rewards"], strict=True)]
     expected = (statistics.variance(dp) / 20 + statistics.variance(de) / 20) ** 0.5 / 2
     assert mt.held_out_se(b, a) == pytest.approx(expected) and expected > 0
     assert mt.held_out_reward(b) < mt.held_out_reward(a)

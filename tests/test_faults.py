@@ -67,7 +67,7 @@ def _snapshot(model) -> list[torch.Tensor]:
 
 
 def _same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b))
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -184,7 +184,7 @@ def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
                _outside_candidate_batch(p_samples[4:8], rng, 1),    # after a kill between two calls
                _outside_candidate_batch(p_samples[8:16], rng, 2)]   # with a kill during the call
     for prompts, completions, truths in batches:
-        assert all(pol_task.parse_completion(c).best not in t.moves for c, t in zip(completions, truths))
+        assert all(pol_task.parse_completion(c).best not in t.moves for c, t in zip(completions, truths, strict=True))
 
     cfg = EngineConfig(path=stockfish_path, depth=6, workers=2, timeout=20.0)
     with StockfishPool(cfg) as pool:
@@ -225,9 +225,9 @@ def test_killed_stockfish_loses_no_reward(small_data, stockfish_path):
     with StockfishPool(EngineConfig(path=stockfish_path, depth=6, workers=1)) as fresh:
         expected = [RewardScorer(engine=fresh).score_batch(*b) for b in batches]
         assert fresh.stats["restarts"] == 0
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert len(g) == len(e)
-        for a, b in zip(g, e):
+        for a, b in zip(g, e, strict=True):
             assert (a.total, a.components, a.valid_format, a.correct) == (b.total, b.components, b.valid_format, b.correct)
             assert a.components["best_legal"] == 1.0 and a.components["quality"] < 1.0
 

@@ -349,7 +349,7 @@ def test_bf16_grad_linear_has_the_float32_forward_and_bf16_gradients(kind):
         assert torch.equal(y, module(x))
         (y * upstream).sum().backward()
         grads[dtype] = [x.grad.clone(), module.weight.grad.clone(), module.bias.grad.clone()]
-    for name, g32, g16 in zip(("input", "weight"), grads[None][:2], grads[torch.bfloat16][:2]):
+    for name, g32, g16 in zip(("input", "weight"), grads[None][:2], grads[torch.bfloat16][:2], strict=True):
         assert g16.dtype == torch.float32 and not torch.equal(g16, g32)
         assert_bf16_rounding_close(g16, g32, f"{kind} {name} gradient")
     assert torch.equal(grads[None][2], grads[torch.bfloat16][2])
@@ -669,7 +669,7 @@ def test_per_prompt_token_limits_and_temperatures(rig):
     gen = generate(model, tok, prompts, max_new_tokens=limits, temperature=temps, num_return_sequences=2,
                    generator=torch.Generator().manual_seed(2))
     lengths = gen.completion_mask.sum(-1).tolist()
-    for row, (length, reason) in enumerate(zip(lengths, gen.finish_reasons)):
+    for row, (length, reason) in enumerate(zip(lengths, gen.finish_reasons, strict=True)):
         limit = limits[row // 2]
         assert length <= limit
         assert reason == "eos" or length == limit
@@ -923,7 +923,7 @@ def test_the_captured_token_call_holds_nothing_a_cuda_graph_capture_refuses(rig,
             logits[cast] = [decoder.step(tokens, positions + t, t=torch.tensor(t)) for t in range(4)]
         casts = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == head]
         assert len(casts) == (4 if cast is None else 0), f"cast={cast}: the LM head was cast {len(casts)} times in 4 steps"
-    assert all(torch.equal(a, b) for a, b in zip(logits[None], logits[torch.bfloat16]))
+    assert all(torch.equal(a, b) for a, b in zip(logits[None], logits[torch.bfloat16], strict=True))
     with pytest.raises(ValueError, match="cast and pack"):
         CascadeDecoder(model, cache, mask, 3, 6, pack=True, cast=torch.bfloat16)
     wrapper = torch.nn.Sequential(model.lm_head)  # an adapter's layer adds to its weight's product: left as it is

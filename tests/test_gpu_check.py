@@ -44,7 +44,7 @@ def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     assert [(r["preset"], r["own_repeats"]) for r in result["sft"]] == [("tiny", 0), ("tiny", 2)]
     assert all(r["s_per_step"] > 0 and r["host_batch_ms"] > 0 for r in result["sft"])
     # each shape's last step profiled after the timed ones (on a GPU its busy share, which a CPU has not)
-    for r, own in zip(result["sft"], (0, 2)):
+    for r, own in zip(result["sft"], (0, 2), strict=True):
         assert r["profile"].startswith(f"# rookworld sft of sft-tiny-4-{own}, batch 4, ") and \
             ": step 4 on cpu, " in r["profile"], r["profile"]
     assert all(r["device_busy_share"] is None for r in result["sft"])

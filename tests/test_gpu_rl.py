@@ -96,7 +96,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert profile.startswith("# rookworld sft of base, batch 4, ") and ": step 3 on cpu, " in profile.splitlines()[0]
     model, _ = load_policy(str(base), device="cpu", verbose=False)
     trained, _ = load_policy(str(work / "sft" / "base"), device="cpu", verbose=False)
-    for (name, a), b in zip(model.state_dict().items(), trained.state_dict().values()):  # bf16 copies
+    for (name, a), b in zip(model.state_dict().items(), trained.state_dict().values(), strict=True):  # bf16 copies
         torch.testing.assert_close(a, b.to(torch.bfloat16).float(), rtol=0, atol=0, msg=name)
     # the GRPO run: trained from that base, judged, matched
     rl = unpack(out / "trained", tmp_path / "trained")
@@ -333,9 +333,10 @@ def test_a_base_sent_back_trains_on_from_its_weights_and_its_history_counts_ever
     trained, _ = load_policy(str(work / "base"), device="cpu", verbose=False)
     assert trained.config.n_layer == 2 and trained.config.n_embd == 64  # B's shape, not the tiny preset's 6 x 256
     # three steps in the lr's warm-up move each weight by at most about 1e-4; a fresh model is another one entirely
-    for (name, a), b in zip(start.state_dict().items(), trained.state_dict().values()):
+    for (name, a), b in zip(start.state_dict().items(), trained.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-3, msg=name)
-    assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), trained.state_dict().values()))
+    assert any(not torch.equal(a, b)
+               for a, b in zip(start.state_dict().values(), trained.state_dict().values(), strict=True))
     with tarfile.open(out / "meta.tar") as tar:
         history = [json.loads(x) for x in tar.extractfile("./sft_history.jsonl").read().decode().splitlines()]
     assert history[:2] == earlier and history[2]["init"] == str(given)
@@ -476,7 +477,8 @@ def test_the_export_is_the_model_in_bf16_shards_beside_its_config_and_tokenizer(
     assert config == {**before, "dtype": "bfloat16"}
     exported, _ = load_policy(str(out), device="cpu", verbose=False)
     model, _ = load_policy(str(source), device="cpu", verbose=False)
-    for (name, a), b in zip(exported.state_dict().items(), model.state_dict().values()):  # float32 from bf16
+    # float32 from bf16
+    for (name, a), b in zip(exported.state_dict().items(), model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b.to(torch.bfloat16).float(), rtol=0, atol=0, msg=name)
     for missing in ("model.safetensors", "config.json"):
         shutil.copytree(source, tmp_path / "partial", dirs_exist_ok=True)

@@ -137,7 +137,8 @@ def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_t
         resumed.train()
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
     assert strip(_records(tmp_path / "b" / "run")) == strip(_records(tmp_path / "a" / "run"))
-    assert all(torch.equal(p, q) for p, q in zip(resumed.policy.parameters(), straight.policy.parameters()))
+    assert all(torch.equal(p, q)
+               for p, q in zip(resumed.policy.parameters(), straight.policy.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("fault", ["signal", "crash"])
@@ -190,7 +191,7 @@ def test_a_signal_or_crash_during_an_evaluation_loses_no_step_and_resume_evaluat
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
     assert strip(_records(run)) == strip(_records(tmp_path / "a" / "run"))
     assert evals(tmp_path / "b") == evals(tmp_path / "a")
-    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("stop_at", [2, 0], ids=["signal-at-step-2", "kill-in-base-evaluation"])
@@ -258,7 +259,7 @@ def test_an_evaluation_stopped_part_way_keeps_its_completed_batches_and_the_resu
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
     assert evals(tmp_path / "b") == evals(tmp_path / "a")
     assert strip(_records(run)) == strip(_records(tmp_path / "a" / "run"))
-    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(tr.policy.parameters(), straight.policy.parameters(), strict=True))
 
 
 def test_a_journal_drops_a_line_cut_by_a_kill_and_serves_only_its_own_weights_and_step(tmp_path, tiny_model_dir):

@@ -80,7 +80,7 @@ def test_random_tiny_model_lists_distinct_legal_moves(build):
     for settings, layout in (({"greedy": True}, "compact"), (sampling(1.0, seed=3), "compact"),
                              ({"greedy": True}, "padded")):
         texts, _ = gen.run([pol.prompt(f, layout) for f in FENS], **settings)
-        for fen, text in zip(FENS, texts):
+        for fen, text in zip(FENS, texts, strict=True):
             legal = legal_moves(fen)
             assert text.startswith("M: ") and " E:" in text, text
             moves = text[3:text.index(" E:")].split()
@@ -99,10 +99,10 @@ def test_shipped_base_answers_legally_only_with_the_constraint():
     prompts = [pol.prompt(f) for f in fens]
     plain = [pol.parse_completion(t) for t in Completer(model, tok, 120).run(prompts)[0]]
     legal_sets = [legal_moves(f) for f in fens]
-    assert sum(p.move in lg for p, lg in zip(plain, legal_sets)) < len(fens)  # it does write illegal moves
+    assert sum(p.move in lg for p, lg in zip(plain, legal_sets, strict=True)) < len(fens)  # it does write illegal moves
     assert sum(len(set(p.moves or [])) < len(p.moves or []) for p in plain) > len(fens) // 2  # and repeats
     constrained = Completer(model, tok, 120, constraint=LegalMoveDecoding(tok)).run(prompts)[0]
-    for text, legal in zip(constrained, legal_sets):
+    for text, legal in zip(constrained, legal_sets, strict=True):
         parse = pol.parse_completion(text)
         assert parse.valid, (text, parse.errors)
         assert parse.move in legal and len(set(parse.moves)) == min(5, len(legal)) and set(parse.moves) <= legal

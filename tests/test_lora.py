@@ -110,7 +110,7 @@ def test_resume_rebuilds_base_plus_adapters_and_continues(trained, tmp_path, tin
     want, got = adapters(tr), adapters(resumed)
     assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
     assert all(torch.equal(v, base_weights(resumed)[n]) for n, v in base_weights(tr).items())
-    for a, b in zip(tr.opt.state.values(), resumed.opt.state.values()):
+    for a, b in zip(tr.opt.state.values(), resumed.opt.state.values(), strict=True):
         assert torch.equal(a["exp_avg"], b["exp_avg"])
     resumed.train()
     assert resumed.step == 3

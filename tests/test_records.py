@@ -135,5 +135,5 @@ def test_the_shipped_records_replay_their_games_here(name, games, seed):
         rows = [s for s in play_game(rec.game, cfg, pool) if s.task == "P"]
         pool.check_done()
         assert len(rows) == len(rec.answers) > 10
-        for s, (moves, evals) in zip(rows, rec.answers):
+        for s, (moves, evals) in zip(rows, rec.answers, strict=True):
             assert sorted(zip(s.truth.moves, s.truth.evals)) == sorted(zip(moves, evals))

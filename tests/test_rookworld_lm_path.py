@@ -105,7 +105,8 @@ def test_rookworld_lm_preset_trains_evaluates_and_saves_a_plain_transformers_mod
     final = run / "final"
     base_model, _ = load_policy(str(base), device="cpu", verbose=False)
     trained, tok = load_policy(str(final), device="cpu", verbose=False)
-    assert any(not torch.equal(p, q) for p, q in zip(base_model.parameters(), trained.parameters())), "no update"
+    assert any(not torch.equal(p, q)
+               for p, q in zip(base_model.parameters(), trained.parameters(), strict=True)), "no update"
 
     report = tmp_path / "eval.json"
     assert main(["eval", "--model", str(final), "--data", str(data / "eval.jsonl"), "--layout", "padded",

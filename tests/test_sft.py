@@ -45,7 +45,7 @@ def test_length_bucketed_micro_batches_give_the_mixed_batch_gradient(tiny_model_
         split, _, _ = _accumulate(model, rows, tok.pad_token_id, loss_on, contextlib.nullcontext(), torch.device("cpu")).tolist()
         n = gradient_terms(model, mask)  # the loss and every weight gradient sum over the batch's tokens
         assert_rounding_close(torch.tensor(split), whole.detach(), n, f"{loss_on} loss")
-        for (name, p), g in zip(model.named_parameters(), expected):
+        for (name, p), g in zip(model.named_parameters(), expected, strict=True):
             assert_rounding_close(p.grad, g, n, f"{loss_on} gradient of {name}")
 
 
@@ -463,7 +463,7 @@ def test_sft_resume_is_exact_and_reads_no_pickle(tmp_path, small_data, monkeypat
     assert len(losses[0]) == 6 and losses[0] == losses[1]
     a, _ = load_policy(str(straight), device="cpu", verbose=False)
     b, _ = load_policy(str(split), device="cpu", verbose=False)
-    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_sft_order_best_first_writes_the_best_move_first(small_data):
@@ -473,7 +473,7 @@ def test_sft_order_best_first_writes_the_best_move_first(small_data):
 
     tok = build_board_tokenizer()
     samples = [s for s in read_samples(small_data / "train.jsonl") if s.task == "P"][:20]
-    for s, (ids, n, *_) in zip(samples, encode(tok, samples, "compact", "best-first")):
+    for s, (ids, n, *_) in zip(samples, encode(tok, samples, "compact", "best-first"), strict=True):
         text = tok.decode(ids[n:-1])
         moves = text.split("E:")[0].split()[1:]
         evals = [float(x) for x in text.split("E:")[1].split("B:")[0].split()]

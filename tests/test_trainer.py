@@ -133,7 +133,7 @@ def _metrics(path):
 def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef, backward):
     def varied(prompts, completions, truths, weights):  # the chess reward plus a length term: every
         results = scorer.score_batch(prompts, completions, truths, weights)  # group has variance, so
-        for r, c in zip(results, completions):  # every step moves the weights and the lr schedule matters
+        for r, c in zip(results, completions, strict=True):  # every step moves the weights and the lr schedule matters
             r.total += 0.01 * (len(c) % 7)
         return results
 
@@ -154,7 +154,7 @@ def test_resume_equals_straight_run(tmp_path, tiny_model_dir, small_data, scorer
     b = _metrics(tmp_path / "b" / "run" / "metrics.jsonl")
     assert all(r["zero_var_share"] < 1 and r["kl_mean"] > 0 for r in a[1:])  # the steps compared did learn
     assert len(b) == 4 and [r.keys() for r in a] == [r.keys() for r in b]
-    for x, y in zip(a[2:], b[-2:]):  # equal up to float rounding (a resumed process sums in another order)
+    for x, y in zip(a[2:], b[-2:], strict=True):  # equal up to float rounding (a resumed process sums in another order)
         noise = {k for k in x if k.startswith("logp_sampler_diff")}  # these measure rounding itself (~1e-7)
         assert all(x[k] < 1e-4 and y[k] < 1e-4 for k in noise)
         x, y = ({k: v for k, v in r.items() if k not in noise} for r in (x, y))
@@ -204,7 +204,8 @@ def test_nan_in_logits_skips_the_step_and_training_continues(tmp_path, tiny_mode
     groups = tr.collect(0, {})
     m = tr.update(tr.assemble(groups), 0, {})
     assert m["guard"] == "skip"
-    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.parameters())), "a skipped step must not move weights"
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.parameters(), strict=True)), \
+        "a skipped step must not move weights"
     tr.train()  # the run goes on
     assert tr.step == 3
 
@@ -217,7 +218,7 @@ def test_rollback_restores_weights_and_lowers_lr(tmp_path, tiny_model_dir, small
         for p in tr.policy.parameters():
             p.add_(1.0)
     rollback(tr, "test")
-    assert all(torch.equal(a, b) for a, b in zip(saved, tr.policy.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(saved, tr.policy.parameters(), strict=True))
     assert tr.lr_scale == 0.3  # the default rollback_lr_factor
 
 
@@ -559,7 +560,7 @@ def test_record_rollout_gives_the_recomputed_update_and_frees_its_memory(tmp_pat
             results.append(logp.detach())
         results.append(torch.cat([p.grad.flatten() for p in tr.policy.parameters()]))
     n = len(task_slices(batch.rows, tr.cfg.group_size, tr.cfg.minibatch_size))
-    for plain, rec in zip(results[:n], results[n + 1:-1]):
+    for plain, rec in zip(results[:n], results[n + 1:-1], strict=True):
         assert_rounding_close(rec, plain, logprob_terms(tr.policy), "recorded log-probs")
     assert_rounding_close(results[-1], results[n], gradient_terms(tr.policy, batch.attention_mask), "gradient")
     m = tr.update(batch, 0, {})

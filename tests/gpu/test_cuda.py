@@ -93,7 +93,7 @@ def test_greedy_generation_on_the_device_equals_the_cpus(device, ieee_float32, r
     for where in ("cpu", device):
         model, tok = load_policy(str(SHIPPED), device=str(where), verbose=False)
         texts[str(where)] = generate(model, tok, prompts, max_new_tokens=100, greedy=True).texts
-    differ = sum(a != b for a, b in zip(texts["cpu"], texts[str(device)]))
+    differ = sum(a != b for a, b in zip(texts["cpu"], texts[str(device)], strict=True))
     print(f"greedy: {differ} of {len(prompts)} completions differ between cpu and {device}")
     record_testsuite_property("greedy_differ_from_cpu", f"{differ} of {len(prompts)}")  # into gpu_tests.xml
     assert differ <= 0.02 * len(prompts)
