@@ -65,6 +65,16 @@ def test_referee_ends_games_by_mate_illegal_and_missing_moves():
     assert [(g.white, g.black, g.termination) for g in once.games] == [("a", "b", "checkmate")] * 2
 
 
+@pytest.mark.timeout(30)
+def test_a_player_that_answers_fewer_boards_than_asked_is_an_error_not_a_match_that_never_ends():
+    class Short(RandomPlayer):  # drops its last answer: that game would be asked again for ever
+        def moves(self, boards):
+            return super().moves(boards)[:-1]
+
+    with pytest.raises(ValueError, match="zip"):
+        play_match(Short(), Scripted("b", ["e2e4"], ["e7e5"]), [START])
+
+
 def test_elo_interval_from_per_game_scores():
     assert elo_of(0.5) == 0 and elo_of(0.75) == pytest.approx(-400 * math.log10(1 / 0.75 - 1))
     scores = [1.0] * 60 + [0.5] * 20 + [0.0] * 20

@@ -199,6 +199,17 @@ def test_module_level_score_entry_point(env_truths):
     assert r.total == 1.0 and set(r.components) == {"format", "next_state", "reward", "terminated", "truncated"}
 
 
+def test_a_batch_whose_lists_differ_in_length_is_refused_not_scored_short(env_truths):
+    """One prompt, completion and truth a row: a list shorter than the others would leave rows unscored."""
+    prompts = [E.prompt(a.fen, a.move, a.history) for a in env_truths[:2]]
+    completions = [E.completion(a) for a in env_truths[:2]]
+    assert [r.total for r in RewardScorer().score_batch(prompts, completions)] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="2 prompts, 1 completions and 2 truths: one of each per row"):
+        RewardScorer().score_batch(prompts, completions[:1])
+    with pytest.raises(ValueError, match="2 prompts, 2 completions and 1 truths"):
+        RewardScorer().score_batch(prompts, completions, [env_truths[0].to_dict()])
+
+
 def test_policy_without_truth_and_without_engine_is_a_clear_error(policy_truths):
     with pytest.raises(RuntimeError, match="no Stockfish pool"):
         RewardScorer().score(P.prompt(policy_truths[0].fen), P.completion(policy_truths[0]))

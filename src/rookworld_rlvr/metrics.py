@@ -108,19 +108,19 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
     """P: metrics of a non-empty task slice (truth comes from the samples)."""
     parses = [pol_task.parse_completion(c) for c in completions]
     legal = [strength.legal_moves(s.truth.fen) for s in samples]
-    labelled = [(p, s.truth.label) for p, s in zip(parses, samples) if s.truth.label is not None]
-    legal_best = [p.best in lg for p, lg in zip(parses, legal)]
+    labelled = [(p, s.truth.label) for p, s in zip(parses, samples, strict=True) if s.truth.label is not None]
+    legal_best = [p.best in lg for p, lg in zip(parses, legal, strict=True)]
     return dict(
         invalid=share(not p.valid for p in parses),
         legal_best=share(legal_best),
         legal_best_items=items(legal_best),
         items_of=strength.fingerprint(s.render("compact")[0] for s in samples),
-        best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples)),
+        best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples, strict=True)),
         best_acc_raw_labels=share(p.best == label for p, label in labelled),
         top5_overlap=mean([len(set(p.moves or []) & set(s.truth.moves)) / len(s.truth.moves)
-                           for p, s in zip(parses, samples)]),
+                           for p, s in zip(parses, samples, strict=True)]),
         # a move written twice counts once: five copies of one legal move are 1 candidate, not 5
-        distinct_legal_candidates=mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal)]),
+        distinct_legal_candidates=mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal, strict=True)]),
         repeated_candidates=share(len(p.moves or []) != len(set(p.moves or [])) for p in parses),
         mean_reward=mean([r.total for r in results]),
         n_labelled=len(labelled),
@@ -141,7 +141,7 @@ def _predicted_reward(parsed: env_task.EnvParse) -> float:
 def _environment(samples: Sequence[Sample], completions: Sequence[str], results: Sequence[RewardResult]) -> dict:
     """A: metrics of a non-empty task slice."""
     parses = [env_task.parse_completion(c) for c in completions]
-    pairs = list(zip(parses, [s.truth for s in samples]))
+    pairs = list(zip(parses, [s.truth for s in samples], strict=True))
     return dict(
         invalid=share(not p.valid for p in parses),
         next_state_acc=share(p.new_fen == t.new_fen for p, t in pairs),
@@ -165,7 +165,7 @@ def _environment(samples: Sequence[Sample], completions: Sequence[str], results:
 def random_mover(samples: Sequence[Sample], legal: Sequence[set[str]]) -> dict[str, float | None]:
     """The floor of `best_acc` and `top5_overlap`, exactly: a random legal B: move is best with chance
     best / legal; each true candidate is among 5 distinct random legal moves with chance min(5, legal) / legal."""
-    best = [len(set(s.truth.best) & lg) / len(lg) if lg else 0.0 for s, lg in zip(samples, legal)]
+    best = [len(set(s.truth.best) & lg) / len(lg) if lg else 0.0 for s, lg in zip(samples, legal, strict=True)]
     top = [min(5, len(lg)) / len(lg) if lg else 0.0 for lg in legal]
     return dict(best_acc=mean(best), top5_overlap=mean(top))
 
@@ -200,7 +200,7 @@ def task_metrics(task: str, samples: Sequence[Sample], completions: Sequence[str
 
 def needs_engine(samples: Sequence[Sample], completions: Sequence[str]) -> bool:
     """True when a P: completion names a legal B: outside the truth's moves (its quality needs Stockfish)."""
-    for s, c in zip(samples, completions):
+    for s, c in zip(samples, completions, strict=True):
         if s.task != "P":
             continue
         best = pol_task.parse_completion(c).move

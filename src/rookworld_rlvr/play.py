@@ -221,7 +221,7 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
                         (result.games[i].white if result.games[i].board.turn else result.games[i].black) == name]
                 if not turn:
                     continue
-                for i, move in zip(turn, player.moves([result.games[i].board for i in turn])):
+                for i, move in zip(turn, player.moves([result.games[i].board for i in turn]), strict=True):
                     g = result.games[i]
                     if not is_legal(g.board, move):
                         g.result = "0-1" if g.board.turn == chess.WHITE else "1-0"
@@ -261,7 +261,7 @@ def selfplay_metrics(gen, games: int, max_plies: int, layout: str = "compact", s
             if not alive:
                 break
             still = []
-            for g, answer in zip(alive, answers(gen, [boards[g] for g in alive], layout, sampling or {})):
+            for g, answer in zip(alive, answers(gen, [boards[g] for g in alive], layout, sampling or {}), strict=True):
                 if not is_legal(boards[g], answer.move):
                     ended["illegal"] += 1
                 else:

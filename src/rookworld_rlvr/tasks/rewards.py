@@ -188,12 +188,15 @@ class RewardScorer:
                     weights: dict[str, dict[str, float]] | None = None) -> list[RewardResult]:
         """Score many; engine work (missing truths, moves outside the candidates) is spread over the pool."""
         truths = list(truths) if truths is not None else [None] * len(prompts)
+        if not len(prompts) == len(completions) == len(truths):  # one of each a row: a shorter list is a mistake
+            raise ValueError(f"score_batch: {len(prompts)} prompts, {len(completions)} completions and "
+                             f"{len(truths)} truths: one of each per row")
         tasks = [task_of(p) for p in prompts]
         truths = [truth_from_dict(t, x) if isinstance(x, (dict, str)) else x for t, x in zip(tasks, truths)]
         missing = [i for i, (t, x) in enumerate(zip(tasks, truths)) if x is None and t == "P"]
         if missing:
             analyses = self._engine().analyse_many([fen_of_prompt(prompts[i]) for i in missing])
-            for i, a in zip(missing, analyses):
+            for i, a in zip(missing, analyses, strict=True):
                 truths[i] = PolicyTruth(a.fen, a.moves, a.evals, best_of(a.moves, a.evals))
         if self.engine is not None:  # one batched search for legal best moves outside the candidates
             self._prefetch_move_evals(completions, truths)
@@ -217,7 +220,7 @@ class RewardScorer:
     def _prefetch_move_evals(self, completions, truths) -> None:
         """Search every legal best move outside its candidates, of every position, in one pool call."""
         pairs: set[tuple[str, str]] = set()
-        for c, x in zip(completions, truths):
+        for c, x in zip(completions, truths, strict=True):
             if not isinstance(x, PolicyTruth):
                 continue
             best = pol_task.parse_completion(c).move

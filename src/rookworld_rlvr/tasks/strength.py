@@ -354,9 +354,9 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
     """
     if len(positions) != len(moves):
         raise ValueError(f"{len(positions)} positions but {len(moves)} moves")
-    legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves)]
-    best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves)]
-    loss_items = [p.loss(m) if ok else None for p, m, ok in zip(positions, moves, legal_items)]
+    legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves, strict=True)]
+    best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves, strict=True)]
+    loss_items = [p.loss(m) if ok else None for p, m, ok in zip(positions, moves, legal_items, strict=True)]
     expected = [random_expectation(p) for p in positions]
     losses = [x for x in loss_items if x is not None]
     rand = [r for r, x in zip(expected, loss_items) if x is not None]
@@ -379,7 +379,7 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "random": {**{k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder")},
                    "best": _mean([r["best"] for r in expected])},
     }
-    kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
+    kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves, strict=True) if m is None or m not in p.evals]
     # why the illegal moves are illegal, each kind a share of all positions (they sum to 1 - legal)
     out["illegal"] = {k: sum(x == k for x in kinds) / len(positions) for k in ILLEGAL_KINDS} if positions else {}
     out["loss_below_random"] = _ratio_below(out["loss"], out["random"]["loss"])
@@ -403,7 +403,7 @@ def candidate_quality(positions: Sequence[JudgedPosition], candidates: Sequence[
     with as many distinct legal moves as the position allows (up to 5), the share with a repeated
     move, and the overlap of the distinct moves with the engine's top 5, next to 5 random legal moves."""
     distinct, full, repeated, overlap, rand_overlap = [], [], [], [], []
-    for pos, cands in zip(positions, candidates):
+    for pos, cands in zip(positions, candidates, strict=True):
         cands = list(cands or [])
         legal = [m for m in dict.fromkeys(cands) if m in pos.evals]
         want = min(5, len(pos.evals))
@@ -421,7 +421,7 @@ def puzzle_scores(puzzles: Sequence[Puzzle], moves: Sequence[str | None]) -> dic
     """Solve rate per puzzle kind, next to a random legal mover's (solutions / legal moves)."""
     out: dict = {}
     for kind in PUZZLE_KINDS:
-        pairs = [(p, m) for p, m in zip(puzzles, moves) if p.kind == kind]
+        pairs = [(p, m) for p, m in zip(puzzles, moves, strict=True) if p.kind == kind]
         if not pairs:
             continue
         solved = [int(m in p.solutions) for p, m in pairs]
