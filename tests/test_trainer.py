@@ -62,6 +62,21 @@ def make(tmp_path, tiny_model_dir, small_data, scorer, reward_fn=None, log=None,
     return Trainer(cfg, reward_fn or chess_reward, train, None, log=log or (lambda *_: None))
 
 
+def test_a_reward_function_that_returns_too_few_or_too_many_results_is_named(tmp_path, tiny_model_dir, small_data,
+                                                                              scorer):
+    """Your own reward function: one result a completion, in order; a list of another length is an error that says
+    so, not a step on rewards paired with the wrong rows (too many) or an IndexError from inside the trainer."""
+    for extra in (-1, 1):
+        def reward(prompts, completions, truths, weights):
+            results = scorer.score_batch(prompts, completions, truths, weights)
+            return results[:-1] if extra < 0 else results + results[:1]
+
+        tr = make(tmp_path / str(extra), tiny_model_dir, small_data, scorer, reward_fn=reward)
+        n = tr.cfg.batch_positions * tr.cfg.group_size
+        with pytest.raises(ValueError, match=f"reward_fn returned {n + extra} results for {n} completions"):
+            tr.collect(0, {})
+
+
 def test_step_zero_policy_equals_reference_on_mixed_left_padded_batch(tmp_path, tiny_model_dir, small_data, scorer):
     tr = make(tmp_path, tiny_model_dir, small_data, scorer, mix_env_ratio=0.5)
     batch = tr.assemble(tr.collect(0, {}))

@@ -179,6 +179,8 @@ class Rollout:
         n = len(g.texts)
         row_prompts = [prompts[i // G] for i in range(n)]
         results = self.reward_fn(row_prompts, g.texts, truths, self.weights)
+        if len(results) != n:  # a result a completion, in order: others would pair rewards with the wrong rows
+            raise ValueError(f"reward_fn returned {len(results)} results for {n} completions: one a completion")
         self.timings["score"] = self.timings.get("score", 0.0) + time.time() - t0
         rows = []
         for i in range(n):
