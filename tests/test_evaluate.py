@@ -75,6 +75,16 @@ def truth_completions(samples: list[Sample], layout: str = "compact") -> list[st
     return [s.render(layout)[1] for s in samples]
 
 
+def test_task_metrics_refuse_answers_that_do_not_pair_up_with_their_items():
+    """A figure over fewer items than were asked is refused, not reported as the share of the rest."""
+    envs = [s for s in read_samples(REPO / "data" / "eval.jsonl.gz") if s.task == "A"][:3]
+    texts = truth_completions(envs)
+    results = RewardScorer().score_batch([s.render("compact")[0] for s in envs], texts, [s.truth for s in envs])
+    assert mt.task_metrics("A", envs, texts, results)["next_state_acc"] == 1.0
+    with pytest.raises(ValueError, match="A: 3 samples, 2 completions and 3 results"):
+        mt.task_metrics("A", envs, texts[:2], results)
+
+
 def with_best(completion: str, move: str) -> str:
     return completion.rsplit("B:", 1)[0] + f"B: {move}"
 

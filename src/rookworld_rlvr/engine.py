@@ -334,7 +334,7 @@ class StockfishPool:
             self._cache.put(key, value)  # stored now, so an error elsewhere loses nothing
             return value
 
-        found.update(zip(misses, self._map(compute, misses, progress), strict=True))
+        found.update(zip(misses, self._map(compute, misses, progress)))
         return found
 
     def _map(self, func: Callable[[T], Any], items: Sequence[T], progress: bool) -> list[Any]:
@@ -366,7 +366,7 @@ class StockfishPool:
         """Analyse many FENs over the pool; duplicates searched once; output in input order."""
         found = self._per_position("A", fens, self._analysis_value, progress)
         return [Analysis(fen, tuple(v["moves"]), tuple(v["evals"])) if v is not None else Analysis(fen, (), ())
-                for fen, v in zip(fens, found, strict=True)]
+                for fen, v in zip(fens, found)]
 
     def move_tables(self, fens: Sequence[str], progress: bool = False) -> list[dict[str, float]]:
         """Every legal move of each FEN with its eval (pawns, for the side to move), from one
@@ -382,7 +382,7 @@ class StockfishPool:
         boards = [_parse_board(fen) for fen in fens]
         keys = [f"{kind}|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
         jobs: dict[str, Callable[[], T]] = {}
-        for fen, board, key in zip(fens, boards, keys, strict=True):
+        for fen, board, key in zip(fens, boards, keys):
             if key is not None and key not in jobs:
                 jobs[key] = functools.partial(value, board, fen)
         found = self._resolve(jobs, progress)

@@ -114,7 +114,7 @@ def _generate_tasks(gen: Completer, samples: Sequence[Sample], config: EvalConfi
             continue
         with progress_bar(progress, len(idx), f"{label} {task}") as bar:
             texts, why = gen.run([samples[i].render(config.layout)[0] for i in idx], bar=bar, **settings)
-        for i, t, r in zip(idx, texts, why, strict=True):
+        for i, t, r in zip(idx, texts, why):
             completions[i], reasons[i] = t, r
     return completions, reasons
 
@@ -134,7 +134,7 @@ def strength_metrics(gen: Completer, positions: Sequence[JudgedPosition], layout
     if not positions:
         return {"n": 0}
     parses = _answers(gen, [p.fen for p in positions], layout, progress, "strength")
-    legal = [p.move is not None and p.move in pos.evals for p, pos in zip(parses, positions, strict=True)]
+    legal = [p.move is not None and p.move in pos.evals for p, pos in zip(parses, positions)]
     return {**strength.move_quality(positions, [p.move for p in parses]),
             "candidates": strength.candidate_quality(positions, [p.moves for p in parses]),
             "slices": sliced(position_slices([p.fen for p in positions]), "legal", legal)}
@@ -202,7 +202,7 @@ def evaluate(model, tokenizer, samples: list[Sample], *, config: EvalConfig | No
                                     spread=spread)
     timings["score"] = time.perf_counter() - t0
     for task, name in TASK_NAMES.items():
-        why = [r for s, r in zip(samples, reasons, strict=True) if s.task == task]
+        why = [r for s, r in zip(samples, reasons) if s.task == task]
         results[name]["hit_max_tokens"] = share(r == "length" for r in why)
     if histories:
         t0 = time.perf_counter()

@@ -108,19 +108,19 @@ def _policy(samples: Sequence[Sample], completions: Sequence[str], results: Sequ
     """P: metrics of a non-empty task slice (truth comes from the samples)."""
     parses = [pol_task.parse_completion(c) for c in completions]
     legal = [strength.legal_moves(s.truth.fen) for s in samples]
-    labelled = [(p, s.truth.label) for p, s in zip(parses, samples, strict=True) if s.truth.label is not None]
-    legal_best = [p.best in lg for p, lg in zip(parses, legal, strict=True)]
+    labelled = [(p, s.truth.label) for p, s in zip(parses, samples) if s.truth.label is not None]
+    legal_best = [p.best in lg for p, lg in zip(parses, legal)]
     return dict(
         invalid=share(not p.valid for p in parses),
         legal_best=share(legal_best),
         legal_best_items=items(legal_best),
         items_of=strength.fingerprint(s.render("compact")[0] for s in samples),
-        best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples, strict=True)),
+        best_acc=share(p.best is not None and p.best in s.truth.best for p, s in zip(parses, samples)),
         best_acc_raw_labels=share(p.best == label for p, label in labelled),
         top5_overlap=mean([len(set(p.moves or []) & set(s.truth.moves)) / len(s.truth.moves)
-                           for p, s in zip(parses, samples, strict=True)]),
+                           for p, s in zip(parses, samples)]),
         # a move written twice counts once: five copies of one legal move are 1 candidate, not 5
-        distinct_legal_candidates=mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal, strict=True)]),
+        distinct_legal_candidates=mean([len(set(p.moves or []) & lg) for p, lg in zip(parses, legal)]),
         repeated_candidates=share(len(p.moves or []) != len(set(p.moves or [])) for p in parses),
         mean_reward=mean([r.total for r in results]),
         n_labelled=len(labelled),
@@ -141,7 +141,7 @@ def _predicted_reward(parsed: env_task.EnvParse) -> float:
 def _environment(samples: Sequence[Sample], completions: Sequence[str], results: Sequence[RewardResult]) -> dict:
     """A: metrics of a non-empty task slice."""
     parses = [env_task.parse_completion(c) for c in completions]
-    pairs = list(zip(parses, [s.truth for s in samples], strict=True))
+    pairs = list(zip(parses, [s.truth for s in samples]))
     return dict(
         invalid=share(not p.valid for p in parses),
         next_state_acc=share(p.new_fen == t.new_fen for p, t in pairs),
@@ -190,6 +190,8 @@ TASK_METRICS: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
 def task_metrics(task: str, samples: Sequence[Sample], completions: Sequence[str],
                  results: Sequence[RewardResult]) -> dict[str, Any]:
     """One task's metrics; every metric None (and n 0) when the task has no samples."""
+    if not len(samples) == len(completions) == len(results):  # one of each an item: else a figure over fewer
+        raise ValueError(f"{task}: {len(samples)} samples, {len(completions)} completions and {len(results)} results")
     names, compute = TASK_METRICS[task]
     out: dict[str, Any] = {"n": len(samples), **{k: None for k in names}}
     if samples:

@@ -261,7 +261,7 @@ def selfplay_metrics(gen, games: int, max_plies: int, layout: str = "compact", s
             if not alive:
                 break
             still = []
-            for g, answer in zip(alive, answers(gen, [boards[g] for g in alive], layout, sampling or {}), strict=True):
+            for g, answer in zip(alive, answers(gen, [boards[g] for g in alive], layout, sampling or {})):
                 if not is_legal(boards[g], answer.move):
                     ended["illegal"] += 1
                 else:

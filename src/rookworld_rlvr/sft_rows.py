@@ -48,7 +48,7 @@ def encode(tokenizer, samples, layout: str, order: str = "given", legal: bool = 
     eos = tokenizer.eos_token_id
     spelled: dict[str, tuple[int, ...]] = {}  # UCI move -> its tokens (a move tokenizes alike anywhere)
     rows = []
-    for s, (_, text), p, c, offsets in zip(samples, pairs, prompts, completions, offset_lists, strict=True):
+    for s, (_, text), p, c, offsets in zip(samples, pairs, prompts, completions, offset_lists):
         bans = tuple((len(p) + k, tok) for k, tok in repeat_bans(text, c, offsets))
         moves = ranked(s.truth)[0] if isinstance(s.truth, PolicyTruth) else ()
         sets = ()
@@ -320,7 +320,7 @@ def own_repeat_rows(model, tokenizer, rows: list, max_new_tokens: int = 30,
     prompts = [tokenizer.decode(r[0][: r[1]]) for r in rows]
     texts = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, greedy=True).texts
     out = []
-    for r, text in zip(rows, texts, strict=True):
+    for r, text in zip(rows, texts):
         ids, n = r[0], r[1]
         span = first_repeat(text)
         if span is None:

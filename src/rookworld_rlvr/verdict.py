@@ -129,8 +129,8 @@ def paired_interval(before: list, after: list) -> tuple[float, float] | None:
     n = len(before)
     if not n or len(after) != n or not all(x in (0, 1) for x in [*before, *after]):
         return None
-    gained = sum(1 for x, y in zip(before, after, strict=True) if y > x) + 0.5
-    lost = sum(1 for x, y in zip(before, after, strict=True) if x > y) + 0.5
+    gained = sum(1 for x, y in zip(before, after) if y > x) + 0.5
+    lost = sum(1 for x, y in zip(before, after) if x > y) + 0.5
     m = n + 2.0  # the four cells, half a count each
     d = (gained - lost) / m
     half = Z95 * math.sqrt(max(0.0, (gained + lost) / m - d * d) / m)

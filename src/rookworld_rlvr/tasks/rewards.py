@@ -196,7 +196,7 @@ class RewardScorer:
         missing = [i for i, (t, x) in enumerate(zip(tasks, truths)) if x is None and t == "P"]
         if missing:
             analyses = self._engine().analyse_many([fen_of_prompt(prompts[i]) for i in missing])
-            for i, a in zip(missing, analyses, strict=True):
+            for i, a in zip(missing, analyses):
                 truths[i] = PolicyTruth(a.fen, a.moves, a.evals, best_of(a.moves, a.evals))
         if self.engine is not None:  # one batched search for legal best moves outside the candidates
             self._prefetch_move_evals(completions, truths)

@@ -354,9 +354,9 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
     """
     if len(positions) != len(moves):
         raise ValueError(f"{len(positions)} positions but {len(moves)} moves")
-    legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves, strict=True)]
-    best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves, strict=True)]
-    loss_items = [p.loss(m) if ok else None for p, m, ok in zip(positions, moves, legal_items, strict=True)]
+    legal_items = [int(m is not None and m in p.evals) for p, m in zip(positions, moves)]
+    best_items = [int(m in p.best_moves()) for p, m in zip(positions, moves)]
+    loss_items = [p.loss(m) if ok else None for p, m, ok in zip(positions, moves, legal_items)]
     expected = [random_expectation(p) for p in positions]
     losses = [x for x in loss_items if x is not None]
     rand = [r for r, x in zip(expected, loss_items) if x is not None]
@@ -379,7 +379,7 @@ def move_quality(positions: Sequence[JudgedPosition], moves: Sequence[str | None
         "random": {**{k: _mean([r[k] for r in rand]) for k in ("loss", "accuracy", "blunder")},
                    "best": _mean([r["best"] for r in expected])},
     }
-    kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves, strict=True) if m is None or m not in p.evals]
+    kinds = [illegal_kind(p.fen, m) for p, m in zip(positions, moves) if m is None or m not in p.evals]
     # why the illegal moves are illegal, each kind a share of all positions (they sum to 1 - legal)
     out["illegal"] = {k: sum(x == k for x in kinds) / len(positions) for k in ILLEGAL_KINDS} if positions else {}
     out["loss_below_random"] = _ratio_below(out["loss"], out["random"]["loss"])
