@@ -5,6 +5,7 @@ files; monkeypatch only injects the faults."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import as_options
 from rookworld_rlvr import atomic
@@ -493,6 +496,79 @@ def test_a_jsonl_row_is_checked_like_a_text_row_and_the_error_names_file_line_an
     row.pop("prompt")
     row["truth"]["fen"] = "not a fen"
     assert "bad.jsonl:2: field 'truth.fen' is not a position" in _bad(tmp_path, row)
+
+
+# any JSON value: what a hand-edited file or another tool's output may hold where a field is due
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                 max_size=3), max_leaves=6)
+
+
+def _places(value, at: tuple = ()):
+    """Every place in a JSON value (the path of keys and indices to it), the value itself first."""
+    yield at
+    inside = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, v in inside:
+        yield from _places(v, at + (key,))
+
+
+@functools.lru_cache(maxsize=1)
+def _data_files() -> list[tuple[str, object, str, list[str]]]:
+    """(name, reader, file suffix, lines) of each kind of data file a user hands a command: samples (P: and A:
+    rows), judged positions, puzzles, and a game record (its header line, then one game)."""
+    import gzip
+    import lzma
+
+    from conftest import REPO
+    from rookworld_rlvr.data.judged import read_judged, read_puzzles
+    from rookworld_rlvr.data.records import read_records
+
+    pol, env = _rows()
+    judged = gzip.open(REPO / "data" / "strength.jsonl.gz", "rt").readline()
+    puzzles = [json.loads(x) for x in gzip.open(REPO / "data" / "puzzles_eval.jsonl.gz", "rt")]
+    with lzma.open(REPO / "data" / "more_games_3.jsonl.xz", "rt") as fh:
+        header, game = json.loads(fh.readline()), fh.readline()
+    header["config"]["games"] = 1
+    kinds = {p["kind"]: p for p in puzzles}
+    return [("samples", read_samples, ".jsonl", [json.dumps(row)]) for row in (pol, env)] + \
+        [("judged", read_judged, ".jsonl", [judged])] + \
+        [("puzzles", read_puzzles, ".jsonl", [json.dumps(kinds[k])]) for k in sorted(kinds)] + \
+        [("record", read_records, ".jsonl.xz", [json.dumps(header), game])]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_field_of_a_data_row_given_any_json_value_or_left_out_reads_or_names_file_and_line(tmp_path, data):
+    """A row of valid JSON whose field holds another type (a number where a FEN is due, a list where a move is,
+    an object where evals are) or lacks a field is either read or refused with a DataError naming the file and
+    the line: never an AttributeError or TypeError from deep in the reader."""
+    import copy
+    import lzma
+
+    files = _data_files()
+    name, reader, suffix, lines = files[data.draw(st.integers(0, len(files) - 1), label="file")]
+    row = json.loads(lines[-1])
+    for _ in range(data.draw(st.integers(1, 2), label="edits")):
+        places = list(_places(row))[1:]
+        at = places[data.draw(st.integers(0, len(places) - 1), label="place")]
+        parent = row
+        for key in at[:-1]:
+            parent = parent[key]
+        if data.draw(st.booleans(), label="leave out"):
+            del parent[at[-1]]
+        else:
+            parent[at[-1]] = copy.deepcopy(data.draw(_JSON, label="value"))
+    path = tmp_path / f"{name}{suffix}"
+    text = "".join(x.rstrip("\n") + "\n" for x in lines[:-1] + [json.dumps(row)])
+    if suffix.endswith(".xz"):
+        with lzma.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    try:
+        reader(path)
+    except DataError as e:
+        assert str(e).startswith(f"{path}:{len(lines)}: "), str(e)
 
 
 def test_a_file_that_is_not_what_it_says_is_named(tmp_path):

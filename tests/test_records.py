@@ -78,8 +78,16 @@ def test_a_replay_that_drifts_from_its_record_is_refused(recorded, tmp_path):
     assert not (tmp_path / "out" / "train.jsonl.gz").exists()
 
 
+def _unreadable_first_move(lines: list[str]) -> list[str]:
+    """Game 0's first recorded best move made text that is no UCI move (a hand edit, another tool's record)."""
+    game = json.loads(lines[1])
+    game["answers"][0] = "zz" + game["answers"][0][4:]
+    return [lines[0], json.dumps(game) + "\n", *lines[2:]]
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda lines: lines[:-1], r"holds 4 games, its config says 5"),
+    (_unreadable_first_move, r"bad\.jsonl\.xz: game 0, position 1: the recorded best move zz is illegal"),
     (lambda lines: [lines[0], lines[2], *lines[3:]], r":2: expected game 0"),
     (lambda lines: [lines[0], lines[1].replace("|", "#", 1), *lines[2:]], r":2: answer 1: an answer must be"),
     (lambda lines: ['{"task": "P"}\n', *lines[1:]], r":1: not a game record"),

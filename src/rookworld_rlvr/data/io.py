@@ -81,6 +81,39 @@ def _legal(board: chess.Board, move: str) -> bool:
         return False
 
 
+# the JSON type of each field of a row's truth ([t]: a list of them); `label` (P:) and `source` may be left out
+_TRUTH_FIELDS = {
+    "P": {"fen": str, "moves": [str], "evals": [float], "best": [str], "label": (str, None)},
+    "A": {"fen": str, "move": str, "history": str, "new_fen": str, "reward": float, "terminated": bool,
+          "truncated": bool},
+}
+_TYPE_NAMES = {str: "a string", float: "a number", bool: "true or false"}
+
+
+def _of_type(value, want) -> bool:
+    """`value` is JSON of type `want` (a number is an int or float, never a bool)."""
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, want)
+
+
+def check_truth_fields(task: str, truth: dict) -> None:
+    """Each field of a `task` row's truth is there and of its JSON type, or a FormatError names the first that is
+    not (a list where a move is due, a number where a FEN is: the chess checks after this read them as typed)."""
+    for name, want in _TRUTH_FIELDS[task].items():
+        value = truth.get(name)
+        if isinstance(want, tuple):  # optional
+            ok, what = value is None or _of_type(value, want[0]), _TYPE_NAMES[want[0]]
+        elif isinstance(want, list):
+            ok = isinstance(value, list) and all(_of_type(v, want[0]) for v in value)
+            what = f"a list of {_TYPE_NAMES[want[0]].split()[1]}s"
+        else:
+            ok, what = _of_type(value, want), _TYPE_NAMES[want]
+        if not ok:
+            raise FormatError(f"field 'truth.{name}' must be {what}, got "
+                              f"{'nothing' if name not in truth else repr(value)[:80]}")
+
+
 def sample_from_row(row: dict) -> Sample:
     """Validate a JSONL row; raises FormatError naming the field."""
     if not isinstance(row, dict):
@@ -91,10 +124,10 @@ def sample_from_row(row: dict) -> Sample:
     truth = row.get("truth")
     if not isinstance(truth, dict):
         raise FormatError("field 'truth' must be an object")
-    try:
-        t = PolicyTruth.from_dict(truth) if task == "P" else EnvTruth.from_dict(truth)
-    except (KeyError, TypeError, ValueError) as e:
-        raise FormatError(f"field 'truth' is incomplete or wrong: {e!r}") from None
+    if not isinstance(row.get("source", ""), str):
+        raise FormatError(f"field 'source' must be a string, got {row['source']!r}"[:120])
+    check_truth_fields(task, truth)
+    t = PolicyTruth.from_dict(truth) if task == "P" else EnvTruth.from_dict(truth)
     try:
         board = chess.Board(t.fen)
     except ValueError as e:
@@ -110,9 +143,6 @@ def sample_from_row(row: dict) -> Sample:
         if illegal:
             raise FormatError(f"field 'truth.moves' holds moves that are not legal in the position: {illegal}")
     else:
-        for name in ("terminated", "truncated"):
-            if not isinstance(truth.get(name), bool):
-                raise FormatError(f"field 'truth.{name}' must be true or false, got {truth.get(name)!r}")
         moves = t.history.split()
         if not moves or moves[-1] != t.move:
             raise FormatError("field 'truth.history' must end with truth.move")
@@ -120,7 +150,7 @@ def sample_from_row(row: dict) -> Sample:
             raise FormatError(f"field 'truth.truncated' is {t.truncated} but {t.move} is "
                               f"{'not legal' if not t.truncated else 'legal'} in the position (an illegal move, and "
                               "only that, is truncated)")
-    sample = Sample(task, t, str(row.get("source", "")))
+    sample = Sample(task, t, row.get("source", ""))
     if "prompt" in row and row["prompt"] != sample.render("compact")[0]:
         raise FormatError("field 'prompt' does not match 'truth'")
     return sample

@@ -55,6 +55,8 @@ def encode_answer(answer: Answer) -> str:
 
 
 def decode_answer(text: str, where: str) -> Answer:
+    if not isinstance(text, str):
+        raise DataError(f"{where}: an answer must be the string 'MOVES|EVALS', got {text!r}"[:200])
     moves, sep, evals = text.partition("|")
     try:
         answer = tuple(moves.split()), tuple(float(e) for e in evals.split())
@@ -81,6 +83,13 @@ class RecordingPool:
         return GameRecord(game, tuple(self.answers), digest(self.fens))
 
 
+def _legal(fen: str, move: str) -> bool:
+    try:
+        return chess.Move.from_uci(move) in chess.Board(fen).legal_moves
+    except ValueError:  # not UCI
+        return False
+
+
 class ReplayPool:
     """A game's recorded answers given back in order, each checked against the position that asks for it."""
 
@@ -93,7 +102,7 @@ class ReplayPool:
             raise DataError(f"{self.where}: game {self.rec.game} asks for a position more than the {n} recorded "
                             "(the replay differs from the recording: another python-chess, or another record)")
         moves, evals = self.rec.answers[n]
-        if moves and chess.Move.from_uci(moves[0]) not in chess.Board(fen).legal_moves:
+        if moves and not _legal(fen, moves[0]):
             raise DataError(f"{self.where}: game {self.rec.game}, position {n + 1}: the recorded best move "
                             f"{moves[0]} is illegal in {fen} (the replay differs from the recording)")
         self.fens.append(fen)

@@ -197,7 +197,11 @@ class JudgedPosition:
 
     @classmethod
     def from_dict(cls, d: dict) -> "JudgedPosition":
-        evals = {str(m): float(e) for m, e in d["evals"].items()}
+        evals = d["evals"]
+        if not isinstance(evals, dict) or not all(isinstance(e, (int, float)) and not isinstance(e, bool)
+                                                  and math.isfinite(e) for e in evals.values()):
+            raise ValueError(f"field 'evals' must map each legal move to a finite number, got {evals!r}"[:160])
+        evals = {m: float(e) for m, e in evals.items()}
         _check_fen(d["fen"])
         legal = legal_moves(d["fen"])
         if not legal or set(evals) != legal:
@@ -208,6 +212,8 @@ class JudgedPosition:
 
 def _check_fen(fen) -> chess.Board:
     """The board of a row's 'fen', or ValueError naming the field."""
+    if not isinstance(fen, str):
+        raise ValueError(f"field 'fen' must be a string (a FEN), got {fen!r}"[:160])
     try:
         return chess.Board(fen)
     except (ValueError, TypeError) as e:
@@ -233,7 +239,10 @@ class Puzzle:
         kind = d.get("kind")
         if kind not in PUZZLE_KINDS:
             raise ValueError(f"field 'kind' must be one of {PUZZLE_KINDS}, got {kind!r}")
-        fen, solutions = d["fen"], tuple(d["solutions"])
+        fen, solutions = d["fen"], d["solutions"]
+        if not isinstance(solutions, (list, tuple)) or not all(isinstance(m, str) for m in solutions):
+            raise ValueError(f"field 'solutions' must be a list of moves, got {solutions!r}"[:160])
+        solutions = tuple(solutions)
         board = _check_fen(fen)
         moves = list(board.legal_moves)
         legal = {m.uci() for m in moves}
