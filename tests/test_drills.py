@@ -358,11 +358,22 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
     ("threads: four\n", "bad.yaml:1: config field 'threads' needs an integer, got 'four'"),
     ('policy_weights: "x"\n', "bad.yaml:1: config field 'policy_weights' needs a mapping, got 'x'"),
     ("task_sampling: {P: 5}\n", "bad.yaml:1: config field 'task_sampling': P needs a mapping of sampling settings"),
+    # a phase's or a task's own sampling settings follow the rules of the fields of their names
+    ("steps: 3\nphases: [{start: 2, temperature: hot}]\n",
+     "bad.yaml:2: config field 'phases': entry 0 temperature must be a number > 0, got 'hot'"),
+    ("task_sampling: {A: {top_p: -3}}\n",
+     "bad.yaml:1: config field 'task_sampling': A top_p must be a number in (0, 1]"),
+    ("phases: [{start: 0}, {start: 9, task_sampling: {P: {tempreature: 1}}}]\n",
+     "bad.yaml:1: config field 'phases': entry 1 task_sampling P has unknown keys ['tempreature']"),
+    ("phases: [{start: 0, mix_env_ratio: 5}]\n", "bad.yaml:1: config field 'phases': entry 0 mix_env_ratio must be a "
+     "number in [0, 1], got 5"),
+    ("phases: [warmup]\n", "bad.yaml:1: config field 'phases': entry 0 needs a mapping with an integer 'start'"),
     ("curriculum: {P: 7}\n", "bad.yaml:1: config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
     ("kl_coef: yes\n", "bad.yaml:1: config field 'kl_coef' needs a number, got True"),
     ("steps: [1\nlr: 2\n", "bad.yaml:2:3: not valid YAML"),
     ("# a preset\nsteps: 3\n\nkl_coef: -1\n", "bad.yaml:4: config field 'kl_coef' must be >= 0 (got -1.0)"),
     ("steps: 3\npolicy_weights:\n  format: -1\n", "bad.yaml:2: reward.policy_weights: weights must be finite"),
+    ("env_weights: {next_state: x}\n", "bad.yaml:1: reward.env_weights: weights must be finite numbers >= 0"),
 ])
 def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"

@@ -118,8 +118,10 @@ class TrainConfig:
     top_k: int = _f(0, "top-k sampling (0 = off)")
     max_new_tokens: int = _f(100, "completion length limit (tokens): of the samples (where task_sampling and phases do "
                                   "not set one per task) and of the held-out evaluation")
-    task_sampling: dict = _f({}, "per-task overrides, e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
-    phases: list = _f([], "task phases: [{start: 0, mix_env_ratio: 0.0, temperature: ...}, {start: 30, ...}]")
+    task_sampling: dict = _f({}, "per-task overrides of temperature, top_p, top_k, max_new_tokens (each under its "
+                             "field's rule), e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
+    phases: list = _f([], "task phases, each from its start on: [{start: 0, mix_env_ratio: 0.0, temperature: ...}, "
+                      "{start: 30, task_sampling: {A: {...}}}] (settings under their fields' rules)")
     # -- optimisation --------------------------------------------------------------------------
     lr: float = _f(2e-5, "peak learning rate (AdamW)")
     warmup_steps: int = _f(5, "linear LR warm-up steps")
@@ -414,11 +416,9 @@ def typed(name: str, v: Any) -> Any:
     python = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict, "list": list}[base]
     if not isinstance(v, python) or (base in ("int", "float") and isinstance(v, bool)):
         raise ValueError(f"config field '{name}' needs {want}, got {v!r}")
-    if name == "task_sampling":
-        for task, over in v.items():
-            if not isinstance(over, dict):
-                raise ValueError(f"config field 'task_sampling': {task} needs a mapping of sampling settings "
-                                 f"(e.g. {{temperature: 0.8}}), got {over!r}")
+    if name in ("task_sampling", "phases"):  # each setting they set as its field's type
+        from rookworld_rlvr.config_checks import sampling_overrides
+        v = sampling_overrides(name, v)
     if name == "curriculum":
         for task, stages in v.items():
             if not isinstance(stages, list) or not all(isinstance(s, (list, tuple)) and len(s) == 2

@@ -40,6 +40,57 @@ POSITIVE_OR_NULL = ("guard_valid_drop", "guard_reward_drop", "guard_kl_mean", "g
                     "guard_eval_drop")
 
 
+# each sampling setting a phase or `task_sampling` may set: its type and rule, as for the field of its name
+SAMPLING = {"temperature": (float, lambda v: v > 0, "> 0"), "top_p": (float, lambda v: 0 < v <= 1, "in (0, 1]"),
+            "top_k": (int, lambda v: v >= 0, ">= 0"), "max_new_tokens": (int, lambda v: v >= 1, ">= 1"),
+            "mix_env_ratio": (float, lambda v: 0 <= v <= 1, "in [0, 1]")}
+
+
+def sampling_overrides(name: str, value: dict | list) -> dict | list:
+    """`task_sampling` ({P|A: settings}) or `phases` ([{start, name, settings, task_sampling}, ...]) with each
+    setting as its field's type; a ValueError names the field, the entry and the setting that is unknown, of
+    another type or outside its rule (a phase's `temperature: hot` would otherwise stop the run at that phase)."""
+    from rookworld_rlvr.config import typed
+
+    def settings(where: str, over, allowed: set[str]) -> dict:
+        if not isinstance(over, dict):
+            raise ValueError(f"config field '{name}': {where} needs a mapping of sampling settings (e.g. "
+                             f"{{temperature: 0.8}}), got {over!r}")
+        if extra := set(over) - allowed:
+            raise ValueError(f"config field '{name}': {where} has unknown keys {sorted(extra)}; "
+                             f"known: {sorted(allowed)}")
+        out = dict(over)
+        for key in set(over) & set(SAMPLING):
+            kind, rule, text = SAMPLING[key]
+            try:
+                out[key] = typed(key, over[key])
+                ok = rule(out[key])
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"config field '{name}': {where} {key} must be "
+                                 f"{'an integer' if kind is int else 'a number'} {text}, got {over[key]!r}")
+        return out
+
+    def per_task(where: str, over) -> dict:
+        if not isinstance(over, dict) or not set(over) <= {"P", "A"}:
+            raise ValueError(f"config field '{name}': {where}needs a mapping of P and A to sampling settings, "
+                             f"got {over!r}")
+        return {task: settings(f"{where}{task}", s, set(SAMPLING) - {"mix_env_ratio"}) for task, s in over.items()}
+
+    if name == "task_sampling":
+        return per_task("", value)
+    phases = []
+    for i, phase in enumerate(value):
+        if not isinstance(phase, dict) or not isinstance(phase.get("start"), int) or isinstance(phase["start"], bool):
+            raise ValueError(f"config field 'phases': entry {i} needs a mapping with an integer 'start', got {phase!r}")
+        phase = settings(f"entry {i}", phase, set(SAMPLING) | {"start", "name", "task_sampling"})
+        if "task_sampling" in phase:
+            phase["task_sampling"] = per_task(f"entry {i} task_sampling ", phase["task_sampling"])
+        phases.append(phase)
+    return phases
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ValueError naming the first field that breaks a rule."""
 
@@ -110,14 +161,8 @@ def validate(cfg: TrainConfig) -> None:
          "record_rollout", "always needs a plain GPT-2 policy: not with lora_r or autocast bf16 (use auto)")
     need(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
     cfg.reward_config().validate()
-    known = set(cfg.sampling_for("P", 0))
-    for task, over in cfg.task_sampling.items():
-        need(task in ("P", "A"), "task_sampling", "keys must be P or A")
-        need(set(over) <= known - {"mix_env_ratio"}, "task_sampling", f"may set only {sorted(known - {'mix_env_ratio'})}")
-    for i, phase in enumerate(cfg.phases):
-        need(isinstance(phase, dict) and isinstance(phase.get("start"), int), "phases", f"entry {i} needs an integer 'start'")
-        extra = set(phase) - known - {"start", "name", "task_sampling"}
-        need(not extra, "phases", f"entry {i} has unknown keys {sorted(extra)}")
+    sampling_overrides("task_sampling", cfg.task_sampling)
+    sampling_overrides("phases", cfg.phases)
     starts = [p["start"] for p in cfg.phases]
     need(starts == sorted(starts), "phases", "must be sorted by start")
     from rookworld_rlvr.grpo.control import CurriculumSchedule

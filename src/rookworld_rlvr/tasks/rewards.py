@@ -66,8 +66,9 @@ class RewardConfig:
             unknown = set(weights) - set(known)
             if unknown:
                 raise ValueError(f"reward.{name}: unknown component(s) {sorted(unknown)}; known: {list(known)}")
-            if any(w < 0 or not math.isfinite(w) for w in weights.values()):
-                raise ValueError(f"reward.{name}: weights must be finite and >= 0")
+            if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 or not math.isfinite(w)
+                   for w in weights.values()):
+                raise ValueError(f"reward.{name}: weights must be finite numbers >= 0")
             if sum(weights.values()) <= 0:
                 raise ValueError(f"reward.{name}: at least one weight must be positive")
         if self.shaping not in SHAPINGS:
