@@ -12,7 +12,7 @@ from test_trainer import varied_reward
 
 from rookworld_rlvr.metrics import held_out_se
 from rookworld_rlvr.sweep.cli import main as sweep_main
-from rookworld_rlvr.sweep.space import load_space
+from rookworld_rlvr.sweep.space import load_space, resolve
 from rookworld_rlvr.sweep.trials import run_sweep
 
 QUIET = lambda *_: None  # noqa: E731
@@ -201,6 +201,12 @@ def test_unknown_or_invalid_params_are_clear_errors_naming_the_file(tmp_path, ca
         run_sweep(write_space(tmp_path / "v.yaml", params={"group_size": {"choices": [1, 4]}}), out=tmp_path / "v",
                   log=QUIET)
     assert not (tmp_path / "v").exists()
+    # an entry of another type than its place wants: named, not a TypeError from inside the loader
+    with pytest.raises(ValueError, match=r"n\.yaml: params\.seed: low must be a number, got \[1\]"):
+        load_space(write_space(tmp_path / "n.yaml", params={"seed": {"low": [1], "high": 3}}))
+    with pytest.raises(ValueError, match=r"c\.yaml: config must be the path of a preset \(a YAML file\), got True"):
+        resolve(write_space(tmp_path / "c.yaml", config=True, params={"seed": {"choices": [0, 1]}}), None, None, None,
+                None)
     typo = write_space(tmp_path / "m.yaml", base={"model": str(tmp_path / "no-model")}, params={"lr": {"choices": [1e-5]}})
     assert sweep_main(["--space", str(typo), "--out", str(tmp_path / "m"), "--dry-run"]) == 1
     assert f"problem: model: no such model directory: {tmp_path / 'no-model'}" in capsys.readouterr().out

@@ -158,6 +158,9 @@ def _param(path: str, name: str, spec: Any) -> Param:
             raise ValueError("a range needs low and high (or give choices)")
         low, high = _typed(name, spec["low"]), _typed(name, spec["high"])
         step = _typed(name, spec["step"]) if spec.get("step") is not None else None
+        for key, v in (("low", low), ("high", high), ("step", step)):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                raise ValueError(f"{key} must be a number, got {v!r}")
         p = Param(name, kind=kind, low=low, high=high, log=bool(spec.get("log", False)), step=step)
         if not low < high:
             raise ValueError(f"low {low} must be below high {high}")
@@ -185,7 +188,10 @@ def load_space(path: str | Path) -> SweepSpace:
     space = SweepSpace(path, config=raw.get("config"), sampler=raw.get("sampler"), trials=raw.get("trials"))
     if space.sampler is not None and space.sampler not in SAMPLERS:
         raise ValueError(f"{path}: sampler must be one of {SAMPLERS}, got {space.sampler!r}")
-    if space.trials is not None and (not isinstance(space.trials, int) or space.trials < 1):
+    if space.config is not None and not isinstance(space.config, str):
+        raise ValueError(f"{path}: config must be the path of a preset (a YAML file), got {space.config!r}")
+    if space.trials is not None and (not isinstance(space.trials, int) or isinstance(space.trials, bool)
+                                     or space.trials < 1):
         raise ValueError(f"{path}: trials must be a positive integer, got {space.trials!r}")
     params = raw.get("params") or {}
     if not isinstance(params, dict):
