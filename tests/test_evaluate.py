@@ -736,11 +736,12 @@ def test_eval_held_out_judges_a_model_as_its_run_judged_it(tmp_path, tiny_model_
 
 
 def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_model, data_file, tiny, tmp_path,
-                                                                          capsys):
+                                                                          capsys, monkeypatch):
     """`rookworld eval --against OTHER.json`: this model judged against another's evaluation on the same sets, as
     `rookworld train` judges its final model against its base: paired over the items both answered. On other
-    items (another --limit) the verdict says its intervals there are unpaired; a file that is no evaluation is
-    named before any model loads."""
+    items (another --limit) the verdict says its intervals there are unpaired; a file that is no evaluation, or
+    one with a figure that is not a number, is named before any model loads; the evaluation's --json is written
+    before the verdict, so a verdict that fails loses nothing."""
     import copy
 
     from rookworld_rlvr import verdict
@@ -761,7 +762,7 @@ def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_
     _, base = evaluate(saved_model, tmp_path / "base.json", "--limit", "4")
     text, final = evaluate(other_dir, tmp_path / "final.json", "--limit", "4", "--against", str(tmp_path / "base.json"))
     table = verdict.verdict_table(base, final, (str(saved_model), str(other_dir)))
-    assert text.endswith(f"\n{table}\nwrote {tmp_path / 'final.json'}\n") and "note:" not in text
+    assert text.endswith(f"\nwrote {tmp_path / 'final.json'}\n\n{table}\n") and "note:" not in text
     h = next(h for h in verdict.HEADLINES if h.key == "environment.next_state_acc")
     assert verdict.change_interval(base, final, h) == verdict._paired(base, final, h) is not None
     text, _ = evaluate(other_dir, tmp_path / "two.json", "--limit", "2", "--against", str(tmp_path / "base.json"))
@@ -776,3 +777,19 @@ def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_
                  str(tmp_path / "metrics.json")]) == 1
     assert capsys.readouterr().err == (f"error: cannot read --against {tmp_path / 'metrics.json'}: not the JSON of "
                                        "an evaluation (`rookworld eval --json` writes one): it has no 'meta'\n")
+    edited = copy.deepcopy(base)
+    edited["policy"]["mean_reward"] = "high"
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    assert main(["eval", "--model", str(tmp_path / "no-model"), *common, "--against",
+                 str(tmp_path / "edited.json")]) == 1
+    assert capsys.readouterr().err == (f"error: cannot read --against {tmp_path / 'edited.json'}: 'policy.mean_reward' "
+                                       "must be a number or null, got 'high'\n")
+
+    def fails(*_):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(verdict, "verdict_table", fails)  # a fault in the verdict, after the evaluation's minutes
+    assert main(["eval", "--model", str(other_dir), *common, "--json", str(tmp_path / "kept.json"), "--limit", "4",
+                 "--against", str(tmp_path / "base.json")]) == 1
+    assert capsys.readouterr().err == f"error: cannot judge against {tmp_path / 'base.json'}: float division by zero\n"
+    assert json.loads((tmp_path / "kept.json").read_text())["policy"] == final["policy"]

@@ -3,14 +3,15 @@ kept their per-item outcomes, and calibrated (95% coverage) where they are."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 
 from rookworld_rlvr.metrics import position_slices, sliced
 from rookworld_rlvr.tasks.strength import fingerprint
-from rookworld_rlvr.verdict import (HEADLINES, change_interval, headline_table, items_of, judge, paired_interval, rows, verdict_table,
-                                    wilson)
+from rookworld_rlvr.verdict import (HEADLINES, change_interval, headline_table, interval, items_of, judge,
+                                    paired_interval, rows, verdict_table, wilson)
 
 CHECK = next(h for h in HEADLINES if h.key == "puzzles.check.solved")
 
@@ -220,6 +221,14 @@ def test_move_quality_is_also_judged_where_both_moved_legally_so_legal_moves_in_
     assert both_legal(base, judged(fixed, random_losses, of="other positions")) == {}
     del final["strength"]["blunder_items"]
     assert both_legal(base, final) == {}
+    # a position without the random mover's figure (a hand-edited file: evaluate writes one for each) is left out
+    # of these rows, as a position without a model's move is, instead of stopping the verdict
+    edited = copy.deepcopy(base)
+    edited["strength"]["random_blunder_items"][1] = None
+    assert both_legal(edited, judged(fixed, random_losses))["loss"]["label"].endswith("(399 judged positions)")
+    h = next(h for h in HEADLINES if h.n_key == "environment.slices.game_ending.n")
+    for n, expected in ((0.5, None), (0, None), (4, wilson(0.5, 4))):  # an n below one item has no interval
+        assert interval({"environment": {"slices": {"game_ending": {"next_state_acc": 0.5, "n": n}}}}, h) == expected
 
 
 def test_without_judged_positions_the_held_out_samples_legality_is_the_verdicts_move_row():

@@ -167,9 +167,10 @@ def _from_options(args: argparse.Namespace) -> _Sets | None:
 
 def _evaluation(path: str) -> dict:
     """An evaluation's results as `rookworld eval --json` wrote them (--against)."""
+    from rookworld_rlvr.verdict import check_evaluation
+
     result = json.loads(Path(path).read_text())
-    if not isinstance(result, dict) or not isinstance(result.get("meta"), dict):
-        raise ValueError("not the JSON of an evaluation (`rookworld eval --json` writes one): it has no 'meta'")
+    check_evaluation(result)
     return result
 
 
@@ -224,12 +225,13 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.verdict import headline_table
 
     print(f"\n{headline_table(results, args.model)}")
-    if other is not None:
-        _print_against(other, results, args)
-    if args.json:
+    if args.json:  # before the verdict against --against: what this evaluation found is kept whatever follows
         atomic_write_text(args.json, [json.dumps(results, indent=2) + "\n"])
         print(f"wrote {args.json}")
         journal.path.unlink(missing_ok=True)
+    if other is not None:  # a failure here (a hand-edited --against) is one line: the evaluation is written above
+        ok, _ = _guarded(args, f"judge against {args.against}", lambda: _print_against(other, results, args))
+        return 0 if ok else 1
     return 0
 
 

@@ -85,6 +85,34 @@ def get(result: dict | None, key: str) -> Any:
     return node
 
 
+def check_evaluation(result: Any) -> None:
+    """An evaluation as `rookworld eval --json` writes it, or a ValueError naming the first key that is not what
+    the verdict reads: outside `meta`, every figure a number or null, every list one of them, `items_of` text;
+    `meta` a mapping, its `config` one too (a hand-edited or damaged file, caught before the evaluation's minutes)."""
+    if not isinstance(result, dict) or not isinstance(result.get("meta"), dict):
+        raise ValueError("not the JSON of an evaluation (`rookworld eval --json` writes one): it has no 'meta'")
+    if not isinstance(result["meta"].get("config", {}), dict):
+        raise ValueError(f"'meta.config' must be a mapping of settings, got {result['meta']['config']!r}"[:200])
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}")
+            return
+        if key.endswith(".items_of"):
+            ok, want = isinstance(value, str), "text"
+        elif isinstance(value, list):
+            ok, want = all(v is None or number(v) is not None for v in value), "a list of numbers or nulls"
+        else:
+            ok, want = value is None or number(value) is not None, "a number or null"
+        if not ok:
+            raise ValueError(f"'{key}' must be {want}, got {value!r}"[:200])
+
+    for name, section in result.items():
+        if name != "meta":
+            walk(section, name)
+
+
 def _score_test_interval(score: float, draw_share: float, n: int) -> tuple[float, float]:
     """The true scores q with (score - q)^2 <= Z95^2 (q (1 - q) - draw_share / 4) / n: Wilson's test
     inverted, a game's variance at q with a share `draw_share` of draws (0: a share of n items)."""
@@ -116,7 +144,7 @@ def interval(result: dict | None, h: Headline) -> tuple[float, float] | None:
     if isinstance(ci, dict) and number(ci.get("low")) is not None and number(ci.get("high")) is not None:
         return float(ci["low"]), float(ci["high"])
     value, n = number(get(result, h.key)), number(get(result, h.n_key)) if h.n_key else None
-    if value is None or not n or not 0 <= value <= 1:
+    if value is None or n is None or n < 1 or not 0 <= value <= 1:
         return None
     return wilson(value, int(n))
 
@@ -141,7 +169,7 @@ def _below(model: list, random_: list, idx: list[int]) -> float | None:
     """1 - sum(model) / sum(random_) over the positions of `idx` where the model moved (not None)."""
     m = r = 0.0
     for i in idx:
-        if model[i] is not None:
+        if model[i] is not None and random_[i] is not None:
             m += model[i]
             r += random_[i]
     return 1.0 - m / r if r else None
@@ -258,8 +286,7 @@ def both_legal_rows(base: dict | None, final: dict | None) -> list[dict[str, Any
     lists = [*mine.values(), *theirs.values()]
     if not all(isinstance(x, list) for x in lists) or len({len(x) for x in lists}) != 1:
         return []
-    idx = [i for i, (b, a) in enumerate(zip(mine["loss", "base"], mine["loss", "final"]))
-           if b is not None and a is not None]
+    idx = [i for i in range(len(lists[0])) if all(x[i] is not None for x in lists)]
     if len(idx) < 2:
         return []
     out = []
