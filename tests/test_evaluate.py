@@ -428,9 +428,9 @@ def test_load_mate_in_one(tmp_path):
     good = tmp_path / "m1.tsv"
     good.write_text(f"# comment\nP: {MATES[0][0]}\t{MATES[0][1][0]}\n\n{MATES[1][0]}\td8h4\n")
     assert load_mate_in_one(good) == MATES
-    for bad_line in (f"{MATES[0][0]} a1a8", f"{MATES[0][0]}\ta1a7", "not a fen\ta1a8", f"{MATES[0][0]}\t"):
+    for bad_line in (f"{MATES[0][0]} a1a8", f"{MATES[0][0]}\ta1a7", "not a fen\ta1a8", f"{MATES[0][0]}\t", "\udcff"):
         bad = tmp_path / "bad.tsv"
-        bad.write_text(f"{MATES[1][0]}\td8h4\n{bad_line}\n")
+        bad.write_bytes(f"{MATES[1][0]}\td8h4\n{bad_line}\n".encode("utf-8", "surrogateescape"))  # \udcff: byte 0xff
         with pytest.raises(DataError, match="^" + re.escape(f"{bad}:2: ")):
             load_mate_in_one(bad)
 

@@ -180,6 +180,13 @@ def test_match_cli_plays_a_tiny_model_against_random(tmp_path, tiny_model_dir, c
     bad.write_text(START + "\nnot a fen\n")
     with pytest.raises(DataError, match=r"bad\.txt:2: bad FEN"):
         read_openings(bad)
+    # a folder, or a file that is not text, is one line naming it (they were an IsADirectoryError's and a
+    # UnicodeDecodeError's tracebacks, the second without the file)
+    bad.write_bytes(START.encode() + b"\n\xff\xfe\n")
+    for given, error in ((tmp_path, f"{tmp_path}: is a directory, not a data file"),
+                         (bad, f"{bad}:2: not valid UTF-8 text")):
+        assert main(["match", "random", "stockfish", "--openings", str(given), "--games", "2"]) == 1
+        assert capsys.readouterr().err.strip() == f"error: --openings {error}"
 
 
 def test_match_batch_size_decodes_a_plys_moves_in_batches_of_that_size_and_plays_the_same_games(tmp_path,

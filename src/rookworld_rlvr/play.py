@@ -33,7 +33,6 @@ import chess.pgn
 
 from rookworld_rlvr.atomic import write_text
 from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, output_file, temperature
-from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tables import fmt_elo
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.environment import fen_of
@@ -279,16 +278,10 @@ def selfplay_metrics(gen, games: int, max_plies: int, layout: str = "compact", s
 
 def read_openings(path: str | Path, limit: int | None = None) -> list[str]:
     """FENs, one per line ('#' comments allowed); each must be a legal position with a move."""
-    from rookworld_rlvr.data.io import DataError
+    from rookworld_rlvr.data.io import DataError, text_lines
 
-    path = Path(path)
-    if not path.exists():
-        raise DataError(no_such_file(path))
     out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        fen = line.split("#")[0].strip()
-        if not fen:
-            continue
+    for lineno, fen in text_lines(path):
         try:
             board = chess.Board(fen)
         except ValueError as e:

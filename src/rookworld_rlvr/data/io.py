@@ -204,6 +204,16 @@ def data_lines(path: Path) -> Iterator[tuple[int, str]]:
                         "corrupt file?") from None
 
 
+def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text before any `#` comment, stripped) of a text file's lines that hold any; a line that is not
+    UTF-8 is a DataError naming it, and so is a file that cannot be read (`data_lines`): openings, mates in one."""
+    for lineno, line in data_lines(Path(path)):
+        if _NOT_UTF8.search(line):
+            raise DataError(f"{path}:{lineno}: not valid UTF-8 text")
+        if text := line.split("#")[0].strip():
+            yield lineno, text
+
+
 def iter_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None) -> Iterator[Sample]:
     """Yield samples from JSONL or upstream text lines. Bad rows raise DataError(file:line) or are counted."""
     path = Path(path)

@@ -20,7 +20,8 @@ from typing import Callable, Iterable, TypeVar
 
 import chess
 
-from rookworld_rlvr.data.io import DataError, open_text, atomic_write_text, iter_samples, json_object, read_samples
+from rookworld_rlvr.data.io import (DataError, atomic_write_text, iter_samples, json_object, open_text, read_samples,
+                                    text_lines)
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, could_be_tactic, is_legal, mates,
                                            mating_moves, tactic_of)
@@ -93,18 +94,12 @@ def load_mate_in_one(path: str | Path) -> list[tuple[str, list[str]]]:
     Blank lines and lines starting with '#' are skipped; a bad line raises DataError
     (a ValueError) starting with `file:line:`.
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(no_such_file(path))
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            try:
-                out.append(_mate_line(line.rstrip("\n")))
-            except ValueError as e:
-                raise DataError(f"{path}:{lineno}: {e}") from None
+    for lineno, line in text_lines(path):
+        try:
+            out.append(_mate_line(line))
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: {e}") from None
     return out
 
 
