@@ -49,7 +49,7 @@ SAMPLING = {"temperature": (float, lambda v: v > 0, "> 0"), "top_p": (float, lam
 def sampling_overrides(name: str, value: dict | list) -> dict | list:
     """`task_sampling` ({P|A: settings}) or `phases` ([{start, name, settings, task_sampling}, ...]) with each
     setting as its field's type; a ValueError names the field, the entry and the setting that is unknown, of
-    another type or outside its rule (a phase's `temperature: hot` would otherwise stop the run at that phase)."""
+    another type or outside its rule (a phase's `temperature: hot` would otherwise reach the sampler as it is)."""
     from rookworld_rlvr.config import typed
 
     def settings(where: str, over, allowed: set[str]) -> dict:
