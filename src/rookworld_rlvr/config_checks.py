@@ -161,7 +161,7 @@ def validate(cfg: TrainConfig) -> None:
          "record_rollout", "always needs a plain GPT-2 policy: not with lora_r or autocast bf16 (use auto)")
     need(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
     cfg.reward_config().validate()
-    sampling_overrides("task_sampling", cfg.task_sampling)
+    sampling_overrides("task_sampling", cfg.task_sampling)  # (raises on a bad one; load_config stored them typed)
     sampling_overrides("phases", cfg.phases)
     starts = [p["start"] for p in cfg.phases]
     need(starts == sorted(starts), "phases", "must be sorted by start")

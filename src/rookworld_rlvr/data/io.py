@@ -70,7 +70,7 @@ class Sample:
         return row
 
 
-def _legal(board: chess.Board, move: str) -> bool:
+def legal_uci(board: chess.Board, move: str) -> bool:
     """A legal UCI move of `board` as the environment writes it (checked without listing every legal move:
     rows are read by the 100,000). python-chess also takes a king onto its own rook (e8h8) as castling; the
     environment, like UCI, knows castling as e8g8 only, so that spelling is not legal here."""
@@ -97,7 +97,7 @@ def _of_type(value, want) -> bool:
     return isinstance(value, want)
 
 
-def check_truth_fields(task: str, truth: dict) -> None:
+def _check_truth_fields(task: str, truth: dict) -> None:
     """Each field of a `task` row's truth is there and of its JSON type, or a FormatError names the first that is
     not (a list where a move is due, a number where a FEN is: the chess checks after this read them as typed)."""
     for name, want in _TRUTH_FIELDS[task].items():
@@ -126,7 +126,7 @@ def sample_from_row(row: dict) -> Sample:
         raise FormatError("field 'truth' must be an object")
     if not isinstance(row.get("source", ""), str):
         raise FormatError(f"field 'source' must be a string, got {row['source']!r}"[:120])
-    check_truth_fields(task, truth)
+    _check_truth_fields(task, truth)
     t = PolicyTruth.from_dict(truth) if task == "P" else EnvTruth.from_dict(truth)
     try:
         board = chess.Board(t.fen)
@@ -139,14 +139,14 @@ def sample_from_row(row: dict) -> Sample:
             raise FormatError("field 'truth.best' must be a non-empty subset of truth.moves")
         if not all(math.isfinite(e) for e in t.evals):
             raise FormatError(f"field 'truth.evals' must be finite numbers, got {list(t.evals)}")
-        illegal = [m for m in t.moves if not _legal(board, m)]
+        illegal = [m for m in t.moves if not legal_uci(board, m)]
         if illegal:
             raise FormatError(f"field 'truth.moves' holds moves that are not legal in the position: {illegal}")
     else:
         moves = t.history.split()
         if not moves or moves[-1] != t.move:
             raise FormatError("field 'truth.history' must end with truth.move")
-        if _legal(board, t.move) == t.truncated:
+        if legal_uci(board, t.move) == t.truncated:
             raise FormatError(f"field 'truth.truncated' is {t.truncated} but {t.move} is "
                               f"{'not legal' if not t.truncated else 'legal'} in the position (an illegal move, and "
                               "only that, is truncated)")

@@ -26,7 +26,7 @@ from typing import Iterable, Protocol
 
 import chess
 
-from rookworld_rlvr.data.io import DataError, atomic_write_text, data_lines, iter_samples
+from rookworld_rlvr.data.io import DataError, atomic_write_text, data_lines, iter_samples, legal_uci
 from rookworld_rlvr.engine import Analysis, StockfishPool
 from rookworld_rlvr.engine_process import engine_identity, find_stockfish
 
@@ -83,13 +83,6 @@ class RecordingPool:
         return GameRecord(game, tuple(self.answers), digest(self.fens))
 
 
-def _legal(fen: str, move: str) -> bool:
-    try:
-        return chess.Move.from_uci(move) in chess.Board(fen).legal_moves
-    except ValueError:  # not UCI
-        return False
-
-
 class ReplayPool:
     """A game's recorded answers given back in order, each checked against the position that asks for it."""
 
@@ -102,7 +95,7 @@ class ReplayPool:
             raise DataError(f"{self.where}: game {self.rec.game} asks for a position more than the {n} recorded "
                             "(the replay differs from the recording: another python-chess, or another record)")
         moves, evals = self.rec.answers[n]
-        if moves and not _legal(fen, moves[0]):
+        if moves and not legal_uci(chess.Board(fen), moves[0]):
             raise DataError(f"{self.where}: game {self.rec.game}, position {n + 1}: the recorded best move "
                             f"{moves[0]} is illegal in {fen} (the replay differs from the recording)")
         self.fens.append(fen)
