@@ -416,7 +416,8 @@ def test_a_crafted_checkpoint_cannot_run_code_and_a_bad_state_file_is_named(tmp_
         (tensors, _bait(marker), "not a complete safetensors state"),  # a pickle as the state
         (tree, _bait(marker, binary=False), "not a state file"),  # a text pickle as the JSON
         (tree, good[tree.name][: len(good[tree.name]) // 2], "not a state file"),  # cut short
-        (tree, b'{"step": 1, "optimizer": {"__tensor__": "nowhere"}}', "does not match"),
+        (tree, b'{"step": 1, "optimizer": {"__tensor__": "nowhere"}}',
+         "field 'optimizer' names a tensor 'nowhere' that the tensors file does not hold"),
         (tree, b'[1, 2]', "not a trainer state"),
         (tree, None, "missing"),
     ]

@@ -45,18 +45,31 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     raise TypeError(f"state{path}: cannot store a {type(value).__name__} (only tensors and plain values)")
 
 
-def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+class _Unmatched(ValueError):
+    """A placeholder of the JSON tree that the tensors file cannot fill, with its field."""
+
+
+def _decode(value: Any, tensors: dict[str, torch.Tensor], field: str = "") -> Any:
     if isinstance(value, list):
-        return [_decode(v, tensors) for v in value]
+        return [_decode(v, tensors, f"{field}.{i}") for i, v in enumerate(value)]
     if not isinstance(value, dict):
         return value
+    here = field.lstrip(".") or "the state"
     if _TENSOR in value:
+        if not isinstance(value[_TENSOR], str) or value[_TENSOR] not in tensors:
+            raise _Unmatched(f"field '{here}' names a tensor {value[_TENSOR]!r} that the tensors file does not hold")
         return tensors[value[_TENSOR]]
     if _TUPLE in value:
-        return tuple(_decode(v, tensors) for v in value[_TUPLE])
+        if not isinstance(value[_TUPLE], list):
+            raise _Unmatched(f"field '{here}' must hold a list of the tuple's items, got {value[_TUPLE]!r}"[:200])
+        return tuple(_decode(v, tensors, f"{field}.{i}") for i, v in enumerate(value[_TUPLE]))
     if _ITEMS in value:
-        return {k: _decode(v, tensors) for k, v in value[_ITEMS]}
-    return {k: _decode(v, tensors) for k, v in value.items()}
+        items = value[_ITEMS]
+        pairs = isinstance(items, list) and all(isinstance(kv, list) and len(kv) == 2 for kv in items)
+        if not pairs or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k, _ in items):
+            raise _Unmatched(f"field '{here}' must hold [key, value] pairs with text or integer keys")
+        return {k: _decode(v, tensors, f"{field}.{k}") for k, v in items}
+    return {k: _decode(v, tensors, f"{field}.{k}") for k, v in value.items()}
 
 
 def _shards(tensors: dict[str, torch.Tensor], shard_bytes: int | None) -> list[dict[str, torch.Tensor]]:
@@ -107,7 +120,8 @@ def state_exists(directory: str | Path, name: str) -> bool:
 
 def load_state(directory: str | Path, name: str) -> dict[str, Any]:
     """The state written by `save_state`: plain values and CPU tensors, no code executed.
-    A file that is not what `save_state` wrote is a ValueError naming it."""
+    A file that is not what `save_state` wrote is a ValueError naming it (and the field, where a placeholder of
+    the JSON tree does not fit the tensors). Whether the values fit the run is `state_check`'s to say."""
     directory = Path(directory)
     tree_path, tensor_path = directory / f"{name}.json", directory / f"{name}.safetensors"
     try:
@@ -124,5 +138,5 @@ def load_state(directory: str | Path, name: str) -> dict[str, Any]:
         raise ValueError(f"{tensor_path}: not a complete safetensors state ({e})") from None
     try:
         return _decode(tree, tensors)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{tree_path}: does not match {tensor_path.name} ({type(e).__name__}: {e})") from None
+    except _Unmatched as e:
+        raise ValueError(f"{tree_path}: {e} ({tensor_path.name})") from None
