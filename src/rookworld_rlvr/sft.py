@@ -123,7 +123,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     from tqdm import tqdm
 
     from rookworld_rlvr.data.io import atomic_write_text, read_log, read_samples
-    from rookworld_rlvr.grpo.control import adamw, cosine_lr
+    from rookworld_rlvr import state_check as sc
+    from rookworld_rlvr.grpo.control import adamw, cosine_lr, load_optimizer
     from rookworld_rlvr.chess_tokenizers import TOKENIZERS
     from rookworld_rlvr.model import fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
     from rookworld_rlvr.atomic import restore_aside, write_dir
@@ -211,7 +212,11 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     step, elapsed_before = 0, 0.0
     log_path = out.parent / f"{out.name}.sft_log.jsonl"
     if state is not None:
-        opt.load_state_dict(state["optimizer"])
+        sc.check(state, {"step": 0, "elapsed": 0.0, "optimizer": sc.optimizer(opt), "python_rng": sc.python_rng,
+                         "torch_rng": sc.rng(), "torch_rng_ranks": sc.optional([sc.rng()]), "config": sc.optional({}),
+                         "cuda_rng_ranks": sc.optional([sc.rng(device)] if device.type == "cuda" else None)},
+                 ckpt / f"{SFT_STATE}.json")
+        load_optimizer(opt, state["optimizer"])
         step, elapsed_before = state["step"], state["elapsed"]
         rng.setstate(state["python_rng"])
         streams = state.get("torch_rng_ranks") or [state["torch_rng"]]  # one per rank under torchrun

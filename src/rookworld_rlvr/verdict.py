@@ -85,32 +85,31 @@ def get(result: dict | None, key: str) -> Any:
     return node
 
 
+def figure_problem(value: Any, key: str) -> tuple[str, str] | None:
+    """The first key at or under `key` that is not what the verdict reads, and what it must be: every figure a number
+    or null, every list one of them, `items_of` text."""
+    if isinstance(value, dict):
+        return next((p for k, v in value.items() if (p := figure_problem(v, f"{key}.{k}"))), None)
+    if key.endswith(".items_of"):
+        ok, want = isinstance(value, str), "text"
+    elif isinstance(value, list):
+        ok, want = all(v is None or number(v) is not None for v in value), "a list of numbers or nulls"
+    else:
+        ok, want = value is None or number(value) is not None, "a number or null"
+    return None if ok else (key, f"must be {want}, got {value!r}"[:200])
+
+
 def check_evaluation(result: Any) -> None:
     """An evaluation as `rookworld eval --json` writes it, or a ValueError naming the first key that is not what
-    the verdict reads: outside `meta`, every figure a number or null, every list one of them, `items_of` text;
-    `meta` a mapping, its `config` one too (a hand-edited or damaged file, caught before the evaluation's minutes)."""
+    the verdict reads (`figure_problem`, outside `meta`); `meta` a mapping, its `config` one too (a hand-edited or
+    damaged file, caught before the evaluation's minutes)."""
     if not isinstance(result, dict) or not isinstance(result.get("meta"), dict):
         raise ValueError("not the JSON of an evaluation (`rookworld eval --json` writes one): it has no 'meta'")
     if not isinstance(result["meta"].get("config", {}), dict):
         raise ValueError(f"'meta.config' must be a mapping of settings, got {result['meta']['config']!r}"[:200])
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{key}.{k}")
-            return
-        if key.endswith(".items_of"):
-            ok, want = isinstance(value, str), "text"
-        elif isinstance(value, list):
-            ok, want = all(v is None or number(v) is not None for v in value), "a list of numbers or nulls"
-        else:
-            ok, want = value is None or number(value) is not None, "a number or null"
-        if not ok:
-            raise ValueError(f"'{key}' must be {want}, got {value!r}"[:200])
-
     for name, section in result.items():
-        if name != "meta":
-            walk(section, name)
+        if name != "meta" and (found := figure_problem(section, name)):
+            raise ValueError(f"'{found[0]}' {found[1]}")
 
 
 def _score_test_interval(score: float, draw_share: float, n: int) -> tuple[float, float]:

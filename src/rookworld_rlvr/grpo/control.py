@@ -141,6 +141,14 @@ def adamw(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 
+def load_optimizer(opt: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
+    """`opt.load_state_dict(saved)` with this machine's kernels (fused, foreach, capturable) instead of the saved
+    ones: a state written on one device continues on another, and its moments land where those kernels want
+    them. `saved` is checked first (`state_check.optimizer`)."""
+    mine = [{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in opt.param_groups]
+    opt.load_state_dict({**saved, "param_groups": [{**g, **m} for g, m in zip(saved["param_groups"], mine)]})
+
+
 def cosine_lr(step: int, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> float:
     """LR multiplier: linear warm-up (step + 1) / warmup_steps, reaching 1 at step
     warmup_steps - 1 (no wasted zero-LR step), then cosine from 1 at ``warmup_steps`` down to

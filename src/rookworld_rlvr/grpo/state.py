@@ -2,8 +2,8 @@
 
 A state is everything a resumed run needs to continue exactly: the step, optimizer, controllers,
 guards, data cursors, sampling streams and RNGs, the evaluations so far, and (LoRA) the adapters
-or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `save` writes a
-checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
+or (in-memory snapshots) the weights. `capture` and `restore` are mirror images; `load` reads a checkpoint's
+state back, checked against `template` (`state_check`); `save` writes a checkpoint, `snapshot` keeps one in memory between checkpoints, `rollback` restores the newest good
 one; `stop_if_asked` saves and stops where a signal asked (`interrupt`); `eval_journal` keeps what an
 owed evaluation completed before a stop, and `eval_cache` the base evaluation's answers for later runs. Owns the
 state's contents. Imports torch; nothing of chess (the tokenizers' source only, hashed by `code_digest`).
@@ -20,15 +20,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rookworld_rlvr import __version__, resumed
+from rookworld_rlvr import __version__, resumed, state_check
 from rookworld_rlvr.config import TrainConfig
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo import distributed as dist
+from rookworld_rlvr.grpo.control import load_optimizer
 from rookworld_rlvr.grpo.guards import TrainingStopped
 from rookworld_rlvr.grpo.lora import adapter_state, load_adapter_state
 from rookworld_rlvr.grpo.runlog import truncate_logs
 from rookworld_rlvr.interrupt import Interrupted
 from rookworld_rlvr.model import load_policy
+from rookworld_rlvr.state_check import each, maybe, optional
+from rookworld_rlvr.verdict import figure_problem
 
 if TYPE_CHECKING:
     from rookworld_rlvr.model.journal import Journal
@@ -55,6 +58,43 @@ def capture(tr: Trainer) -> dict:
         st["ref"] = {k: v.detach().cpu() for k, v in tr.ref.state_dict().items()}
     if tr.cfg.lora_r:  # the base never changes: the adapters are the whole trained state
         st["lora"] = adapter_state(tr.policy)
+    return st
+
+
+def _evaluation(value: object, field: str) -> state_check.Problem | None:
+    if not isinstance(value, dict):
+        return field, f"must be an evaluation (a mapping), got {value!r}"[:200]
+    figures = ((k, v) for k, v in value.items() if k not in ("meta", "examples"))  # settings and sample answers
+    return next((p for k, v in figures if (p := figure_problem(v, f"{field}.{k}"))), None)
+
+
+def template(tr: Trainer) -> dict:
+    """What `capture` writes, as `state_check` reads it: the fields a checkpoint of this run must hold (optional:
+    those older checkpoints lack, or this run's settings leave out) and their kinds."""
+    sampling = tr.gen.device  # the sampling stream's generator: on the GPU there
+    return {
+        "step": 0, "optimizer": state_check.optimizer(tr.opt), "lr_scale": 0.0, "kl_ctl": {"beta": 0.0},
+        "guard": optional({"history": each([0.0]), "streaks": each((0, 0)), "recoveries": 0}),
+        "beta_scale": optional(0.0), "phase_key": optional(None),
+        "nan_guard": {"consecutive": 0, "rollbacks": 0, "total_skips": 0, "last_cause": optional("")},
+        "normalizer": {"mean": 0.0, "var": 0.0, "count": 0},
+        "monitor": {"kl": [0.0], "grad": [0.0], "reward": [0.0], "entropy_first": [0.0], "last_fired": each(0)},
+        "prompts": each(each(0)), "anchor": optional(maybe(each(each(0)))),
+        "generator": state_check.rng(sampling), "generators": optional(maybe([state_check.rng(sampling)])),
+        "torch_rng": state_check.rng(), "python_rng": state_check.python_rng,
+        "base_eval": maybe(_evaluation), "best": maybe((0.0, 0)), "history_eval": [_evaluation],
+        "eval_owed": optional(False), "config": optional({}), "elapsed": optional(0.0),
+        "events_logged": optional(0), "backward_dtype": optional(""),
+        "ref": optional(state_check.tensors_like(tr.ref.state_dict()) if tr.ref is not None else None),
+        "lora": optional(state_check.tensors_like(adapter_state(tr.policy)) if tr.cfg.lora_r else None),
+    }
+
+
+def load(tr: Trainer, path: Path) -> dict:
+    """The trainer state of checkpoint `path`, checked against this run's `template`: a damaged or hand-edited
+    one is a ValueError naming the file and the field, before any of it is used."""
+    st = ckpt.load_state(path)
+    state_check.check(st, template(tr), path / f"{ckpt.STATE_NAME}.json")
     return st
 
 
@@ -90,7 +130,7 @@ def restore(tr: Trainer, st: dict, weights_from: Path | None = None) -> None:
     if tr.cfg.backward_dtype == "auto" and tr.amp is None and chosen and was != tr.grad_dtype:
         # a resumed run goes on as it started, whatever this machine's measurement says today
         tr.grad_dtype, tr.grad_note = was, f"{chosen} (auto: as the run was started)"
-    tr.opt.load_state_dict(st["optimizer"])
+    load_optimizer(tr.opt, st["optimizer"])
     tr.lr_scale = st["lr_scale"]
     tr.kl_ctl.load_state_dict(st["kl_ctl"])
     if "guard" in st:  # checkpoints written before the collapse guard start it afresh
@@ -176,7 +216,7 @@ def rollback(tr: Trainer, reason: str, to_step: int | None = None, kl_factor: fl
         restore(tr, copy.deepcopy(tr.snapshots[target]))
         where = f"step_{target:06d} (in memory)"
     else:
-        restore(tr, ckpt.load_state(disk[target]), weights_from=disk[target])
+        restore(tr, load(tr, disk[target]), weights_from=disk[target])
         where = disk[target].name
     tr.nan_guard.load_state_dict(nan_state)  # the guards remember how often they fired
     tr.guard.recoveries = recoveries

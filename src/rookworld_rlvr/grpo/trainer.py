@@ -113,7 +113,7 @@ class Trainer:
         # wall-clock seconds of the run (max_minutes): before this process, its start, and the last agreed reading
         self.elapsed_before, self.t_start, self.clock = 0.0, time.time(), 0.0
         if resume_from is not None:  # every rank loads the same checkpoint
-            st = ckpt.load_state(resume_from)
+            st = state.load(self, resume_from)
             state.restore(self, st)
             self.elapsed_before = self.clock = st.get("elapsed", 0.0)
             # a checkpoint from before the count was kept keeps every event
