@@ -386,6 +386,32 @@ def test_a_weights_file_cut_short_is_named_as_damaged(checkpoint):
         load_policy(str(checkpoint), device="cpu", verbose=False)
 
 
+@pytest.mark.parametrize("file,edit,said", [
+    ("config.json", lambda c: c.update(n_head={"a": 1}), r"its config\.json could not be used "
+                                                         r"\(StrictDataclassFieldValidationError: .*'n_head'"),
+    ("config.json", lambda c: c.update(n_embd=0), r"its config\.json could not be used \(ZeroDivisionError"),
+    ("tokenizer.json", lambda c: c.pop("added_tokens"), r"its tokenizer files \(tokenizer\.json, "
+                                                        r"tokenizer_config\.json\) could not be used \(KeyError"),
+    ("tokenizer.json", lambda c: c["model"].update(unk_token=-1), r"its tokenizer files .* could not be used "
+                                                                  r"\(Exception: invalid type: integer `-1`"),
+    ("tokenizer_config.json", lambda c: c.update(pad_token=7), r"its tokenizer files .* could not be used "
+                                                               r"\(TypeError: Special token pad_token"),
+    # read without a word, then the first batch's length check compared a number with it
+    ("tokenizer_config.json", lambda c: c.update(model_max_length=""), r"its tokenizer files .* could not be used "
+                                                                       r"\(TypeError: '>' not supported"),
+])
+def test_a_config_or_tokenizer_file_holding_what_transformers_cannot_use_is_named(checkpoint, file, edit, said):
+    """A value of the wrong kind in a model directory's config or tokenizer files (a damaged or hand-edited copy)
+    stopped `rookworld train --model DIR` with a traceback from transformers, huggingface_hub or tokenizers (58 of
+    120 such edits of models/rookworld-board); now one ModelLoadError names the model and the files."""
+    path = checkpoint / file
+    tree = json.loads(path.read_text())
+    edit(tree)
+    path.write_text(json.dumps(tree))
+    with pytest.raises(ModelLoadError, match=rf"^model {checkpoint}: {said}.*\): a damaged or edited file\?$"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+
+
 def test_load_policy_unexpected_and_mismatched_raise(checkpoint):
     edit_weights(checkpoint, lambda t: t.update({"transformer.extra.weight": torch.zeros(3)}))
     with pytest.raises(ModelLoadError, match=r"unexpected_keys: transformer\.extra\.weight"):

@@ -260,6 +260,7 @@ def load_policy(
 
     hub_id = _adapter_base_on_hub(path) if is_local else name_or_path  # what the load asks the Hub for
     unreachable = hub.out_of_reach() if hub_id else None  # then the cache alone, not a minute of retries a file
+    reading = "config.json"  # which of its files transformers reads when it fails
     try:
         with _no_bars():
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -273,6 +274,7 @@ def load_policy(
                 # transformers' look for a PEFT adapter does not take local_files_only from the call
                 **({"adapter_kwargs": {"local_files_only": True}} if unreachable else {}),
             )
+        reading = "tokenizer files (tokenizer.json, tokenizer_config.json)"
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
                                                   local_files_only=bool(unreachable))
     except SafetensorError as e:  # its words alone do not say which file, nor that it is damaged
@@ -293,6 +295,10 @@ def load_policy(
         raise ModelLoadError(f"model {name_or_path} could not be loaded from the Hugging Face Hub{not_here}: {said} "
                              f"(offline? Load it once with network, which caches it, or pass a local model "
                              f"directory)") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # a value of the wrong kind in one of its files: transformers', tokenizers' own words
+        raise _unusable(name_or_path, reading, e) from e
     if unreachable:  # a copy the Hub may have replaced since: say so
         print(f"warning: {unreachable}; {hub_id} was loaded from the local cache ({hub.cache_dir()})",
               file=sys.stderr, flush=True)
@@ -304,6 +310,10 @@ def load_policy(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    try:  # a value its files set that loading passes and the first batch would trip on (a model_max_length of text)
+        tokenizer(["P: ", "A: e2e4"], padding=True, return_tensors="pt")
+    except Exception as e:  # noqa: BLE001 - whatever it is, the files are the cause
+        raise _unusable(name_or_path, reading, e) from e
 
     if verbose:
         n_params = model.num_parameters()
@@ -314,6 +324,12 @@ def load_policy(
         )
         print(msg, flush=True)
     return model, tokenizer
+
+
+def _unusable(name: str, files: str, e: Exception) -> ModelLoadError:
+    """One line for a model whose `files` hold what transformers or tokenizers cannot use, in their words."""
+    return ModelLoadError(f"model {name}: its {files} could not be used ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]}): a damaged or edited file?")
 
 
 @contextmanager
