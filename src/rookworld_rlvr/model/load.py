@@ -311,7 +311,7 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     try:  # a value its files set that loading passes and the first batch would trip on (a model_max_length of text)
-        tokenizer(["P: ", "A: e2e4"], padding=True, return_tensors="pt")
+        tokenizer(["a", "a b c"], padding=True, return_tensors="pt")
     except Exception as e:  # noqa: BLE001 - whatever it is, the files are the cause
         raise _unusable(name_or_path, reading, e) from e
 
