@@ -340,6 +340,8 @@ def test_load_policy_local(checkpoint, capsys):
     assert all(p.requires_grad for p in model.parameters())
     assert next(model.parameters()).dtype == torch.float32
     assert tok.padding_side == "left" and tok.pad_token_id == tok.eos_token_id == 0
+    # the load's trial batch (padded) left no padding on the backend, which encodes SFT's rows one by one
+    assert tok.backend_tokenizer.padding is None and len(tok.backend_tokenizer.encode_batch(["a", "a b c"])[0]) == 1
     report = capsys.readouterr().out
     assert "parameters" in report and "local" in report and "cpu" in report and "float32" in report
     bf16, _ = load_policy(str(checkpoint), device="cpu", dtype="bfloat16", verbose=False)

@@ -9,6 +9,7 @@ tasks, data, engine or the trainer.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -310,8 +311,9 @@ def load_policy(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    try:  # a value its files set that loading passes and the first batch would trip on (a model_max_length of text)
-        tokenizer(["a", "a b c"], padding=True, return_tensors="pt")
+    try:  # a value its files set that loading passes and the first batch would trip on (a model_max_length of text);
+        # on a copy: a call leaves its padding and truncation settings on the tokenizer's backend
+        copy.deepcopy(tokenizer)(["a", "a b c"], padding=True, return_tensors="pt")
     except Exception as e:  # noqa: BLE001 - whatever it is, the files are the cause
         raise _unusable(name_or_path, reading, e) from e
 
