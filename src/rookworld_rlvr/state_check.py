@@ -119,9 +119,8 @@ def rng(device: str | torch.device = "cpu") -> Check:
     return usable(lambda v: torch.Generator(device).set_state(v), f"a state of torch's generator on {device}")
 
 
-def python_rng(value: Any, field: str) -> Problem | None:
-    """A state of Python's `random`: one a fresh `random.Random` takes."""
-    return usable(lambda v: random.Random().setstate(v), "a state of Python's random module")(value, field)
+# a state of Python's `random`: one a fresh `random.Random` takes
+python_rng = usable(lambda v: random.Random().setstate(v), "a state of Python's random module")
 
 
 def tensors_like(reference: Mapping[str, torch.Tensor]) -> Check:
@@ -157,17 +156,18 @@ def _group(got: Any, ours: dict, ids: list[int], where: str) -> Problem | None:
         return f"{where}.params", f"must be the parameter numbers {ids[0]} to {ids[-1]}, got " \
             f"{_shown(got.get('params'))}"
     for key, mine in ours.items():
-        if key == "params" or (key not in got and not (_number(mine) or isinstance(mine, tuple))):
+        pair = isinstance(mine, tuple)  # betas
+        numeric = pair or _number(mine)
+        if key == "params" or (key not in got and not numeric):
             continue  # a flag an older torch did not save: loading gives it its default
         if key not in got:
             return f"{where}.{key}", "is missing"
         if key in _MATH_FLAGS and not (type(got[key]) is type(mine) and got[key] == mine):
             return f"{where}.{key}", f"must be {mine!r} (this code's AdamW), got {_shown(got[key])}"
-        if _number(mine) or isinstance(mine, tuple):
-            values = list(got[key]) if isinstance(mine, tuple) and isinstance(got[key], (list, tuple)) else [got[key]]
-            if len(values) != (len(mine) if isinstance(mine, tuple) else 1) or not all(
-                    _number(v) and math.isfinite(v) for v in values):
-                want = f"{len(mine)} finite numbers" if isinstance(mine, tuple) else "a finite number"
+        if numeric:
+            values = list(got[key]) if pair and isinstance(got[key], (list, tuple)) else [got[key]]
+            if len(values) != (len(mine) if pair else 1) or not all(_number(v) and math.isfinite(v) for v in values):
+                want = f"{len(mine)} finite numbers" if pair else "a finite number"
                 return f"{where}.{key}", f"must be {want}, got {_shown(got[key])}"
     return None
 
