@@ -388,6 +388,49 @@ def test_a_weights_file_cut_short_is_named_as_damaged(checkpoint):
         load_policy(str(checkpoint), device="cpu", verbose=False)
 
 
+def test_weights_of_an_integer_dtype_or_holding_nan_are_refused_by_name(checkpoint):
+    """transformers cast an integer tensor to the model's float dtype and took NaN as it came: `rookworld eval`
+    then judged a model of integers or NaN without a word (0% legal, as if it were the model's own skill)."""
+    tensors = load_file(checkpoint / "model.safetensors")
+    edit_weights(checkpoint, lambda t: t.update({"transformer.wpe.weight": tensors["transformer.wpe.weight"].long()}))
+    with pytest.raises(ModelLoadError, match=rf"^model {checkpoint}: model\.safetensors holds "
+                                             r"transformer\.wpe\.weight as I64, not floating point: a damaged or "
+                                             r"edited file\?$"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+    nan = {k: tensors[k].clone() for k in ("transformer.wpe.weight", "transformer.h.1.mlp.c_fc.bias")}
+    nan["transformer.wpe.weight"][3, 4] = float("nan")
+    nan["transformer.h.1.mlp.c_fc.bias"][0] = float("-inf")
+    edit_weights(checkpoint, lambda t: t.update(nan))
+    with pytest.raises(ModelLoadError, match=rf"^model {checkpoint}: its weights hold NaN or infinite values "
+                                             r"\(transformer\.wpe\.weight, transformer\.h\.1\.mlp\.c_fc\.bias\)"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+    nan["transformer.wpe.weight"][3, 4] = 1.0  # half-precision weights load: a float dtype is not a fault
+    edit_weights(checkpoint, lambda t: t.update({k: v.to(torch.bfloat16) for k, v in nan.items()}))
+    with pytest.raises(ModelLoadError, match=r"\(transformer\.h\.1\.mlp\.c_fc\.bias\)"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+    half = tensors["transformer.h.1.mlp.c_fc.bias"].to(torch.float16)
+    edit_weights(checkpoint, lambda t: t.update({"transformer.h.1.mlp.c_fc.bias": half}))
+    assert load_policy(str(checkpoint), device="cpu", verbose=False)[0].transformer.wpe.weight[3, 4] == 1.0
+
+
+@pytest.mark.parametrize("pickled", ["pytorch_model.bin", "adapter_model.bin"])
+def test_a_model_directory_whose_weights_are_a_pickle_is_refused_without_reading_it(checkpoint, pickled):
+    """A directory with pytorch_model.bin and no model.safetensors loaded: transformers unpickles it. Models here
+    are read from safetensors alone, so a model someone hands over cannot run code as it loads."""
+    weights = checkpoint / "model.safetensors"
+    torch.save(load_file(weights), checkpoint / pickled)  # the same weights, pickled: transformers would load them
+    weights.unlink()
+    if pickled == "adapter_model.bin":  # a PEFT adapter's directory: its config names the base it goes on
+        (checkpoint / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(checkpoint)}))
+        (checkpoint / "config.json").unlink()
+        safe = "adapter_model.safetensors"
+    else:
+        safe = "model.safetensors"
+    with pytest.raises(ModelLoadError, match=rf"^model {checkpoint}: its weights are {pickled}, a pickle, with no "
+                                             rf"{safe} beside it: models are read from safetensors alone"):
+        load_policy(str(checkpoint), device="cpu", verbose=False)
+
+
 @pytest.mark.parametrize("file,edit,said", [
     ("config.json", lambda c: c.update(n_head={"a": 1}), r"its config\.json could not be used "
                                                          r"\(StrictDataclassFieldValidationError: .*'n_head'"),
