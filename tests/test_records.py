@@ -85,6 +85,13 @@ def _unreadable_first_move(lines: list[str]) -> list[str]:
     return [lines[0], json.dumps(game) + "\n", *lines[2:]]
 
 
+def _header(lines: list[str], **settings) -> list[str]:
+    """The record's first line with `settings` in its config (a hand edit, a damaged copy)."""
+    head = json.loads(lines[0])
+    head["config"].update(settings)
+    return [json.dumps(head) + "\n", *lines[1:]]
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda lines: lines[:-1], r"holds 4 games, its config says 5"),
     (_unreadable_first_move, r"bad\.jsonl\.xz: game 0, position 1: the recorded best move zz is illegal"),
@@ -92,6 +99,15 @@ def _unreadable_first_move(lines: list[str]) -> list[str]:
     (lambda lines: [lines[0], lines[1].replace("|", "#", 1), *lines[2:]], r":2: answer 1: an answer must be"),
     (lambda lines: ['{"task": "P"}\n', *lines[1:]], r":1: not a game record"),
     (lambda lines: ["not json\n"], r":1: not a JSON line"),
+    # a setting of the wrong kind ended in a TypeError in the shards' slicing or the config's check; one out of
+    # its range was named without the record
+    (lambda lines: _header(lines, games_per_shard=1.5), r"bad\.jsonl\.xz:1: field 'config\.games_per_shard' must be "
+                                                         r"an integer, got 1\.5$"),
+    (lambda lines: _header(lines, temperatures={"a": 1}), r":1: field 'config\.temperatures' must be a list of "
+                                                           r"numbers, got \{'a': 1\}$"),
+    (lambda lines: _header(lines, depth="8"), r":1: field 'config\.depth' must be an integer, got '8'$"),
+    (lambda lines: _header(lines, illegal_share=1.0), r"bad\.jsonl\.xz:1: its config: illegal_share must be in "
+                                                       r"\[0, 1\)$"),
 ])
 def test_a_damaged_record_is_a_clear_error_naming_file_and_line(recorded, tmp_path, edit, message):
     _, rec, _ = recorded

@@ -220,4 +220,10 @@ def replay(path: str | Path, out_dir: str | Path, workers: int = 2, progress: bo
         cfg = gen.config_from(read_header(path)["config"], out_dir, workers)
     except (TypeError, KeyError) as e:
         raise DataError(f"{path}:1: a config this version cannot replay ({e})") from None
+    except ValueError as e:  # a setting of the wrong kind
+        raise DataError(f"{path}:1: {e}") from None
+    try:
+        cfg.validate()
+    except ValueError as e:  # a setting out of its range: the record's, not the command line's
+        raise DataError(f"{path}:1: its config: {e}") from None
     return gen.generate(cfg, progress=progress, replay=str(path))
