@@ -212,6 +212,28 @@ def test_unknown_or_invalid_params_are_clear_errors_naming_the_file(tmp_path, ca
     assert f"problem: model: no such model directory: {tmp_path / 'no-model'}" in capsys.readouterr().out
 
 
+def test_a_storage_that_is_no_optuna_study_database_is_one_error_line(tmp_path, capsys):
+    """A SQLite file another program made (its own `studies` table), or no database at all, given as --storage:
+    optuna's StorageInternalError ended `--summary` and a sweep's start in a traceback, and SQLAlchemy's words
+    came with its SQL and a link on lines of their own."""
+    import sqlite3
+
+    from rookworld_rlvr.sweep.study import open_study
+
+    foreign, garbage = tmp_path / "other.db", tmp_path / "garbage.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE studies (x INTEGER)")
+    garbage.write_text("not a database")
+    space = write_space(tmp_path / "s.yaml", params={"seed": {"choices": [0, 1]}})
+    for db, said in ((foreign, "no such column: studies.study_id"), (garbage, "file is not a database")):
+        assert sweep_main(["--space", str(space), "--storage", f"sqlite:///{db}", "--summary"]) == 1
+        err = capsys.readouterr().err
+        assert f"error: storage sqlite:///{db}: (sqlite3." in err and said in err and len(err.splitlines()) == 1, err
+    with pytest.raises(ValueError, match=rf"^storage sqlite:///{foreign}: \(sqlite3\.OperationalError\) .*study_name "
+                                         r"\(not an Optuna study database, or a damaged one\?\)$"):
+        open_study(f"sqlite:///{foreign}", "x", None)
+
+
 def test_the_stability_preset_covers_every_value_in_at_least_24_valid_configurations(monkeypatch):
     from conftest import REPO
 

@@ -7,6 +7,8 @@ asks, not interrupted ones queued again). Imports no torch; optuna inside functi
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -49,8 +51,22 @@ def _retried(storage: str, make: Callable[[], T]) -> T:
             if not type(e).__module__.startswith("sqlalchemy"):
                 raise
             last = e
+            if type(e).__name__ not in ("OperationalError", "IntegrityError"):  # not a race: "file is not a database"
+                break
             time.sleep(0.3 * (attempt + 1))
-    raise ValueError(f"storage {storage}: {last}")
+    raise ValueError(f"storage {storage}: {str(last).splitlines()[0]}")  # SQLAlchemy's next lines: its SQL, a link
+
+
+@contextmanager
+def _named(storage: str) -> Iterator[None]:
+    """Optuna's StorageInternalError, with SQLAlchemy's words beneath it, as one line naming the storage: a
+    database another program made (`no such column: studies.study_id`), or a damaged one."""
+    optuna = need_optuna()
+    try:
+        yield
+    except optuna.exceptions.StorageInternalError as e:
+        said = str(e.__cause__ or e).splitlines()[0]
+        raise ValueError(f"storage {storage}: {said} (not an Optuna study database, or a damaged one?)") from e
 
 
 def make_sampler(kind: str, space: SweepSpace, seed: int | None):
@@ -69,8 +85,9 @@ def open_study(storage: str, name: str, sampler, space: SweepSpace | None = None
     """Create or join the study; a study keeps the search space it was created with."""
     optuna = need_optuna()
     store = open_storage(storage)
-    study = _retried(storage, lambda: optuna.create_study(storage=store, study_name=name, sampler=sampler,
-                                                          direction="maximize", load_if_exists=True))
+    with _named(storage):
+        study = _retried(storage, lambda: optuna.create_study(storage=store, study_name=name, sampler=sampler,
+                                                              direction="maximize", load_if_exists=True))
     if space is not None:
         info = {"space": space.fingerprint(), "sampler": kind,
                 "grid_seed": (0 if seed is None else seed) if kind == "grid" else None}
@@ -92,7 +109,8 @@ def load_existing_study(storage: str, name: str | None):
     if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).exists():
         raise ValueError(f"no study database at {storage[len('sqlite:///'):]} (give --out DIR or --storage URL)")
     store = open_storage(storage)
-    names = optuna.get_all_study_names(store)
+    with _named(storage):
+        names = optuna.get_all_study_names(store)
     if name is None:
         if len(names) != 1:
             raise ValueError(f"{storage} holds studies {names}: pick one with --study")
