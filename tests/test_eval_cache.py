@@ -50,6 +50,16 @@ def test_a_second_run_reads_the_base_answers_and_nothing_else_does(tmp_path, tin
     again, logged = evaluate(tmp_path, tiny_model_dir, small_data, cache, "c")
     assert again == first and logged == [f"held-out evaluation at step 0: 3 {READ} {files[0]}"]
     assert len(files[0].read_text().splitlines()) == 5  # whole again
+    # lines that are not what a run writes (a damaged or edited copy): answers that are a number or hold numbers, or
+    # fewer answers than the batch's prompts, ended the run in a TypeError or were scored as they were; each such
+    # batch is decoded again, and the results are the first run's
+    rows = [json.loads(line) for line in kept[1:]]
+    rows[0]["texts"] = 5
+    rows[1]["texts"] = [1] * len(rows[1]["reasons"])
+    rows[2]["texts"], rows[2]["reasons"] = rows[2]["texts"][:1], rows[2]["reasons"][:1]  # 1 of its batch's 2 prompts
+    files[0].write_text("\n".join(kept[:1] + [json.dumps(r) for r in rows]) + "\n")
+    again, logged = evaluate(tmp_path, tiny_model_dir, small_data, cache, "f")
+    assert again == first and logged == [f"held-out evaluation at step 0: 2 {READ} {files[0]}"]
     # another thread count (another float summation order) or other decoding code: a cache file of their own
     torch.set_num_threads(2)
     _, logged = evaluate(tmp_path, tiny_model_dir, small_data, cache, "d")

@@ -42,7 +42,8 @@ class Journal:
         self.done = dict(done or {})
 
     def get(self, prompts: Sequence[str], budget: int) -> tuple[list[str], list[str]] | None:
-        return self.done.get(batch_key(prompts, budget))
+        found = self.done.get(batch_key(prompts, budget))
+        return found if found is not None and len(found[0]) == len(prompts) else None  # else: made again
 
     def add(self, prompts: Sequence[str], budget: int, texts: list[str], reasons: list[str]) -> None:
         key = batch_key(prompts, budget)
@@ -98,10 +99,23 @@ def read(path: Path, header: dict[str, Any]) -> dict[str, tuple[list[str], list[
     for line in lines[1:]:
         try:
             row = json.loads(line)
-            done[row["key"]] = (row["texts"], row["reasons"])
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except json.JSONDecodeError:
             continue
+        if answers := _answers(row):
+            done[answers[0]] = answers[1]
     return done
+
+
+def _answers(row: Any) -> tuple[str, tuple[list[str], list[str]]] | None:
+    """A journal line's batch key and answers; None where the line is not what `Journal.add` writes (cut short,
+    damaged or edited: that batch is made again, never scored from it)."""
+    if not isinstance(row, dict):
+        return None
+    key, texts, reasons = row.get("key"), row.get("texts"), row.get("reasons")
+    whole = isinstance(texts, list) and isinstance(reasons, list) and len(texts) == len(reasons)
+    if not (isinstance(key, str) and whole and all(isinstance(t, str) for t in texts + reasons)):
+        return None
+    return key, (texts, reasons)
 
 
 def start(path: Path, header: dict[str, Any], done: dict) -> Journal:
