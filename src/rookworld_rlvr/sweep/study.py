@@ -41,8 +41,8 @@ def open_storage(url: str):
 
 
 def _retried(storage: str, make: Callable[[], T]) -> T:
-    """`make()`, tried again while the database answers with a sqlalchemy error (OperationalError,
-    IntegrityError): workers starting together race to create the tables and the study."""
+    """`make()`, tried again while the database answers with SQLAlchemy's OperationalError or IntegrityError
+    (workers starting together race to create the tables and the study); its other errors end it at once."""
     last: Exception | None = None
     for attempt in range(6):
         try:
