@@ -331,6 +331,34 @@ def test_a_cache_file_sqlite_cannot_use_is_an_error_naming_it_and_is_left_as_it_
             pool.analyse_many([START])
 
 
+def test_a_cache_row_that_is_not_what_a_search_gives_is_searched_again_and_replaced(tmp_path, caplog):
+    """Rows edited by hand or written by another version of the pool: text that is not JSON ended every command
+    in a JSONDecodeError, a value of another shape in a TypeError, and a move's eval that was text came back as its
+    eval (a reward's input). Each is searched again, the answers are a fresh pool's, the rows are replaced, and a
+    warning names the file once."""
+    path = tmp_path / "engine.sqlite"
+    with StockfishPool(config(cache_path=str(path))) as pool:
+        fresh = (pool.analyse(START), pool.move_tables([START]), pool.move_evals(START, ["e2e4", "g1f3"]))
+    with sqlite3.connect(path) as db:
+        keys = [k for (k,) in db.execute("SELECT key FROM cache ORDER BY key")]
+    bad = {"A": ['{"moves": 5}', '{"moves": ["e2e4"], "evals": []}', "{oops"], "T": ['[1, 2]', '{"e2e4": "x"}'],
+           "M": ['"x"', "NaN", "true"]}
+    for n in range(3):  # each kind's damaged rows in turn
+        with sqlite3.connect(path) as db:
+            db.executemany("UPDATE cache SET value = ? WHERE key = ?",
+                           [(bad[k[0]][n % len(bad[k[0]])], k) for k in keys])
+        db.close()
+        caplog.clear()
+        with StockfishPool(config(cache_path=str(path))) as pool:
+            assert (pool.analyse(START), pool.move_tables([START]), pool.move_evals(START, ["e2e4", "g1f3"])) == fresh
+            assert pool.stats["hits"] == 0 and pool.stats["misses"] == len(keys)
+        first = bad[keys[0][0]][n % 3]  # the first row read: its text, in the one warning
+        assert [r.getMessage() for r in caplog.records if "engine cache" in r.getMessage()] == [
+            f"engine cache {path}: an entry that is not what a search gives ({first}) is searched again"]
+        with StockfishPool(config(cache_path=str(path))) as pool:  # replaced: the next pool reads them
+            assert pool.analyse(START) == fresh[0] and pool.stats["hits"] == 1
+
+
 def _worker(cache_path: str, fens: list[str]) -> list[tuple]:
     with StockfishPool(config(cache_path=cache_path, workers=1)) as pool:
         return [(a.fen, a.moves, a.evals) for a in pool.analyse_many(fens)]

@@ -18,28 +18,26 @@ mating move is 1000.0 and a move that mates in n (n counted from the original
 position) is ``(100000 - (n - 1)) / 100``: one hundredth above the parent's
 multipv eval of the same move, because the reply position is one move closer.
 
-Owns the pool: which processes run, retries, the cache, the per-position requests. Talking to
+Owns the pool: which processes run, retries, the cache's keys and values, the per-position requests. Talking to
 one process is `engine_process`. Chess only: imports no torch and nothing of the model or trainer.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
-import json
+import math
 import os
 import queue
-import sqlite3
 import threading
-import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import chess
 import chess.engine
 
+from rookworld_rlvr.engine_cache import AnalysisCache, EngineCacheError
 from rookworld_rlvr.engine_process import (ENGINE_FAILURES, LOG, Engine, Loop, StockfishNotFound, engine_identity,
                                            find_stockfish)
 from rookworld_rlvr.tasks.strength import is_legal
@@ -136,86 +134,7 @@ def _parse_move(board: chess.Board, move: str, fen: str) -> chess.Move:
     return chess.Move.from_uci(move)
 
 
-class EngineCacheError(ValueError):
-    """The analysis cache file cannot be used (not a SQLite database, damaged, not writable); names the file."""
-
-
-class _Cache:
-    """In-memory dict in front of an optional SQLite file shared between processes.
-
-    Every write is its own autocommitted INSERT OR REPLACE, so a crash never
-    leaves half a row; WAL mode and a busy timeout let processes share the file.
-    A file SQLite cannot use is an `EngineCacheError` naming it; it is never deleted or replaced here,
-    since other processes may share it.
-    """
-
-    def __init__(self, path: str | None) -> None:
-        self._mem: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
-        self._path = path
-        if path is not None:
-            with self._named():
-                self._db = self._open(path)
-
-    @contextlib.contextmanager
-    def _named(self) -> Iterator[None]:
-        """SQLite's errors (`file is not a database`, `database disk image is malformed`) with the file named."""
-        try:
-            yield
-        except sqlite3.OperationalError as e:  # a path it cannot open or write (a folder, a read-only file system)
-            raise EngineCacheError(f"engine cache {self._path}: {e} (give a file this process can write; `rookworld "
-                                   "train` runs without one with --engine-cache null)") from None
-        except sqlite3.Error as e:  # not a database, damaged pages
-            raise EngineCacheError(f"engine cache {self._path}: {e} (it holds only Stockfish analyses, made again as "
-                                   "needed: delete it or move it aside)") from None
-
-    @staticmethod
-    def _open(path: str) -> sqlite3.Connection:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        db = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA busy_timeout=60000")
-        for attempt in range(50):  # switching to WAL needs a moment of exclusive access
-            try:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                break
-            except sqlite3.OperationalError:
-                if attempt == 49:
-                    raise
-                time.sleep(0.1)
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
-
-    def get(self, key: str) -> Any | None:
-        with self._lock:
-            if key in self._mem:
-                return self._mem[key]
-            if self._db is None:
-                return None
-            with self._named():
-                row = self._db.execute("SELECT value FROM cache WHERE key = ?", (key,)).fetchone()
-            if row is None:
-                return None
-            value = self._mem[key] = json.loads(row[0])
-            return value
-
-    def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._mem[key] = value
-            if self._db is not None:
-                with self._named():
-                    self._db.execute("INSERT OR REPLACE INTO cache (key, value) VALUES (?, ?)",
-                                     (key, json.dumps(value)))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-
-def _shutdown(engines: list[Engine], loop: Loop, cache: _Cache) -> None:
+def _shutdown(engines: list[Engine], loop: Loop, cache: AnalysisCache) -> None:
     """Close everything; a module function so weakref.finalize holds no pool reference."""
     for engine in engines:
         engine.kill()
@@ -237,7 +156,7 @@ class StockfishPool:
         self._limit = chess.engine.Limit(depth=config.depth, time=config.time)
         self.identity = engine_identity(self.path, config.timeout)
         self._limits_key = f"{self.identity};{config.limits_key()}"  # another engine version answers apart
-        self._cache = _Cache(config.cache_path)
+        self._cache = AnalysisCache(config.cache_path)
         self._loop = Loop()
         self._engines = [Engine(self.path, config, self._loop) for _ in range(config.workers)]
         self._idle: queue.LifoQueue[Engine] = queue.LifoQueue()  # reuse warm engines first
@@ -316,12 +235,14 @@ class StockfishPool:
         finally:
             self._idle.put(engine)
 
-    def _resolve(self, jobs: dict[str, Callable[[], T]], progress: bool = False) -> dict[str, T]:
-        """Values for every key: from the cache, else computed on the pool and stored at once."""
+    def _resolve(self, jobs: dict[str, Callable[[], T]], valid: Callable[[Any], bool],
+                 progress: bool = False) -> dict[str, T]:
+        """Values for every key: from the cache where it holds a `valid` one, else computed on the pool and stored
+        at once."""
         found: dict[str, T] = {}
         misses = []
         for key in jobs:
-            value = self._cache.get(key)
+            value = self._cache.get(key, valid)
             if value is None:
                 misses.append(key)
             else:
@@ -364,7 +285,7 @@ class StockfishPool:
 
     def analyse_many(self, fens: Sequence[str], progress: bool = False) -> list[Analysis]:
         """Analyse many FENs over the pool; duplicates searched once; output in input order."""
-        found = self._per_position("A", fens, self._analysis_value, progress)
+        found = self._per_position("A", fens, self._analysis_value, _is_analysis, progress)
         return [Analysis(fen, tuple(v["moves"]), tuple(v["evals"])) if v is not None else Analysis(fen, (), ())
                 for fen, v in zip(fens, found)]
 
@@ -372,10 +293,11 @@ class StockfishPool:
         """Every legal move of each FEN with its eval (pawns, for the side to move), from one
         search per position with multipv = the number of legal moves: all moves judged by the same
         search, so their differences are consistent. Empty for positions without legal moves."""
-        return [dict(v) if v is not None else {} for v in self._per_position("T", fens, self._table_value, progress)]
+        tables = self._per_position("T", fens, self._table_value, _is_table, progress)
+        return [dict(v) if v is not None else {} for v in tables]
 
     def _per_position(self, kind: str, fens: Sequence[str], value: Callable[[chess.Board, str], T],
-                      progress: bool) -> list[T | None]:
+                      valid: Callable[[Any], bool], progress: bool) -> list[T | None]:
         """`value(board, fen)` of each FEN, cached under `kind` and the normalised FEN (irrelevant
         en-passant squares dropped); duplicates computed once; None where the game is over."""
         self._check_open()
@@ -385,7 +307,7 @@ class StockfishPool:
         for fen, board, key in zip(fens, boards, keys):
             if key is not None and key not in jobs:
                 jobs[key] = functools.partial(value, board, fen)
-        found = self._resolve(jobs, progress)
+        found = self._resolve(jobs, valid, progress)
         return [found[k] if k is not None else None for k in keys]
 
     def _table_value(self, board: chess.Board, fen: str) -> dict[str, float]:
@@ -431,8 +353,23 @@ class StockfishPool:
             key = f"M|{board.fen()}|{parsed.uci()}|{self._limits_key}"
             keys.append(key)
             jobs.setdefault(key, functools.partial(self._move_eval_value, board, parsed, fen))
-        found = self._resolve(jobs)
+        found = self._resolve(jobs, _is_eval)
         return [found[k] for k in keys]
+
+
+# what a search gives, as the cache keeps it: a row that is not (hand-edited, another version's) is searched again
+def _is_eval(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_analysis(value: Any) -> bool:
+    moves, evals = (value.get("moves"), value.get("evals")) if isinstance(value, dict) else (None, None)
+    return (isinstance(moves, list) and isinstance(evals, list) and len(moves) == len(evals)
+            and all(isinstance(m, str) for m in moves) and all(map(_is_eval, evals)))
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(m, str) and _is_eval(e) for m, e in value.items())
 
 
 def _progress(iterable: Any, total: int) -> Any:
