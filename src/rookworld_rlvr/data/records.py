@@ -216,8 +216,9 @@ def replay(path: str | Path, out_dir: str | Path, workers: int = 2, progress: bo
     """The recorded generation made again in `out_dir` (shards, train and eval files), without Stockfish."""
     from rookworld_rlvr.data import generate as gen
 
+    header = read_header(path)  # its own errors name the file and line
     try:
-        cfg = gen.config_from(read_header(path)["config"], out_dir, workers)
+        cfg = gen.config_from(header["config"], out_dir, workers)
     except (TypeError, KeyError) as e:
         raise DataError(f"{path}:1: a config this version cannot replay ({e})") from None
     except ValueError as e:  # a setting of the wrong kind
