@@ -26,7 +26,7 @@ from typing import Iterator
 import chess
 import chess.pgn
 
-from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples, write_samples
+from rookworld_rlvr.data.io import Sample, atomic_write_text, field_problem, iter_samples, write_samples
 from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import environment as env_task
@@ -229,38 +229,18 @@ def recorded_settings(cfg: GenerateConfig) -> dict:
 def config_from(fields: dict, out_dir: str | Path, workers: int = 2) -> GenerateConfig:
     """A GenerateConfig from `settings` read back from JSON (lists where the config holds tuples). A value of the
     wrong kind (a record edited or damaged) is a ValueError naming its field, not a TypeError deep in a shard."""
-    for name, value in fields.items():
-        if name in _KINDS and (want := _wrong_kind(name, value)):
-            raise ValueError(f"field 'config.{name}' must be {want}, got {value!r:.60}")
+    if problem := field_problem({k: kind for k, kind in _KINDS.items() if k in fields}, fields, "config"):
+        raise ValueError(problem)
     fields = {**fields, "temperatures": tuple(fields["temperatures"]),
               "extra_positions": tuple(fields["extra_positions"])}
     return GenerateConfig(out_dir=str(out_dir), workers=workers, **fields)
 
 
-# each setting's kind, as JSON gives it back: (what, may be None)
-_KINDS = {"games": (int, False), "games_per_shard": (int, False), "seed": (int, False), "workers": (int, False),
-          "depth": (int, True), "time": (float, True), "multipv": (int, False), "max_plies": (int, False),
-          "random_game_share": (float, False), "random_move_prob": (float, False), "temperatures": (list, False),
-          "illegal_share": (float, False), "short_history_share": (float, False), "eval_per_task": (int, False),
-          "eval_permille": (int, False), "extra_positions": (list, False), "cache_path": (str, True)}
-
-
-def _wrong_kind(name: str, value: object) -> str | None:
-    """What the setting `name` must be where `value` is not of its kind; None where it is."""
-    kind, nullable = _KINDS[name]
-    if value is None and nullable:
-        return None
-
-    def number(v: object, whole: bool = False) -> bool:
-        return isinstance(v, int if whole else (int, float)) and not isinstance(v, bool)
-
-    if name == "temperatures":
-        return None if isinstance(value, list) and all(number(v) for v in value) else "a list of numbers"
-    if name == "extra_positions":
-        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "a list of file names"
-    if kind is str:
-        return None if isinstance(value, str) else "text"
-    return None if number(value, kind is int) else ("an integer" if kind is int else "a number")
+# each setting's JSON type, in `data.io.field_problem`'s terms
+_KINDS = {"games": int, "games_per_shard": int, "seed": int, "workers": int, "depth": (int, None),
+          "time": (float, None), "multipv": int, "max_plies": int, "random_game_share": float, "random_move_prob": float,
+          "temperatures": [float], "illegal_share": float, "short_history_share": float, "eval_per_task": int,
+          "eval_permille": int, "extra_positions": [str], "cache_path": (str, None)}
 
 
 def config_of(gen_dir: str | Path) -> GenerateConfig:

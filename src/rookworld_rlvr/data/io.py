@@ -87,21 +87,21 @@ _TRUTH_FIELDS = {
     "A": {"fen": str, "move": str, "history": str, "new_fen": str, "reward": float, "terminated": bool,
           "truncated": bool},
 }
-_TYPE_NAMES = {str: "a string", float: "a number", bool: "true or false"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
 def _of_type(value, want) -> bool:
-    """`value` is JSON of type `want` (a number is an int or float, never a bool)."""
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """`value` is JSON of type `want` (a number is an int or float, an integer an int; neither is a bool)."""
+    if want in (int, float):
+        return isinstance(value, int if want is int else (int, float)) and not isinstance(value, bool)
     return isinstance(value, want)
 
 
-def _check_truth_fields(task: str, truth: dict) -> None:
-    """Each field of a `task` row's truth is there and of its JSON type, or a FormatError names the first that is
-    not (a list where a move is due, a number where a FEN is: the chess checks after this read them as typed)."""
-    for name, want in _TRUTH_FIELDS[task].items():
-        value = truth.get(name)
+def field_problem(fields: dict, obj: dict, prefix: str) -> str | None:
+    """The first field of the JSON object `obj` that is not of its type in `fields` (a type; [type]: a list of them;
+    (type, None): that type, or null or left out), as "field 'prefix.name' must be ..., got ..."; None if none is."""
+    for name, want in fields.items():
+        value = obj.get(name)
         if isinstance(want, tuple):  # optional
             ok, what = value is None or _of_type(value, want[0]), _TYPE_NAMES[want[0]]
         elif isinstance(want, list):
@@ -110,8 +110,15 @@ def _check_truth_fields(task: str, truth: dict) -> None:
         else:
             ok, what = _of_type(value, want), _TYPE_NAMES[want]
         if not ok:
-            raise FormatError(f"field 'truth.{name}' must be {what}, got "
-                              f"{'nothing' if name not in truth else repr(value)[:80]}")
+            return f"field '{prefix}.{name}' must be {what}, got {'nothing' if name not in obj else repr(value)[:80]}"
+    return None
+
+
+def _check_truth_fields(task: str, truth: dict) -> None:
+    """Each field of a `task` row's truth is there and of its JSON type, or a FormatError names the first that is
+    not (a list where a move is due, a number where a FEN is: the chess checks after this read them as typed)."""
+    if problem := field_problem(_TRUTH_FIELDS[task], truth, "truth"):
+        raise FormatError(problem)
 
 
 def sample_from_row(row: dict) -> Sample:
