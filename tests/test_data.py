@@ -15,6 +15,8 @@ from rookworld_rlvr.data.importer import import_data
 from rookworld_rlvr.data.io import DataError, ReadReport, Sample, iter_samples, read_samples, write_samples
 from rookworld_rlvr.tasks import environment as E
 
+START = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
@@ -64,6 +66,69 @@ def test_generate_with_no_games_labels_the_positions_given_and_nothing_else(tmp_
         assert all(chess.Move.from_uci(m) in chess.Board(s.fen).legal_moves for m in s.truth.moves)
     assert main(["data", "generate", "--out", str(tmp_path / "none"), "--games", "0", "--quiet"]) == 1
     assert "games 0 with extra_positions: those positions labelled alone" in capsys.readouterr().err
+
+
+def test_positions_from_pgn_games_are_those_before_each_move_and_names_in_latin_1_do_no_harm(tmp_path, stockfish_path):
+    """`--positions` of a PGN (gzip too): the position before every move of every game's main line, each once; an
+    old database's player names in Latin-1 are not read."""
+    import chess
+
+    from rookworld_rlvr.data.generate import read_extra_positions
+    from rookworld_rlvr.tasks.environment import fen_of
+
+    pgn = b'[Event "a"]\n[White "M\xfcller"]\n\n1. e4 e5 (1... c5) 2. Nf3 *\n\n[Event "b"]\n\n1. d4 c5 *\n'
+    (tmp_path / "g.pgn.gz").write_bytes(gzip.compress(pgn))
+    def after(*moves: str) -> str:
+        board = chess.Board()
+        for m in moves:
+            board.push_san(m)
+        return fen_of(board)
+
+    want = [after(), after("e4"), after("e4", "e5"), after("d4")]  # the main lines' positions, each once
+    assert read_extra_positions((str(tmp_path / "g.pgn.gz"),)) == want
+    out = tmp_path / "gen"
+    assert main(["data", "generate", "--out", str(out), "--games", "0", "--workers", "1", "--depth", "5",
+                 "--positions", str(tmp_path / "g.pgn.gz"), "--quiet"]) == 0
+    rows = read_samples(out / "train.jsonl.gz") + read_samples(out / "eval.jsonl.gz")
+    assert sorted(s.fen for s in rows) == sorted(want)
+
+
+@pytest.mark.parametrize("name,text,why", [
+    ("f.txt", "# openings\n" + START + "\n\n8/8/8/8/8/8/8/8 w - - 0 1\n",
+     "f.txt:4: invalid FEN '8/8/8/8/8/8/8/8 w - - 0 1': not a legal position (no white king, no black king, empty)"),
+    ("f.txt", START + "\nnot a fen\n", "f.txt:2: invalid FEN 'not a fen'"),
+    ("f.txt", b"\xff\xfe\n", "f.txt:1: not valid UTF-8 text"),
+    ("f.txt", "# nothing\n", "f.txt: holds no position"),
+    ("f.txt.gz", b"cut", "f.txt.gz: cannot be read"),
+    ("dir", None, "dir: is a directory, not a PGN or FEN file"),
+    ("f.pgn", '[Event "a"]\n\n1. e4 *\n\n\n[Event "b"]\n\n1. e4 e5 2. Kf7 *\n',
+     "f.pgn:6: game 2: illegal san: 'Kf7' in "),
+    ("f.pgn", '[Event "a"]\n[FEN "8/8/8/8/8/8/8/8 w - - 0 1"]\n\n1. e4 *\n',
+     "f.pgn:1: game 1: its set-up position '8/8/8/8/8/8/8/8 w - - 0 1' is not a legal one (no white king"),
+    ("f.pgn", '[Event "a"]\n[FEN "garbage"]\n\n1. e4 *\n', "f.pgn:1: game 1: expected 8 rows"),
+    ("f.pgn", '[Event "a"]\n[Variant "Atomic"]\n\n1. e4 *\n',
+     "f.pgn:1: game 1: a game of Atomic: only standard chess is labelled"),
+    ("f.pgn", "hello world\n", "f.pgn: holds no position (no game with a move)"),
+], ids=["no-kings", "bad-fen", "not-utf8", "no-position", "not-gzip", "directory", "pgn-illegal-move",
+        "pgn-setup-no-kings", "pgn-setup-garbage", "pgn-variant", "pgn-no-game"])
+def test_a_bad_positions_file_stops_generate_before_any_game_naming_file_and_line(name, text, why, tmp_path,
+                                                                                   stockfish_path, monkeypatch, capsys):
+    """`data generate --positions F` reads F whole before its games (hours of Stockfish): a line that is no legal
+    position, a game python-chess cannot read or of a variant, a file without a position, not text or not there
+    is one line naming it, and no game is played. Before, F was read after the games, its errors without file or
+    line, or a traceback, an illegal move in a PGN logged and the game cut there, and a file of no position
+    labelled nothing without a word."""
+    monkeypatch.chdir(tmp_path)
+    if text is None:
+        Path(name).mkdir()
+    else:
+        (Path(name).write_text if isinstance(text, str) else Path(name).write_bytes)(text)
+    Path("ok.txt").write_text(START + "\n")
+    assert main(["data", "generate", "--out", "gen", "--games", "2", "--workers", "1", "--depth", "3",
+                 "--max-plies", "4", "--positions", "ok.txt", name, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {why}") and err.count("\n") == 1, err
+    assert not list(Path().glob("gen/.shards/shard_*")), "a game was played"
 
 
 def test_generated_a_rows_start_at_the_first_move_and_come_with_every_history_length(generated):
@@ -561,6 +626,30 @@ def test_positions_of_reads_the_match_openings():
 
     fens = read_openings(REPO / "data" / "openings.txt")
     assert positions_of(REPO / "data" / "openings.txt") == set(fens) and len(fens) == 100
+
+
+@pytest.mark.parametrize("name,text,why", [
+    ("held.txt", START + "\nP: " + START + "\n", "held.txt:2: invalid FEN 'P: rnbqkbnr"),
+    ("held.txt", b"\xff\n", "held.txt:1: not valid UTF-8 text"),
+    ("held", None, "held: is a directory, not a data file"),
+    ("held.jsonl", None, "held.jsonl: is a directory, not a data file"),
+    ("gone.txt", "", "gone.txt: no such file"),
+], ids=["not-a-fen", "not-utf8", "directory", "jsonl-directory", "missing"])
+def test_an_exclude_file_that_cannot_be_read_whole_is_a_clear_error_and_nothing_is_written(
+        name, text, why, generated, tmp_path, monkeypatch, capsys):
+    """`--exclude` keeps held-out positions out of a training set: a line of its FEN list that is no FEN would have
+    been taken as a position and left nothing out, without a word (and a folder or a missing file was a
+    traceback). Now one line names the file and line, and no training set is written."""
+    cfg, _ = generated
+    monkeypatch.chdir(tmp_path)
+    if text is None:
+        Path(name).mkdir()
+    elif name != "gone.txt":
+        (Path(name).write_text if isinstance(text, str) else Path(name).write_bytes)(text)
+    assert main(["data", "merge", f"{cfg.out_dir}/train.jsonl.gz", "--out", "more.jsonl", "--exclude", name]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {why}") and err.count("\n") == 1, err
+    assert not Path("more.jsonl").exists()
 
 
 def test_near_misses_are_the_illegal_moves_a_model_writes_sorted_by_kind():

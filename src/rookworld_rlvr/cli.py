@@ -164,8 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="softmax temperatures (pawns) over Stockfish's top 5 that engine games draw from")
     g.add_argument("--eval-per-task", type=int, default=1000, help="held-out samples per task at most in "
                                                                    "eval.jsonl.gz (default 1000)")
-    g.add_argument("--positions", nargs="*", help="extra PGN or FEN-per-line files, each position labelled as a P: "
-                                                  "sample (with --games 0: those alone)")
+    g.add_argument("--positions", nargs="*", help="extra PGN (.pgn, .pgn.gz, .pgn.xz: the position before each move of "
+                                                  "each game) or FEN-per-line files, read whole before any game, each "
+                                                  "position labelled as a P: sample (with --games 0: those alone; one "
+                                                  "without a legal move is not)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, about, source, out in (
             ("record", "a finished generation's Stockfish answers as a small game record (xz): `data replay` makes "

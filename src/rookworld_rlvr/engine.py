@@ -116,15 +116,20 @@ def score_to_pawns(score: chess.engine.Score) -> float:
     return round(score.score(mate_score=MATE_SCORE) / 100, 2)
 
 
-def _parse_board(fen: str) -> chess.Board:
-    """A valid standard-chess board, or ValueError naming the FEN (bad FENs crash engines)."""
+def parse_board(fen: str) -> chess.Board:
+    """A valid standard-chess board, or ValueError naming the FEN and what is wrong (bad FENs crash engines)."""
     try:
         board = chess.Board(fen)
     except ValueError as exc:
         raise ValueError(f"invalid FEN {fen!r}: {exc}") from None
     if not board.is_valid():
-        raise ValueError(f"invalid FEN {fen!r}: position status {board.status()!r}")
+        raise ValueError(f"invalid FEN {fen!r}: not a legal position ({faults(board)})")
     return board
+
+
+def faults(board: chess.Board) -> str:
+    """What makes a position illegal, in words: `no white king, opposite check`."""
+    return ", ".join(f.name.lower().replace("_", " ") for f in chess.Status if f and f in board.status())
 
 
 def _parse_move(board: chess.Board, move: str, fen: str) -> chess.Move:
@@ -301,7 +306,7 @@ class StockfishPool:
         """`value(board, fen)` of each FEN, cached under `kind` and the normalised FEN (irrelevant
         en-passant squares dropped); duplicates computed once; None where the game is over."""
         self._check_open()
-        boards = [_parse_board(fen) for fen in fens]
+        boards = [parse_board(fen) for fen in fens]
         keys = [f"{kind}|{b.fen()}|{self._limits_key}" if any(b.legal_moves) else None for b in boards]
         jobs: dict[str, Callable[[], T]] = {}
         for fen, board, key in zip(fens, boards, keys):
@@ -348,7 +353,7 @@ class StockfishPool:
         self._check_open()
         keys, jobs = [], {}
         for fen, move in pairs:
-            board = _parse_board(fen)
+            board = parse_board(fen)
             parsed = _parse_move(board, move, fen)
             key = f"M|{board.fen()}|{parsed.uci()}|{self._limits_key}"
             keys.append(key)

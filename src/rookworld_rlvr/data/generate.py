@@ -14,7 +14,9 @@ and nothing of the model or trainer.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import lzma
 import math
 import multiprocessing as mp
 import random
@@ -26,8 +28,9 @@ from typing import Iterator
 import chess
 import chess.pgn
 
-from rookworld_rlvr.data.io import Sample, atomic_write_text, field_problem, iter_samples, write_samples
-from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool
+from rookworld_rlvr.data.io import (DataError, Sample, atomic_write_text, field_problem, iter_samples, open_text,
+                                    text_lines, write_samples)
+from rookworld_rlvr.engine import Analysis, EngineConfig, StockfishPool, faults, parse_board
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks.policy import PolicyTruth
@@ -162,26 +165,85 @@ def play_game(game_id: int, cfg: GenerateConfig, pool: StockfishPool) -> list[Sa
     return out + list(short_history_copies(out, cfg.short_history_share, short))
 
 
-def extra_fens(paths: tuple[str, ...]) -> Iterator[str]:
-    """Positions from PGN files (every position of every game) and FEN-per-line files."""
-    for p in paths:
-        if p.endswith(".pgn"):
-            with open(p, encoding="utf-8") as fh:
-                while (game := chess.pgn.read_game(fh)) is not None:
-                    board = game.board()
-                    for mv in game.mainline_moves():
-                        yield env_task.fen_of(board)
-                        board.push(mv)
-        else:
-            with open(p, encoding="utf-8") as fh:
-                for n, line in enumerate(fh, 1):
-                    fen = line.split("\t")[0].strip().removeprefix("P: ")
-                    if fen:
-                        try:
-                            chess.Board(fen)
-                        except ValueError as e:
-                            raise ValueError(f"{p}:{n}: bad FEN {fen!r}: {e}") from None
-                        yield fen
+class _CountedLines:
+    """A text file's `readline` that counts lines, and where the latest game began (python-chess's PGN reader
+    reads a game by `readline` alone): a game's error names its line."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.lineno, self.start = fh, 0, 0
+
+    def readline(self) -> str:
+        line = self.fh.readline()
+        self.lineno += bool(line)
+        if not self.start and line.strip() and not line.startswith(("%", ";")):
+            self.start = self.lineno
+        return line
+
+
+class _Collected(chess.pgn.GameBuilder):
+    """python-chess's game builder keeping a game's errors without logging them: the error names its file."""
+
+    def handle_error(self, error: Exception) -> None:
+        self.game.errors.append(error)
+
+
+def _pgn_positions(path: Path) -> Iterator[tuple[int, str]]:
+    """(line where its game begins, FEN) of the position before every move of every game's main line; a game
+    python-chess reads with an error (an illegal move, a set-up position that is none) or of a variant is a
+    DataError naming the file, line and game. Names in another encoding than UTF-8 do no harm: they are not read."""
+    with open_text(path) as fh:
+        lines = _CountedLines(fh)
+        for number in itertools.count(1):
+            lines.start = 0
+            if (game := chess.pgn.read_game(lines, Visitor=_Collected)) is None:
+                return
+            where = f"{path}:{lines.start}: game {number}"
+            try:
+                board = game.board()
+            except ValueError as e:
+                raise DataError(f"{where}: {e}") from None
+            if type(board) is not chess.Board or board.chess960:
+                raise DataError(f"{where}: a game of {game.headers.get('Variant', 'Chess960')}: only standard chess "
+                                "is labelled")
+            if not board.is_valid():
+                raise DataError(f"{where}: its set-up position {board.fen()!r} is not a legal one ({faults(board)})")
+            if game.errors:
+                raise DataError(f"{where}: {game.errors[0]}")
+            for mv in game.mainline_moves():
+                yield lines.start, env_task.fen_of(board)
+                board.push(mv)
+
+
+def _fen_positions(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, FEN) of a FEN-a-line file (the first tab-separated field, `P: ` before it allowed; '#' comments)."""
+    for lineno, text in text_lines(path):
+        fen = text.split("\t")[0].strip().removeprefix("P: ")
+        try:
+            parse_board(fen)
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: {e}") from None
+        yield lineno, fen
+
+
+def read_extra_positions(paths: tuple[str, ...]) -> list[str]:
+    """The positions of `extra_positions` files (PGN: every position of every game; otherwise a FEN a line), each
+    once, in order: read whole before any game is played, so that a bad line stops the command before its hours
+    of Stockfish. A file that holds no position is an error too (a position without a legal move counts as one,
+    and is not labelled)."""
+    out: dict[str, None] = {}
+    for p in map(Path, paths):
+        if p.is_dir():
+            raise DataError(f"{p}: is a directory, not a PGN or FEN file")
+        pgn = p.name.removesuffix(p.suffix if p.suffix in (".gz", ".xz") else "").endswith(".pgn")
+        read = 0
+        try:
+            for read, (_, fen) in enumerate((_pgn_positions if pgn else _fen_positions)(p), 1):
+                out.setdefault(fen)
+        except (OSError, EOFError, lzma.LZMAError) as e:
+            raise DataError(f"{p}: cannot be read ({type(e).__name__}: {e}); a truncated or corrupt file?") from None
+        if not read:
+            raise DataError(f"{p}: holds no position" + (" (no game with a move)" if pgn else ""))
+    return list(out)
 
 
 def _shard_path(cfg: GenerateConfig, shard: int) -> Path:
@@ -255,6 +317,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
     """Run (or resume) generation and write train/eval files; returns a summary. With `replay` (a game
     record of the same configuration, `data.records`), the engine's answers come from it: no Stockfish."""
     cfg.validate()
+    extra = read_extra_positions(cfg.extra_positions)
     from tqdm import tqdm
 
     t0 = time.time()
@@ -286,10 +349,10 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
         # 100 s in one process
         shards = workers.map(_read_shard, [_shard_path(cfg, sh) for sh in range(n_shards)], chunksize=4)
     samples = [s for shard in shards for s in shard]
-    if cfg.extra_positions:
+    if extra:
         with StockfishPool(cfg.engine_config(workers=cfg.workers)) as pool:
             rng = random.Random(f"{cfg.seed}:extra")
-            for a in pool.analyse_many(list(dict.fromkeys(extra_fens(cfg.extra_positions))), progress=progress):
+            for a in pool.analyse_many(extra, progress=progress):
                 if (p := _policy_sample(a, rng)) is not None:
                     samples.append(p)
     summary = write_splits(samples, cfg)

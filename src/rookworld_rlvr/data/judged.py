@@ -20,8 +20,8 @@ from typing import Callable, Iterable, TypeVar
 
 import chess
 
-from rookworld_rlvr.data.io import (DataError, atomic_write_text, iter_samples, json_object, open_text, read_samples,
-                                    text_lines)
+from rookworld_rlvr.data.io import (DataError, atomic_write_text, data_lines, iter_samples, json_object, open_text,
+                                    read_samples, text_lines)
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, could_be_tactic, is_legal, mates,
                                            mating_moves, tactic_of)
@@ -168,9 +168,10 @@ def positions_of(path: str | Path) -> set[str]:
     mate-in-one file's FENs. The kind is read from the first row."""
     path = Path(path)
     if str(path).endswith((".tsv", ".txt")):
-        if _fen_lines(path):  # `rookworld data openings`: a FEN a line
-            return set(_fen_lines(path))
-        return {p.fen for p in read_puzzles(path)}
+        lines = list(text_lines(path))
+        if any("\t" in text for _, text in lines):  # mates in one: `FEN<TAB>moves`
+            return {p.fen for p in read_puzzles(path)}
+        return {_listed_fen(path, lineno, text) for lineno, text in lines}  # `rookworld data openings`: a FEN a line
     first = _first_row(path)
     if "solutions" in first:
         return {p.fen for p in read_puzzles(path)}
@@ -189,20 +190,21 @@ def positions_of_files(paths: Iterable[str | Path] | None) -> set[str]:
     return set().union(*(positions_of(p) for p in paths or ()))
 
 
-def _fen_lines(path: Path) -> list[str]:
-    """The FENs of a FEN-a-line file (comments start with #); [] when its lines hold tabs (puzzles)."""
-    with open_text(path) as fh:
-        lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
-    return [] if any("\t" in ln for ln in lines) else lines
+def _listed_fen(path: Path, lineno: int, text: str) -> str:
+    """A line of a FEN list, which must be a position: a line that is none would leave nothing out without a word."""
+    from rookworld_rlvr.engine import parse_board
+
+    try:
+        parse_board(text)
+    except ValueError as e:
+        raise DataError(f"{path}:{lineno}: {e}") from None
+    return text
 
 
 def _first_row(path: Path) -> dict:
-    if not path.exists():
-        raise DataError(no_such_file(path))
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip() and not line.lstrip().startswith("#"):
-                return json_object(path, lineno, line)
+    for lineno, line in data_lines(path):
+        if not line.lstrip().startswith("#"):
+            return json_object(path, lineno, line)
     return {}
 
 
