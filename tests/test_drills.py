@@ -435,7 +435,8 @@ def test_sft_without_stockfish_fails_before_the_first_step(tmp_path, small_data,
 
 
 def test_the_engine_cache_key_names_the_engine(tmp_path, stockfish_path):
-    """Two engines that answer `uci` with different names never share cached analyses."""
+    """Two engines that answer `uci` with different names never share cached analyses; one that answers
+    without its name is known by its file."""
     from rookworld_rlvr.engine import EngineConfig, StockfishPool
 
     from rookworld_rlvr.engine import engine_identity
@@ -444,10 +445,10 @@ def test_the_engine_cache_key_names_the_engine(tmp_path, stockfish_path):
     fake.write_text("#!/bin/sh\necho 'id name Fakefish 0.1'\necho uciok\n")
     fake.chmod(0o755)
     assert engine_identity(str(fake)) == "Fakefish 0.1"
-    mute = tmp_path / "mute"
-    mute.write_text("#!/bin/sh\ncat >/dev/null\n")
-    mute.chmod(0o755)
-    assert engine_identity(str(mute)).startswith(f"unnamed engine {mute} (")
+    nameless = tmp_path / "nameless"
+    nameless.write_text("#!/bin/sh\necho uciok\ncat >/dev/null\n")
+    nameless.chmod(0o755)
+    assert engine_identity(str(nameless)).startswith(f"unnamed engine {nameless} (")
     cache = str(tmp_path / "engine.sqlite")
     with StockfishPool(EngineConfig(path=stockfish_path, depth=4, workers=1, cache_path=cache)) as pool:
         assert pool.identity.startswith("Stockfish")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import logging
 import os
 import signal
 import sqlite3
@@ -94,6 +95,25 @@ def test_find_stockfish_prefers_explicit_path_then_env(monkeypatch):
     assert os.access(find_stockfish(), os.X_OK)  # /usr/games fallback
     monkeypatch.setenv("STOCKFISH_PATH", STOCKFISH)
     assert find_stockfish() == STOCKFISH
+
+
+@pytest.mark.parametrize("script,why", [
+    ("exit 0", "no `uciok` to `uci` (it exited with code 0)"),
+    ("echo 'usage: tool FILE' >&2; exit 2", "no `uciok` to `uci` (it exited with code 2: usage: tool FILE)"),
+    ("echo 'id name Half 1'; cat >/dev/null", "no `uciok` to `uci` (it exited with code 0: id name Half 1)"),
+    ("exec sleep 60", "no `uciok` to `uci` within 1.0 s"),
+], ids=["exits", "another-program", "no-uciok", "mute"])
+def test_a_program_that_does_not_answer_uci_is_refused_when_the_pool_is_made(tmp_path, script, why):
+    """STOCKFISH_PATH naming another program (or a broken binary) is said when the pool is made, naming it and
+    what it did. Before, it was taken (as an engine without a name), and each search failed after its retries,
+    blamed on the position: `rookworld train` judged its base's held-out answers for a minute, then stopped with
+    `Stockfish failed on FEN ... after 3 attempts`."""
+    fake = tmp_path / "notfish"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    with pytest.raises(StockfishNotFound) as info:
+        StockfishPool(EngineConfig(path=str(fake), timeout=1.0))
+    assert str(info.value).startswith(f"{fake} does not answer as a UCI engine: {why}")
 
 
 def test_missing_binary_raises_with_install_hint(monkeypatch, tmp_path):
@@ -418,8 +438,8 @@ def test_hung_engine_times_out_is_killed_and_restarted(reference):
 
 
 def test_engine_that_keeps_failing_raises_engine_error_with_the_fen(tmp_path):
-    fake = tmp_path / "broken-engine"
-    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake = tmp_path / "broken-engine"  # answers `uci`, then dies
+    fake.write_text("#!/bin/sh\nread line\necho uciok\nexit 3\n")
     fake.chmod(0o755)
     with StockfishPool(config(path=str(fake), retries=1, timeout=2.0)) as pool:
         with pytest.raises(EngineError, match="after 2 attempts") as info:
@@ -464,3 +484,39 @@ def test_interpreter_exit_closes_a_pool_nobody_closed():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["pids: 2", "alive: []"], done.stdout
+
+
+def test_a_call_still_waiting_when_the_loop_stops_ends_at_once_without_a_traceback(caplog):
+    """A search still waiting when its pool closes (another search's error ended the run) is cancelled: its thread
+    stops waiting at once, and nothing is reported. Before, it waited out its timeout (the engine's 30 s, at the
+    process's exit), then cancelling it on the closed loop printed asyncio's `Event loop is closed` traceback, and
+    the task left pending was reported as destroyed, under the run's error."""
+    import asyncio
+    import concurrent.futures
+    import gc
+    import threading
+    import time
+
+    from rookworld_rlvr.engine_process import Loop
+
+    loop, raised = Loop(), []
+
+    def wait() -> None:
+        try:
+            loop.run(asyncio.sleep(30), timeout=20.0)
+        except BaseException as e:  # noqa: BLE001 (what the waiting thread sees)
+            raised.append((e, time.monotonic()))
+
+    waiting = threading.Thread(target=wait)
+    with caplog.at_level(logging.ERROR):
+        waiting.start()
+        while not asyncio.all_tasks(loop.loop):
+            time.sleep(0.01)
+        stopped = time.monotonic()
+        loop.stop()
+        waiting.join(10)
+        del loop
+        gc.collect()
+    assert len(raised) == 1 and isinstance(raised[0][0], concurrent.futures.CancelledError)
+    assert raised[0][1] - stopped < 10, "the thread waited out its timeout"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

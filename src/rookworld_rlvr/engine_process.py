@@ -47,7 +47,7 @@ _INSTALL_HINT = (
 
 
 class StockfishNotFound(RuntimeError):
-    """The Stockfish executable could not be located."""
+    """No Stockfish to use: the executable could not be located, or it does not answer as a UCI engine."""
 
 
 def _executable(path: str) -> str | None:
@@ -63,16 +63,26 @@ def _executable(path: str) -> str | None:
 @functools.lru_cache(maxsize=None)
 def engine_identity(path: str, timeout: float = 30.0) -> str:
     """The engine's UCI `id name` ("Stockfish 16.1"): its analyses are cached under it, so another
-    version's cached answers are never taken for this one's. A binary that does not say its name
-    is known by its path, size and modification time instead (its searches then fail, or not, as
-    the pool's restarts and retries decide)."""
+    version's cached answers are never taken for this one's. An engine that answers `uciok` without
+    its name is known by its path, size and modification time instead. A program that does not answer
+    `uci` at all (another program at STOCKFISH_PATH, a broken binary) is StockfishNotFound, said at once:
+    its every search would fail, each after its retries, and only where a search is first needed."""
     try:
-        done = subprocess.run([path], input="uci\nquit\n", capture_output=True, text=True, timeout=timeout)
-        for line in done.stdout.splitlines():
-            if line.startswith("id name "):
-                return line[len("id name "):].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+        done = subprocess.run([path], input="uci\nquit\n", capture_output=True, text=True, errors="replace",
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise StockfishNotFound(f"{path} does not answer as a UCI engine: no `uciok` to `uci` within {timeout} s. "
+                                f"{_INSTALL_HINT}") from None
+    except OSError as e:
+        raise StockfishNotFound(f"{path} cannot be run ({e.strerror or e}). {_INSTALL_HINT}") from None
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    if "uciok" not in lines:
+        said = next((ln for ln in (done.stderr + "\n" + done.stdout).splitlines() if ln.strip()), "")
+        raise StockfishNotFound(f"{path} does not answer as a UCI engine: no `uciok` to `uci` (it exited with code "
+                                f"{done.returncode}{': ' + said.strip()[:200] if said else ''}). {_INSTALL_HINT}")
+    for line in lines:
+        if line.startswith("id name "):
+            return line[len("id name "):].strip()
     st = os.stat(path)
     return f"unnamed engine {path} ({st.st_size} bytes, modified {st.st_mtime_ns})"
 
@@ -130,12 +140,27 @@ class Loop:
         try:
             return future.result(timeout)
         except BaseException:
-            future.cancel()
+            if not self.loop.is_closed():  # (a closed loop runs nothing more: its cancel would be a traceback)
+                future.cancel()
             raise
 
     def stop(self) -> None:
+        """Cancel what still runs (a search another thread waits on: it stops waiting at once, and no task is left
+        pending to be reported when the closed loop is collected), then stop and close the loop."""
         if self.loop.is_closed():
             return
+
+        async def cancel_pending() -> None:
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_pending(), self.loop).result(5.0)
+        except (concurrent.futures.TimeoutError, RuntimeError):  # a loop that no longer runs
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5.0)
         if not self._thread.is_alive():
