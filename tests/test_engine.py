@@ -107,13 +107,17 @@ def test_a_program_that_does_not_answer_uci_is_refused_when_the_pool_is_made(tmp
     """STOCKFISH_PATH naming another program (or a broken binary) is said when the pool is made, naming it and
     what it did. Before, it was taken (as an engine without a name), and each search failed after its retries,
     blamed on the position: `rookworld train` judged its base's held-out answers for a minute, then stopped with
-    `Stockfish failed on FEN ... after 3 attempts`."""
+    `Stockfish failed on FEN ... after 3 attempts`. A match's Stockfish player alike (was `EngineTerminatedError`)."""
+    from rookworld_rlvr.play import StockfishPlayer
+
     fake = tmp_path / "notfish"
     fake.write_text(f"#!/bin/sh\n{script}\n")
     fake.chmod(0o755)
     with pytest.raises(StockfishNotFound) as info:
         StockfishPool(EngineConfig(path=str(fake), timeout=1.0))
     assert str(info.value).startswith(f"{fake} does not answer as a UCI engine: {why}")
+    with pytest.raises(StockfishNotFound, match="does not answer as a UCI engine"):  # `rookworld match stockfish`
+        StockfishPlayer(path=str(fake), timeout=1.0)
 
 
 def test_missing_binary_raises_with_install_hint(monkeypatch, tmp_path):

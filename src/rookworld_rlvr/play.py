@@ -64,13 +64,15 @@ class StockfishPlayer:
     error, never a match that waits forever."""
 
     def __init__(self, skill: int = 0, depth: int = 1, path: str | None = None, timeout: float = 30.0) -> None:
-        from rookworld_rlvr.engine import find_stockfish
+        from rookworld_rlvr.engine import engine_identity, find_stockfish
 
         if not 0 <= skill <= 20 or depth < 1 or not timeout > 0:
             raise ValueError(f"stockfish player: skill must be in 0..20, depth >= 1 and timeout > 0, got {skill}, "
                              f"{depth}, {timeout}")
         self.name = f"stockfish:{skill}:{depth}"
-        self._engine = chess.engine.SimpleEngine.popen_uci(find_stockfish(path), timeout=timeout)
+        path = find_stockfish(path)
+        engine_identity(path, timeout)  # a program that is no UCI engine is said by name (StockfishNotFound)
+        self._engine = chess.engine.SimpleEngine.popen_uci(path, timeout=timeout)
         try:
             self._engine.configure({"Skill Level": skill, "Threads": 1, "Hash": 16})
         except BaseException:
