@@ -2,6 +2,7 @@
 disabled, only adapters train, checkpoints are merged plain transformers models."""
 
 import json
+import re
 import shutil
 import sys
 
@@ -187,6 +188,26 @@ def test_adapters_on_a_tied_layer_are_refused(tmp_path, tiny_model_dir, small_da
     (other / "config.json").write_text(json.dumps({"model_type": "t5"}))
     assert dry_run(load_config(None, {**fields, "model": str(other)}), out=said.append) == 1
     assert f"error: model: {other}: its config.json makes no causal language model" in said[-1]
+
+
+@pytest.mark.parametrize("targets,why", [
+    ("c_attn,c_fcc", "'c_fcc' names no module of the model (those that take adapters: c_attn, c_fc, c_proj, lm_head, "
+                     "wpe, wte)"),
+    ("h.0.attn.c_attn", "'h.0.attn.c_attn' names no module of the model"),
+    ("c_attn,ln_1", "'ln_1' names a LayerNorm, which takes no adapter (those that do: c_attn,"),
+], ids=["misspelt", "dotted-path", "layer-norm"])
+def test_a_target_that_names_no_module_taking_adapters_is_refused(tmp_path, tiny_model_dir, small_data, targets, why):
+    """peft adapts what any name of the list matches and drops the others without a word: `c_attn,c_fcc` trained
+    adapters on c_attn alone. Now each name must be the last part of modules that take adapters: the run and
+    `--dry-run` stop with one line naming it and listing those that do."""
+    with pytest.raises(ValueError, match="config field 'lora_targets': " + re.escape(why)):
+        lora_trainer(tmp_path, tiny_model_dir, small_data, lora_targets=targets)
+    from rookworld_rlvr.grpo.dryrun import dry_run
+
+    said: list[str] = []
+    fields = {**make_fields(tmp_path, tiny_model_dir, small_data), **LORA, "lora_targets": targets}
+    assert dry_run(load_config(None, fields), out=said.append) == 1
+    assert f"error: config field 'lora_targets': {why}" in said[-1]
 
 
 def test_old_policy_pass_on_packed_base_weights_keeps_the_adapters(trained):

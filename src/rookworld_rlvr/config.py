@@ -134,7 +134,7 @@ class TrainConfig:
     lora_r: int = _f(0, "LoRA rank: train low-rank adapters instead of every weight (0 = off, full fine-tuning; needs peft). "
                         "The reference is the base with adapters disabled; checkpoints are saved merged")
     lora_alpha: float = _f(16.0, "LoRA scale numerator: adapter output x lora_alpha / lora_r")
-    lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names that get adapters (GPT-2: c_attn,c_proj,c_fc; a weight tied to another module, like lm_head, is refused)")
+    lora_targets: str = _f("c_attn,c_proj,c_fc", "comma-separated module names (a name's last part) that get adapters (GPT-2: c_attn,c_proj,c_fc; a name that matches no module taking adapters, or a weight tied to another module, like lm_head, is refused)")
     # -- GRPO loss ------------------------------------------------------------------------------
     loss_type: str = _f("grpo", "how token losses are averaged: grpo (each completion's token mean, then the mean over "
                                 "completions) | bnpo (token mean of the batch) | dr_grpo (token sum / (completions x the "

@@ -120,9 +120,9 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
         out(f"model: {cfg.model} ({cfg_json.get('model_type', '?')}, {cfg_json.get('n_layer', '?')} layers x "
             f"{cfg_json.get('n_embd', '?')}, context {cfg_json.get('n_positions', '?')})")
         if cfg.lora_r:
-            from rookworld_rlvr.grpo.lora import tied_target_problem
+            from rookworld_rlvr.grpo.lora import target_problem
 
-            if problem := tied_target_problem(cfg.model, cfg):
+            if problem := target_problem(cfg.model, cfg):
                 problems.append(problem)
     elif why := hub.not_asked():
         if hub.cached(cfg.model):

@@ -33,7 +33,7 @@ def wrap_lora(model, cfg: TrainConfig):
     from transformers.pytorch_utils import Conv1D
 
     targets = lora_targets(cfg)
-    check_untied_lora(model, targets)
+    check_lora_targets(model, targets)
     conv1d = any(isinstance(m, Conv1D) for name, m in model.named_modules() if name.split(".")[-1] in targets)
     lora = peft().LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
                              fan_in_fan_out=conv1d, task_type="CAUSAL_LM")  # GPT-2's Conv1D stores weights transposed
@@ -48,11 +48,27 @@ def lora_targets(cfg: TrainConfig) -> list[str]:
     return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
 
 
-def check_untied_lora(model, targets: list[str]) -> None:
-    """Adapters on a weight that two modules share (GPT-2 ties lm_head to wte) cannot be merged:
-    the merged checkpoint (and the merged sampler) would change both ends. Refused on the plain
-    model, before peft wraps it (and warns of it twice). Tied weights are one Parameter object, so
-    a skeleton on the meta device (no weights: `--dry-run`) is checked the same."""
+def check_lora_targets(model, targets: list[str]) -> None:
+    """Each target must name (as a module name's last part) modules that take adapters: given a list, peft
+    adapts what any name matches and drops the names that match nothing without a word (`c_attn,c_fcc` trained
+    c_attn alone). Adapters on a weight that two modules share (GPT-2 ties lm_head to wte) cannot be merged:
+    the merged checkpoint (and the merged sampler) would change both ends. Refused on the plain model, before
+    peft wraps it (and warns of it twice). Tied weights are one Parameter object, so a skeleton on the meta
+    device (no weights: `--dry-run`) is checked the same."""
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, Conv1D)  # peft's kinds that a GPT-2 holds
+    kinds: dict[str, set[str]] = {}
+    for name, m in model.named_modules():
+        kinds.setdefault(name.split(".")[-1], set()).add("" if isinstance(m, adaptable) else type(m).__name__)
+    takes = ", ".join(sorted(n for n, k in kinds.items() if "" in k))
+    for target in targets:
+        if target not in kinds:
+            raise ValueError(f"config field 'lora_targets': {target!r} names no module of the model (those that take "
+                             f"adapters: {takes})")
+        if other := sorted(kinds[target] - {""}):
+            raise ValueError(f"config field 'lora_targets': {target!r} names a {other[0]}, which takes no adapter "
+                             f"(those that do: {takes})")
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name.removesuffix(".weight"))
@@ -64,8 +80,8 @@ def check_untied_lora(model, targets: list[str]) -> None:
                              "be merged into a plain checkpoint (use c_attn,c_proj,c_fc)")
 
 
-def tied_target_problem(model_dir: str, cfg: TrainConfig) -> str | None:
-    """`check_untied_lora`'s refusal for the model in `model_dir`, from its config.json alone (no weights read)."""
+def target_problem(model_dir: str, cfg: TrainConfig) -> str | None:
+    """`check_lora_targets`' refusal for the model in `model_dir`, from its config.json alone (no weights read)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -75,7 +91,7 @@ def tied_target_problem(model_dir: str, cfg: TrainConfig) -> str | None:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__  # (transformers lists every model type after)
         return f"model: {model_dir}: its config.json makes no causal language model ({first})"
     try:
-        check_untied_lora(skeleton, lora_targets(cfg))
+        check_lora_targets(skeleton, lora_targets(cfg))
     except ValueError as e:
         return str(e)
     return None
