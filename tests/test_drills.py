@@ -371,6 +371,10 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
     ("curriculum: {P: 7}\n", "bad.yaml:1: config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
     ("kl_coef: yes\n", "bad.yaml:1: config field 'kl_coef' needs a number, got True"),
     ("steps: [1\nlr: 2\n", "bad.yaml:2:3: not valid YAML"),
+    # a key set twice: PyYAML kept the last without a word, so an edit of the first did nothing
+    ("lr: 1e-5\nsteps: 3\nlr: 3e-5\n", "bad.yaml:3:1: not valid YAML: 'lr' is set twice (first on line 1)"),
+    ("phases:\n  - {start: 0, temperature: 1.0, temperature: 0.5}\n",
+     "bad.yaml:2:34: not valid YAML: 'temperature' is set twice (first on line 2)"),
     ("# a preset\nsteps: 3\n\nkl_coef: -1\n", "bad.yaml:4: config field 'kl_coef' must be >= 0 (got -1.0)"),
     ("steps: 3\npolicy_weights:\n  format: -1\n", "bad.yaml:2: reward.policy_weights: weights must be finite"),
     ("env_weights: {next_state: x}\n", "bad.yaml:1: reward.env_weights: weights must be finite numbers >= 0"),
@@ -394,6 +398,26 @@ def test_a_directory_given_as_a_config_or_search_space_is_one_error_line(tmp_pat
     assert capsys.readouterr().err.strip().endswith(f"error: config file {tmp_path}: a directory, not a YAML file")
     assert main(["sweep", "--space", str(tmp_path), "--dry-run"]) == 1
     assert capsys.readouterr().err.strip().endswith(f"error: search space {tmp_path}: a directory, not a YAML file")
+
+
+def test_a_key_set_twice_in_a_search_space_or_an_option_value_is_named_and_a_merge_may_override(tmp_path, capsys):
+    """A sweep's search space holding a parameter twice (the first was searched never), and a mapping given on the
+    command line holding a setting twice, are one line naming them; a key written beside a YAML merge (`<<: *base`)
+    overrides the merged one, as YAML means."""
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.config import coerce
+    from rookworld_rlvr.yaml_text import load_file
+
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  lr: {choices: [1e-5]}\n  kl_coef: {choices: [0.0]}\n  lr: {choices: [2e-5]}\n")
+    assert main(["sweep", "--space", str(space), "--dry-run"]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"error: {space}:4:3: not valid YAML: 'lr' is set twice (first on "
+                                                    "line 2)")
+    with pytest.raises(ValueError, match=r"'task_sampling': cannot read .*'temperature' is set twice"):
+        coerce("task_sampling", "{P: {temperature: 1, temperature: 2}}")
+    merged = tmp_path / "merge.yaml"
+    merged.write_text("base: &b {lr: 1.0e-5, steps: 3}\nrun:\n  <<: *b\n  lr: 2.0e-5\n")
+    assert load_file(merged)["run"] == {"lr": 2e-5, "steps": 3}
 
 
 def test_a_bad_value_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):

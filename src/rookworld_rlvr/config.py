@@ -21,6 +21,7 @@ import yaml
 
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.rewards import ENV_COMPONENTS, POLICY_COMPONENTS, RewardConfig
+from rookworld_rlvr.yaml_text import load_file, load_text
 
 LOSS_TYPES, LEVELS = ("grpo", "bnpo", "dr_grpo", "dapo"), ("token", "sequence")
 KL_ESTIMATORS, SCALES = ("k1", "k2", "k3", "exact"), ("group", "batch", "none")
@@ -348,7 +349,7 @@ def coerce(name: str, text: str) -> Any:
             return ""  # an empty path or name: eval_data '' = no evaluation
         raise ValueError(f"config field '{name}' needs a value, got an empty one")
     try:
-        value = yaml.safe_load(text)
+        value = load_text(text)
     except yaml.YAMLError as e:
         raise ValueError(f"config field '{name}': cannot read {text!r} ({getattr(e, 'problem', None) or e})") from None
     if str(FIELDS[name].type).split(" | ")[0] == "str" and value is not None and not isinstance(value, str):
@@ -364,12 +365,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         if not p.is_file():
             raise ValueError(f"config file {path}: a directory, not a YAML file" if p.is_dir() else
                              f"config file {no_such_file(path)}")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-            raise ValueError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+        loaded = load_file(p) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
         if unknown := [k for k in loaded if k not in FIELDS]:

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rookworld_rlvr.config import FIELDS, coerce, load_config
 from rookworld_rlvr.config_checks import close_fields
 from rookworld_rlvr.paths import no_such_file
+from rookworld_rlvr.yaml_text import load_file
 
 SAMPLERS = ("grid", "tpe")
 MANAGED = ("output_dir", "resume")  # set by the sweep for every trial
@@ -176,10 +175,7 @@ def load_space(path: str | Path) -> SweepSpace:
     if not Path(path).is_file():
         raise ValueError(f"search space {path}: a directory, not a YAML file" if Path(path).is_dir() else
                          f"search space {no_such_file(path)}")
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    raw = load_file(path) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a search space must be a mapping with params: (and optional base:, points:, sampler:)")
     extra = set(raw) - set(SPACE_KEYS)
