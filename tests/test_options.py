@@ -742,6 +742,25 @@ def _threads(env: Env, over: dict) -> int:
         torch.set_num_threads(before)
 
 
+def test_a_phase_is_in_force_from_its_start_over_the_fields_and_task_sampling():
+    """`phases`, "each from its start on": a phase's settings and its own task_sampling win over the run's fields and
+    task_sampling from its start, a later phase over an earlier. Before, the run's task_sampling won over every
+    phase, so a phase setting a task's temperature that task_sampling also set did nothing (as in a preset
+    that sets `task_sampling: {P: {temperature: 0.8}}`, `make train`'s)."""
+    from conftest import REPO
+    from rookworld_rlvr.grpo.dryrun import plan
+
+    cfg = load_config(str(REPO / "configs" / "default.yaml"),
+                      {"phases": [{"start": 50, "task_sampling": {"P": {"temperature": 0.5}}},
+                                  {"start": 100, "top_k": 20, "temperature": 1.1}]})
+    assert cfg.task_sampling["P"]["temperature"] == 0.8
+    assert [cfg.sampling_for("P", step)["temperature"] for step in (0, 49, 50, 99, 100)] == [0.8, 0.8, 0.5, 0.5, 1.1]
+    assert cfg.sampling_for("P", 100)["top_k"] == 20 and cfg.sampling_for("P", 99)["top_k"] == 0
+    assert cfg.sampling_for("P", 50)["max_new_tokens"] == 80  # what no phase sets stays task_sampling's
+    shown = [line for line in plan(cfg) if line.startswith("steps ") and " P: " in line]  # what --dry-run prints
+    assert [" T=0.8 " in shown[0], " T=0.5 " in shown[1], " T=1.1 top_p=1.0 top_k=20 " in shown[2]] == [True] * 3, shown
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r.key() for r in ROWS])
 def test_every_option_has_its_documented_effect(env, row):
     base = _resolve(env, row.base)
@@ -792,7 +811,9 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
               "temperature: every sampled task sets its own"),
              ({"eval_data": "", "eval_every": 5}, "eval_every: eval_data is empty"),
              ({"eval_data": "", "eval_batch_size": 256}, "eval_batch_size: eval_data is empty"),
-             ({"step_timeout_minutes": 5.0}, "step_timeout_minutes: one process")]
+             ({"step_timeout_minutes": 5.0}, "step_timeout_minutes: one process"),
+             ({"steps": 10, "phases": [{"start": 0, "top_k": 5}, {"start": 10, "top_k": 9}]},
+              "phases: entry 1 starts at step 10, after the run's last step (9): it never applies")]
     for over, expected in cases:
         notes = load_config(None, over).inert_settings()
         assert any(n.startswith(expected) for n in notes), (over, notes)

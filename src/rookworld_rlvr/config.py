@@ -121,8 +121,9 @@ class TrainConfig:
                                   "not set one per task) and of the held-out evaluation")
     task_sampling: dict = _f({}, "per-task overrides of temperature, top_p, top_k, max_new_tokens (each under its "
                              "field's rule), e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
-    phases: list = _f([], "task phases, each from its start on: [{start: 0, mix_env_ratio: 0.0, temperature: ...}, "
-                      "{start: 30, task_sampling: {A: {...}}}] (settings under their fields' rules)")
+    phases: list = _f([], "task phases, each in force from its start on, over the fields and task_sampling: [{start: "
+                      "0, mix_env_ratio: 0.0, temperature: ...}, {start: 30, task_sampling: {A: {...}}}] (settings "
+                      "under their fields' rules; a phase that starts after the last step is warned of)")
     # -- optimisation --------------------------------------------------------------------------
     lr: float = _f(2e-5, "peak learning rate (AdamW)")
     warmup_steps: int = _f(5, "linear LR warm-up steps")
@@ -288,14 +289,14 @@ class TrainConfig:
                             next_state_partial=self.next_state_partial, quality_scale=self.quality_scale)
 
     def sampling_for(self, task: str, step: int) -> dict:
-        """Sampling settings and mix ratio in force for a task at a step (phases, then task overrides)."""
-        s = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-             "max_new_tokens": self.max_new_tokens, "mix_env_ratio": self.mix_env_ratio}
+        """Sampling settings and mix ratio in force for a task at a step: the fields, the task's task_sampling, then
+        each phase that has started (its settings, then its task_sampling), a later one over an earlier."""
+        s = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens":
+             self.max_new_tokens, "mix_env_ratio": self.mix_env_ratio, **self.task_sampling.get(task, {})}
         for phase in self.phases:
             if phase.get("start", 0) <= step:
                 s.update({k: v for k, v in phase.items() if k in s})
                 s.update(phase.get("task_sampling", {}).get(task, {}))
-        s.update(self.task_sampling.get(task, {}))
         return s
 
     def task_counts(self, step: int) -> dict[str, int]:

@@ -245,4 +245,7 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
     for key in ("temperature", "top_p", "top_k"):
         if key in names and tasks and all(key in cfg.task_sampling.get(t, {}) for t in tasks):
             out.append(f"{key}: every sampled task sets its own {key} in task_sampling")
+    if "phases" in names:
+        out += [f"phases: entry {i} starts at step {p['start']}, after the run's last step ({cfg.steps - 1}): it never "
+                "applies" for i, p in enumerate(cfg.phases) if p["start"] >= cfg.steps]
     return out
