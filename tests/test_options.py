@@ -813,7 +813,11 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
              ({"eval_data": "", "eval_batch_size": 256}, "eval_batch_size: eval_data is empty"),
              ({"step_timeout_minutes": 5.0}, "step_timeout_minutes: one process"),
              ({"steps": 10, "phases": [{"start": 0, "top_k": 5}, {"start": 10, "top_k": 9}]},
-              "phases: entry 1 starts at step 10, after the run's last step (9): it never applies")]
+              "phases: entry 1 starts at step 10, after the run's last step (9): it never applies"),
+             ({"steps": 10, "curriculum": {"A": [[0, {"next_state": 1.0}], [12, {"next_state": 0.5}]]}},
+              "curriculum: A's entry of step 12 is after the run's last step (9): it never applies"),
+             ({"steps": 10, "kl_coef": 0.1, "ref_refresh_every": 10},
+              "ref_refresh_every: 10, and the run has 10 steps: its first refresh would come after the last one")]
     for over, expected in cases:
         notes = load_config(None, over).inert_settings()
         assert any(n.startswith(expected) for n in notes), (over, notes)

@@ -245,7 +245,14 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
     for key in ("temperature", "top_p", "top_k"):
         if key in names and tasks and all(key in cfg.task_sampling.get(t, {}) for t in tasks):
             out.append(f"{key}: every sampled task sets its own {key} in task_sampling")
+    last = f"after the run's last step ({cfg.steps - 1}): it never applies"
     if "phases" in names:
-        out += [f"phases: entry {i} starts at step {p['start']}, after the run's last step ({cfg.steps - 1}): it never "
-                "applies" for i, p in enumerate(cfg.phases) if p["start"] >= cfg.steps]
+        out += [f"phases: entry {i} starts at step {p['start']}, {last}" for i, p in enumerate(cfg.phases)
+                if p["start"] >= cfg.steps]
+    if "curriculum" in names:
+        out += [f"curriculum: {task}'s entry of step {entry[0]} is {last}" for task, entries in cfg.curriculum.items()
+                for entry in entries if entry[0] >= cfg.steps]
+    if "ref_refresh_every" in names and cfg.ref_refresh_every >= cfg.steps and cfg.uses_reference:
+        out.append(f"ref_refresh_every: {cfg.ref_refresh_every}, and the run has {cfg.steps} steps: its first refresh "
+                   "would come after the last one")
     return out
