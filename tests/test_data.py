@@ -299,6 +299,11 @@ def test_an_output_path_a_file_stands_in_the_way_of_is_named_before_any_work(tmp
     ("sft", "--save-every 0", "sft.save_every must be >= 1, got 0"),
     ("sft", "--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),
     ("sft", "--layout padde", "sft.layout must be one of padded, compact, got 'padde'"),
+    # a fresh model's shape beside --init, whose model keeps its own (was taken without a word)
+    ("sft", f"--init {REPO / 'models' / 'rookworld-board'} --preset small",
+     "sft.preset shapes a fresh model only: --init keeps the model's own shape and context"),
+    ("sft", f"--init {REPO / 'models' / 'rookworld-board'} --n-positions 512",
+     "sft.n_positions shapes a fresh model only: --init keeps the model's own shape and context"),
     ("data generate", "--max-plies 0", "max_plies must be >= 1 and eval_per_task >= 0, got 0 and 1000"),
     ("data generate", "--eval-per-task -1", "max_plies must be >= 1 and eval_per_task >= 0, got 160 and -1"),
 ])
