@@ -793,3 +793,25 @@ def test_eval_against_another_models_evaluation_prints_the_paired_verdict(saved_
                  "--against", str(tmp_path / "base.json")]) == 1
     assert capsys.readouterr().err == f"error: cannot judge against {tmp_path / 'base.json'}: float division by zero\n"
     assert json.loads((tmp_path / "kept.json").read_text())["policy"] == final["policy"]
+
+
+@pytest.mark.parametrize("options,notes", [
+    ("--selfplay-max-plies 50 --selfplay-temperature 0.7",
+     ["--selfplay-max-plies: no self-play games (--selfplay 0)", "--selfplay-temperature: no self-play games"]),
+    ("--examples 3", ["--examples: examples are kept in the JSON, and no --json is given"]),
+    ("--seed 5", ["--seed: nothing is drawn (greedy answers: --temperature 0, and no sampled self-play)"]),
+    ("--seed 5 --temperature 0.5", []),
+    ("--seed 5 --selfplay 2 --selfplay-temperature 0.5 --selfplay-max-plies 9", []),
+    ("--examples 3 --json {tmp}/e.json", []),
+], ids=["selfplay-without-games", "examples-without-json", "seed-without-draws", "seed-sampling",
+        "seed-selfplay", "examples-json"])
+def test_an_eval_option_that_nothing_reads_is_named_before_the_evaluation(options, notes, tmp_path, capsys):
+    """`rookworld eval` options that only tune something not asked for (self-play settings without games, examples
+    without the JSON they go into, a seed where every answer is greedy) were taken without a word; now each is a
+    warning of a setting without effect, printed before the evaluation (here, before the missing data stops it)."""
+    argv = ["eval", "--model", str(REPO / "models" / "rookworld-board"), "--data", str(tmp_path / "none.jsonl"),
+            *options.format(tmp=tmp_path).split()]
+    assert main(argv) == 1
+    said = [line.removeprefix("warning: setting without effect: ") for line in capsys.readouterr().err.splitlines()
+            if line.startswith("warning: setting without effect: ")]
+    assert len(said) == len(notes) and all(s.startswith(n) for s, n in zip(said, notes)), said

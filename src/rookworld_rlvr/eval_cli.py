@@ -174,7 +174,23 @@ def _evaluation(path: str) -> dict:
     return result
 
 
+def inert_options(args: argparse.Namespace) -> list[str]:
+    """Options given away from their defaults that nothing of this evaluation reads, each with the reason."""
+    d, out = EvalConfig(), []
+    if not args.selfplay:
+        out += [f"{flag}: no self-play games (--selfplay 0)" for flag, value, default in (
+            ("--selfplay-max-plies", args.selfplay_max_plies, d.selfplay_max_plies),
+            ("--selfplay-temperature", args.selfplay_temperature, d.selfplay_temperature)) if value != default]
+    if args.examples and not args.json:
+        out.append("--examples: examples are kept in the JSON, and no --json is given")
+    if args.seed != d.seed and not args.temperature and not (args.selfplay and args.selfplay_temperature):
+        out.append("--seed: nothing is drawn (greedy answers: --temperature 0, and no sampled self-play)")
+    return out
+
+
 def run(args: argparse.Namespace, name: str) -> int:
+    for note in inert_options(args):
+        print(f"warning: setting without effect: {note}", file=sys.stderr)
     other = None
     if args.against:  # before the minutes of the evaluation
         ok, other = _guarded(args, f"read --against {args.against}", lambda: _evaluation(args.against))
