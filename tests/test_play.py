@@ -422,3 +422,27 @@ def test_a_full_game_through_python_chess_against_a_real_stockfish(tiny_model_di
     finally:
         model.quit()
         sf.quit()
+
+
+@pytest.mark.parametrize("players,options,notes", [
+    ("stockfish:0:1 random", "--temperature 0.5 --batch-size 8", ["--temperature: no model plays",
+                                                                  "--batch-size: no model plays"]),
+    ("random stockfish", "--legal-moves --layout padded", ["--layout: no model plays", "--legal-moves: no model plays"]),
+    ("{model} stockfish", "--seed 3", ["--seed: nothing is drawn (no random mover and no sampling model"]),
+    ("{model} random", "--engine-timeout 5 --seed 2", ["--engine-timeout: no Stockfish plays"]),
+    ("{model} stockfish", "--temperature 0.5 --seed 4 --engine-timeout 5", []),
+], ids=["model-settings-without-a-model", "more-model-settings", "seed-without-draws", "engine-timeout-without-engine",
+        "all-read"])
+def test_a_match_option_that_no_player_reads_is_named_before_the_games(players, options, notes, tmp_path, capsys):
+    """`rookworld match` options that tune a kind of player not in the match (a model's sampling where no model plays,
+    the engine timeout where no Stockfish does, a seed where nothing is drawn) were taken without a word; now each is
+    a warning of a setting without effect, printed before the games (here, before the missing openings stop them)."""
+    from rookworld_rlvr.cli import main
+
+    model = str(Path(__file__).resolve().parents[1] / "models" / "rookworld-board")
+    argv = ["match", *players.format(model=model).split(), "--games", "2", "--openings", str(tmp_path / "none.txt"),
+            *options.split()]
+    assert main(argv) == 1
+    said = [line.removeprefix("warning: setting without effect: ") for line in capsys.readouterr().err.splitlines()
+            if line.startswith("warning: setting without effect: ")]
+    assert len(said) == len(notes) and all(s.startswith(n) for s, n in zip(said, notes)), said

@@ -296,7 +296,7 @@ _OPTIONAL = {
     "overfit": ("rookworld_rlvr.grpo.cli", "overfit-one-batch sanity test"),
     "report": ("rookworld_rlvr.report.cli", "plots and an HTML report of runs"),
     "sweep": ("rookworld_rlvr.sweep.cli", "hyperparameter sweeps with Optuna"),
-    "match": ("rookworld_rlvr.play", "play games between models, a random mover and Stockfish (score, Elo, PGN)"),
+    "match": ("rookworld_rlvr.match_cli", "play games between models, a random mover and Stockfish (score, Elo, PGN)"),
     "uci": ("rookworld_rlvr.uci", "run a model as a UCI chess engine"),
 }
 
