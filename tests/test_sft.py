@@ -777,3 +777,27 @@ def test_a_large_training_set_encodes_in_several_processes_to_the_same_rows(lega
     one = encode(tok, samples, "compact", "best-first", legal=legal)
     many = encode_many(tok, samples, "compact", "best-first", legal=legal, workers=2, min_rows=1)
     assert many == one and len(one) == 1500 and (not legal or any(r.legal for r in one))
+
+
+@pytest.mark.parametrize("options,notes", [
+    ("--eval-data '' --eval-every 50 --eval-samples 10", ["eval_every: no held-out evaluation (eval_data is empty)",
+                                                          "eval_samples: no held-out evaluation"]),
+    ("--profile-after 5", ["profile_after: no profile is taken (profile_steps 0)"]),
+    ("--distinct-coef 0 --own-targets 0.5", ["own_targets: the model answers no rows of its own"]),
+    ("--own-repeats 0 --own-targets 0.5", ["own_targets: the model answers no rows of its own"]),
+    ("--profile-steps 2 --profile-after 5 --own-targets 0.5 --eval-every 50", []),
+], ids=["evaluation-without-eval-data", "profile-after-without-profile", "own-targets-without-distinct",
+        "own-targets-without-own-rows", "all-read"])
+def test_an_sft_setting_that_nothing_reads_is_named_before_the_run(options, notes, tmp_path, capsys):
+    """`rookworld sft` settings that only tune something this run does not do were taken without a word; now each is
+    a warning of a setting without effect before the run (here, before data with nothing to learn stops it)."""
+    import shlex
+
+    from rookworld_rlvr.cli import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["sft", "--data", str(empty), "--out", str(tmp_path / "m"), *shlex.split(options)]) == 1
+    said = [line.removeprefix("sft: warning: setting without effect: ") for line in capsys.readouterr().err.splitlines()
+            if line.startswith("sft: warning: setting without effect: ")]
+    assert len(said) == len(notes) and all(s.startswith(n) for s, n in zip(said, notes)), said

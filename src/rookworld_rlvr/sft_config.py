@@ -84,6 +84,20 @@ class SFTConfig:
         out = Path(self.out)
         return out.parent / f"{out.name}.checkpoint"
 
+    def inert_settings(self) -> list[str]:
+        """Settings away from their defaults that nothing of this run reads, each with the reason (the command warns
+        of them: they were taken without a word)."""
+        d, out = SFTConfig(), []
+        given = [name for name in ("eval_every", "eval_samples") if getattr(self, name) != getattr(d, name)]
+        out += [f"{name}: no held-out evaluation (eval_data is empty)" for name in given if not self.eval_data]
+        if self.profile_after != d.profile_after and not self.profile_steps:
+            out.append("profile_after: no profile is taken (profile_steps 0)")
+        own = [name for name in ("own_repeats", "own_targets") if getattr(self, name) != getattr(d, name)]
+        if not (self.own_repeats and self.distinct_coef):
+            out += [f"{name}: the model answers no rows of its own (own_repeats or distinct_coef is 0)" for name in own
+                    if getattr(self, name)]
+        return out
+
     def validate(self) -> None:
         from rookworld_rlvr.tasks.policy import LAYOUTS, ORDERS
 
