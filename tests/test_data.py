@@ -131,6 +131,23 @@ def test_a_bad_positions_file_stops_generate_before_any_game_naming_file_and_lin
     assert not list(Path().glob("gen/.shards/shard_*")), "a game was played"
 
 
+@pytest.mark.parametrize("options,notes", [
+    ("--games 0 --max-plies 20 --temperatures 0.5 --random-move-prob 0.2",
+     ["max_plies: no game is played (games 0)", "random_move_prob: no game", "temperatures: no game"]),
+    ("--games 0 --depth 6", []),
+    ("--games 4 --max-plies 20 --temperatures 0.5", []),
+], ids=["game-settings-without-games", "labelling-settings", "games"])
+def test_game_settings_where_no_game_is_played_are_named_before_the_work(options, notes, tmp_path, capsys):
+    """`data generate --games 0 --positions F` labels F alone: a game's settings beside it were taken without a
+    word; now each is a warning of a setting without effect (here, before the missing F stops the command)."""
+    argv = ["data", "generate", "--out", str(tmp_path / "gen"), "--positions", str(tmp_path / "none.txt"),
+            *options.split()]
+    assert main(argv) == 1
+    said = [line.removeprefix("warning: setting without effect: ") for line in capsys.readouterr().err.splitlines()
+            if line.startswith("warning: setting without effect: ")]
+    assert len(said) == len(notes) and all(s.startswith(n) for s, n in zip(said, notes)), said
+
+
 def test_generated_a_rows_start_at_the_first_move_and_come_with_every_history_length(generated):
     """Every game's first transition is written (from the start position, a 1-move history) and kept
     on the training side; a fifth of the A: rows get a copy with a shorter history, whose answer is

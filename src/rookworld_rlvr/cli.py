@@ -22,6 +22,8 @@ def _data(args: argparse.Namespace) -> int:
                              eval_per_task=args.eval_per_task, extra_positions=tuple(args.positions or ()),
                              max_plies=args.max_plies, random_game_share=args.random_game_share,
                              random_move_prob=args.random_move_prob, temperatures=tuple(args.temperatures))
+        for note in cfg.inert_settings():
+            print(f"warning: setting without effect: {note}", file=sys.stderr)
         summary = generate(cfg, progress=not args.quiet)
         print(json.dumps(summary))
         return 0

@@ -58,6 +58,14 @@ class GenerateConfig:
     extra_positions: tuple[str, ...] = ()  # PGN (.pgn) or FEN-per-line files
     cache_path: str | None = None  # engine cache; default <out_dir>/.cache/engine.sqlite
 
+    def inert_settings(self) -> list[str]:
+        """Settings of the games given where none is played (games 0: the positions alone), each named (the command
+        warns of them: they were taken without a word)."""
+        d = GenerateConfig()
+        return [f"{name}: no game is played (games 0)" for name in ("games_per_shard", "max_plies", "random_game_share",
+                "random_move_prob", "temperatures", "illegal_share", "short_history_share")
+                if not self.games and getattr(self, name) != getattr(d, name)]
+
     def validate(self) -> None:
         if self.games < (0 if self.extra_positions else 1) or self.games_per_shard < 1 or self.workers < 1:
             raise ValueError("games, games_per_shard and workers must be >= 1 (games 0 with extra_positions: "
