@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from argparse import SUPPRESS
 from contextlib import ExitStack
@@ -189,7 +190,7 @@ def inert_options(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    for note in inert_options(args):
+    for note in inert_options(args) if os.environ.get("RANK", "0") == "0" else ():  # once under torchrun
         print(f"warning: setting without effect: {note}", file=sys.stderr)
     other = None
     if args.against:  # before the minutes of the evaluation
