@@ -816,6 +816,10 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
               "phases: entry 1 starts at step 10, after the run's last step (9): it never applies"),
              ({"steps": 10, "curriculum": {"A": [[0, {"next_state": 1.0}], [12, {"next_state": 0.5}]]}},
               "curriculum: A's entry of step 12 is after the run's last step (9): it never applies"),
+             ({"steps": 10, "warmup_steps": 10, "min_lr_ratio": 0.5},
+              "min_lr_ratio: warmup_steps is the run's steps or more: it ends in the warm-up"),
+             ({"batch_positions": 4, "group_size": 4, "minibatch_size": 16},
+              "minibatch_size: the batch's 16 completions fit one minibatch, as with 0"),
              ({"steps": 10, "kl_coef": 0.1, "ref_refresh_every": 10},
               "ref_refresh_every: 10, and the run has 10 steps: its first refresh would come after the last one")]
     for over, expected in cases:

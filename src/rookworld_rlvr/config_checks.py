@@ -237,6 +237,10 @@ def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, process
          "eval_data is empty (no evaluation)"),
         (("step_timeout_minutes",), processes == 1,
          "one process: it bounds how long torchrun's ranks wait for each other"),
+        (("min_lr_ratio",), cfg.warmup_steps >= cfg.steps,
+         "warmup_steps is the run's steps or more: it ends in the warm-up, before the cosine decay"),
+        (("minibatch_size",), cfg.minibatch_size >= cfg.batch_positions * cfg.group_size,
+         f"the batch's {cfg.batch_positions * cfg.group_size} completions fit one minibatch, as with 0"),
     ]
     out = [f"{name}: {reason}" for fields, cond, reason in rules if cond for name in fields if name in names]
     for task, over in cfg.task_sampling.items():
