@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from rookworld_rlvr.cli_args import at_least_one, output_dir, output_file, zero_or_more
+from rookworld_rlvr.cli_args import at_least_one, output_dir, output_file, warn_without_effect, zero_or_more
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -22,8 +22,7 @@ def _data(args: argparse.Namespace) -> int:
                              eval_per_task=args.eval_per_task, extra_positions=tuple(args.positions or ()),
                              max_plies=args.max_plies, random_game_share=args.random_game_share,
                              random_move_prob=args.random_move_prob, temperatures=tuple(args.temperatures))
-        for note in cfg.inert_settings():
-            print(f"warning: setting without effect: {note}", file=sys.stderr)
+        warn_without_effect(cfg.inert_settings())
         summary = generate(cfg, progress=not args.quiet)
         print(json.dumps(summary))
         return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from pathlib import Path
 
 from rookworld_rlvr.paths import blocked_directory, blocking_file
@@ -96,6 +97,12 @@ def apply_threads(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+
+
+def warn_without_effect(notes: list[str], prefix: str = "") -> None:
+    """A command's settings that nothing of its run reads, one warning line each on stderr (before the work)."""
+    for note in notes:
+        print(f"{prefix}warning: setting without effect: {note}", file=sys.stderr)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:

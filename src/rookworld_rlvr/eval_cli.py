@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
-                                      zero_or_more)
+                                      warn_without_effect, zero_or_more)
 from rookworld_rlvr.data.io import Sample, atomic_write_text, iter_samples
 from rookworld_rlvr.evaluate import EvalConfig, evaluate, limit_per_task
 from rookworld_rlvr.held_out import HeldOut
@@ -190,8 +190,8 @@ def inert_options(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace, name: str) -> int:
-    for note in inert_options(args) if os.environ.get("RANK", "0") == "0" else ():  # once under torchrun
-        print(f"warning: setting without effect: {note}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        warn_without_effect(inert_options(args))
     other = None
     if args.against:  # before the minutes of the evaluation
         ok, other = _guarded(args, f"read --against {args.against}", lambda: _evaluation(args.against))

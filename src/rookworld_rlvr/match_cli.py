@@ -21,7 +21,8 @@ from pathlib import Path
 import chess.engine
 
 from rookworld_rlvr.atomic import write_text
-from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, at_least_one, output_file, temperature
+from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
+                                     warn_without_effect)
 from rookworld_rlvr.play import (Game, ModelPlayer, Player, RandomPlayer, StockfishPlayer, format_summary, play_match,
                                  read_openings)
 from rookworld_rlvr.tasks import policy as pol_task
@@ -133,8 +134,7 @@ def inert_options(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.data.io import DataError, atomic_write_text
 
-    for note in inert_options(args):
-        print(f"warning: setting without effect: {note}", file=sys.stderr)
+    warn_without_effect(inert_options(args))
 
     if args.games < 2 or args.games % 2:
         raise ValueError(f"--games must be an even number >= 2 (two games per opening), got {args.games}")

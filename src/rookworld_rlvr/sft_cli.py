@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from dataclasses import asdict
 
-from rookworld_rlvr.cli_args import DEVICE_HELP
+from rookworld_rlvr.cli_args import DEVICE_HELP, warn_without_effect
 from rookworld_rlvr.sft import SFTConfig, train
 
 _HELP = {
@@ -122,8 +121,8 @@ def run(args: argparse.Namespace, name: str) -> int:
         note = for_device(resolve_device(cfg.device))  # process-wide: the command applies it, not the library
         if note and dist.is_main():
             print(f"sft: {note}")
-        for inert in cfg.inert_settings() if dist.is_main() else ():
-            print(f"sft: warning: setting without effect: {inert}", file=sys.stderr)
+        if dist.is_main():
+            warn_without_effect(cfg.inert_settings(), prefix="sft: ")
         # rank 0 writes, and holds --out for the run (--encode-only writes only the rows cache: it runs beside one)
         mine = dist.is_main() and not cfg.encode_only
         holding = one_run_in(cfg.out, "--out") if mine else contextlib.nullcontext()

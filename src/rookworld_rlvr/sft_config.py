@@ -159,7 +159,6 @@ class SFTConfig:
             raise ValueError(f"sft.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
         if self.tokenizer is not None and self.init:
             raise ValueError("sft.tokenizer applies to fresh models only: --init keeps the model's own tokenizer")
-        fresh = SFTConfig.preset, SFTConfig.n_positions
-        for name, default in zip(("preset", "n_positions"), fresh):
-            if self.init and getattr(self, name) != default:  # (it was taken for a fresh model alone, without a word)
+        for name in ("preset", "n_positions"):
+            if self.init and getattr(self, name) != getattr(SFTConfig, name):  # (was taken for a fresh model alone)
                 raise ValueError(f"sft.{name} shapes a fresh model only: --init keeps the model's own shape and context")
