@@ -125,7 +125,8 @@ def test_outcomes_count_intact_stopped_and_silent_collapses():
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(tmp_path, tiny_model_dir, small_data):
+def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(tmp_path, tiny_model_dir, small_data,
+                                                                               capsys):
     space = write_space(tmp_path / "grid4.yaml", base=tiny_base(tiny_model_dir, small_data),
                         params={"lr": {"choices": [1e-4, 3e-4]}, "temperature": {"choices": [0.8, 1.2]}})
     out = tmp_path / "out"
@@ -149,9 +150,15 @@ def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(t
     for t in trials:  # every trial ran in its own directory with its own values
         saved = yaml.safe_load((out / f"trial_{t.number}" / "config.yaml").read_text())
         assert (saved["lr"], saved["temperature"]) == (t.params["lr"], t.params["temperature"])
-    # the summary can be read back later from the storage alone
+    # the summary can be read back later from the storage alone; a trial's settings given with it run nothing, and
+    # each is named as such
     (out / "summary.json").unlink()
-    assert sweep_main(["--summary", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert sweep_main(["--summary", "--out", str(out), "--trials", "9", "--lr", "1e-3"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: setting without effect: --trials: --summary runs no trial" in err
+    assert "warning: setting without effect: --lr: --summary runs no trial" in err
+    assert len(trials_of(out, "grid4")) == 4
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] == 4 and summary["success_rate"] == 1.0 and not summary["duplicates"]
     assert summary["gain"]["n"] == 4 and summary["gain"]["min"] <= summary["gain"]["median"] <= summary["gain"]["max"]
@@ -210,6 +217,27 @@ def test_unknown_or_invalid_params_are_clear_errors_naming_the_file(tmp_path, ca
     typo = write_space(tmp_path / "m.yaml", base={"model": str(tmp_path / "no-model")}, params={"lr": {"choices": [1e-5]}})
     assert sweep_main(["--space", str(typo), "--out", str(tmp_path / "m"), "--dry-run"]) == 1
     assert f"problem: model: no such model directory: {tmp_path / 'no-model'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, idle", [
+    (["--summary", "--out", "o"], []),
+    (["--summary", "--space", "s.yaml"], []),  # --space names the study
+    (["--summary", "--space", "s.yaml", "--study", "x", "--config", "c.yaml", "--sampler-seed", "0", "--dry-run"],
+     ["--space: --summary", "--config: --summary", "--sampler-seed: --summary", "--dry-run: --summary"]),
+    (["--requeue-running", "--out", "o", "--sampler", "tpe", "--kl-coef", "0", "--resume", "false"],
+     ["--sampler: --requeue-running", "--kl-coef: --requeue-running", "--resume: --requeue-running"]),
+    (["--space", "s.yaml", "--dry-run", "--storage", "sqlite:///x.db", "--sampler-seed", "3", "--lr", "1e-5"],
+     ["--storage: --dry-run", "--sampler-seed: --dry-run"]),
+    (["--space", "s.yaml", "--storage", "sqlite:///x.db", "--sampler-seed", "3", "--trials", "2", "--lr", "1e-5"],
+     []),
+])
+def test_a_sweeps_options_that_nothing_of_the_call_reads_are_named(argv, idle):
+    """`--summary` and `--requeue-running` run no trial and `--dry-run` opens no study: what only they would read
+    was taken without a word."""
+    from rookworld_rlvr.sweep.cli import _parser, inert_options
+
+    notes = inert_options(_parser().parse_args(argv))
+    assert [n.split(" runs ")[0].split(" lists ")[0] for n in notes] == idle
 
 
 def test_a_storage_that_is_no_optuna_study_database_is_one_error_line(tmp_path, capsys):

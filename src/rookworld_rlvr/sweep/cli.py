@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rookworld_rlvr.cli_args import at_least_one, output_dir
+from rookworld_rlvr.cli_args import at_least_one, output_dir, warn_without_effect
 from rookworld_rlvr.config import add_field_arguments, load_config
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.sweep.space import SAMPLERS, fmt_overrides, resolve
@@ -92,7 +92,30 @@ def _interrupt_on_sigterm() -> None:
         pass
 
 
+def inert_options(args: argparse.Namespace) -> list[str]:
+    """Options given that nothing of this call reads, each with the reason: `--summary` and
+    `--requeue-running` run no trial, so every setting of a trial or of the sampler is idle there."""
+    given = {a.dest: a.option_strings[0] for a in _parser()._actions
+             if a.option_strings and getattr(args, a.dest, None) is not None and getattr(args, a.dest) is not False}
+    if args.summary or args.requeue_running:
+        mode = "--summary" if args.summary else "--requeue-running"
+        idle = [d for d in given if d not in ("summary", "requeue_running", "storage", "study", "out", "traceback")
+                and not (d == "space" and not args.study)]  # --space names the study where --study does not
+        return [f"{given[d]}: {mode} runs no trial" for d in idle]
+    if args.dry_run:
+        return [f"{given[d]}: --dry-run lists the trials, it opens no study" for d in ("storage", "sampler_seed")
+                if d in given]
+    return []
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rookworld sweep")
+    add_arguments(p, "sweep")
+    return p
+
+
 def run(args: argparse.Namespace, name: str) -> int:
+    warn_without_effect(inert_options(args))
     overrides = {k[5:]: v for k, v in vars(args).items() if k.startswith("cfg__") and v is not None}
     if args.summary or args.requeue_running:
         study_name = args.study or (Path(args.space).stem if args.space else None)
@@ -124,9 +147,7 @@ def run(args: argparse.Namespace, name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m rookworld_rlvr.sweep ...`: the same as `rookworld sweep ...`."""
-    parser = argparse.ArgumentParser(prog="rookworld sweep")
-    add_arguments(parser, "sweep")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         return run(args, "sweep")
     except KeyboardInterrupt:
