@@ -293,9 +293,11 @@ def forked_map(fn: Callable, items: list, workers: int) -> list:
         return pool.map(fn, items, chunksize=-(-len(items) // (workers * 4)) or 1)
 
 
-def can_fork(workers: int, n: int) -> bool:
-    """Whether `n` items are worth `workers` forked processes: from PARALLEL_ROWS on, where fork exists."""
-    return workers > 1 and n >= PARALLEL_ROWS and "fork" in mp.get_all_start_methods()
+def can_fork(workers: int, n: int, at_least: int | None = None) -> bool:
+    """Whether `n` items are worth `workers` forked processes: from `at_least` on (default PARALLEL_ROWS), where
+    fork exists."""
+    bound = PARALLEL_ROWS if at_least is None else at_least
+    return workers > 1 and n >= bound and "fork" in mp.get_all_start_methods()
 
 
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
