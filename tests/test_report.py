@@ -255,6 +255,14 @@ def test_missing_metrics_names_the_path(tmp_path, capsys):
     assert f"{empty}: no metrics.jsonl (not a training run directory?)" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "no-run")]) == 1  # a typo: the directory, not a file in it
     assert f"error: {tmp_path / 'no-run'}: no such run directory\n" == capsys.readouterr().err
+    (empty / "notes.txt").write_text("a file")  # a file in place of the run: said so, not "no such directory"
+    assert main(["report", str(empty / "notes.txt")]) == 1
+    assert f"error: {empty / 'notes.txt'}: a file, not a run directory (give the folder that holds metrics.jsonl)\n" \
+        == capsys.readouterr().err
+    (empty / "metrics.jsonl").write_text("")  # metrics.jsonl itself: its folder is named
+    assert main(["report", str(empty / "metrics.jsonl")]) == 1
+    assert f"{empty / 'metrics.jsonl'}: a file, not a run directory (give the folder that holds metrics.jsonl: " \
+        f"{empty})" in capsys.readouterr().err
 
 
 def test_undrawable_fen_leaves_out_only_the_board():

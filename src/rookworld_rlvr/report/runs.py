@@ -107,6 +107,9 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     path = Path(path)
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.is_file():
+        if path.is_file():  # metrics.jsonl itself, say, or a run's report.html
+            raise FileNotFoundError(f"{path}: a file, not a run directory (give the folder that holds metrics.jsonl"
+                                    + (f": {path.parent})" if (path.parent / "metrics.jsonl").is_file() else ")"))
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such run directory")
         raise FileNotFoundError(f"{path}: no metrics.jsonl (not a training run directory?)")
