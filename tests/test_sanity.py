@@ -38,6 +38,26 @@ def test_check_batch_passes_with_a_learning_signal(tmp_path, tiny_model_dir, sma
     assert any(line.startswith("one step: loss") for line in lines)
 
 
+@pytest.mark.parametrize("command", ["check-batch", "overfit"])
+def test_settings_check_batch_and_overfit_never_read_are_named_when_given(tmp_path, tiny_model_dir, small_data,
+                                                                          capsys, command):
+    """They run in a scratch directory, evaluate nothing and call the trainer's steps directly: an --output-dir, an
+    evaluation or a guard setting given to them was taken without a word and did nothing."""
+    out = tmp_path / "run"
+    argv = [command, "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"), "--device", "cpu",
+            "--batch-positions", "2", "--group-size", "2", "--max-new-tokens", "8", "--engine-cache", "",
+            "--output-dir", str(out), "--eval-data", str(small_data / "eval.jsonl"), "--guard-kl-mean", "1",
+            "--steps", "3"] + (["--overfit-steps", "1"] if command == "overfit" else [])
+    assert main(argv) in (0, 1)  # pass or fail, the check ran
+    err = capsys.readouterr().err
+    assert f"warning: setting without effect: --output-dir: {command} runs in a scratch directory and writes " \
+        "nothing" in err
+    assert f"--eval-data: {command} evaluates nothing held out" in err
+    assert f"--guard-kl-mean: {command} runs no training loop" in err
+    assert "--steps:" not in err and "--batch-positions:" not in err  # the lr schedule and the batch: read
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("autocast", ["none", "bf16"])
 def test_check_batch_recomputes_with_each_tasks_temperature_and_the_runs_precision(tmp_path, tiny_model_dir,
                                                                                     small_data, scorer, autocast):

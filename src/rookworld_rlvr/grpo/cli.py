@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from rookworld_rlvr.cli_args import at_least_one, share
+from rookworld_rlvr.cli_args import at_least_one, share, warn_without_effect
 from rookworld_rlvr.config import TrainConfig, add_field_arguments, load_config
 from rookworld_rlvr.paths import blocked_directory, no_such_file
 
@@ -185,12 +185,30 @@ def run(args: argparse.Namespace, name: str) -> int:
     return _sanity(cfg, name, args)
 
 
+# what check-batch and overfit never read: they run in a scratch directory, evaluate nothing, write nothing, and
+# call the trainer's collect and update directly (the training loop's guards, rollbacks and refreshes are not there)
+_SCRATCH, _NO_EVAL, _NO_LOOP = "runs in a scratch directory and writes nothing", "evaluates nothing held out", \
+    "runs no training loop (its guards, rollbacks and reference refreshes)"
+SANITY_IDLE = {**dict.fromkeys(("output_dir", "resume", "save_every", "keep_last", "report", "tensorboard", "wandb",
+                                "progress"), _SCRATCH),
+               **dict.fromkeys(("eval_data", "eval_limit", "eval_batch_size", "eval_cache", "strength_data",
+                                "history_eval_data", "puzzle_eval_data", "eval_every"), _NO_EVAL),
+               **dict.fromkeys(("nan_max_consecutive", "nan_max_rollbacks", "rollback_lr_factor", "rollback_kl_factor",
+                                "ref_refresh_every", "ref_mix_alpha", "step_timeout_minutes", "guard_valid_drop",
+                                "guard_reward_drop", "guard_kl_mean", "guard_kl_max", "guard_entropy_factor",
+                                "guard_truncation_rise", "guard_eval_drop", "guard_window", "guard_patience",
+                                "guard_max_recoveries", "guard_snapshot_every"), _NO_LOOP)}
+
+
 def _sanity(cfg: TrainConfig, name: str, args: argparse.Namespace) -> int:
-    """check-batch / overfit run in a scratch output directory and write no checkpoints."""
+    """check-batch / overfit run in a scratch output directory and write no checkpoints. A field they never read
+    (SANITY_IDLE) given on the command line is named; in the preset it is the training run's, and said nothing of."""
     import tempfile
 
     from rookworld_rlvr.grpo.sanity import check_batch, overfit
 
+    given = [k[5:] for k, v in vars(args).items() if k.startswith("cfg__") and v is not None]
+    warn_without_effect([f"--{f.replace('_', '-')}: {name} {SANITY_IDLE[f]}" for f in given if f in SANITY_IDLE])
     with tempfile.TemporaryDirectory(prefix=f"rookworld-{name}-") as tmp:
         cfg.output_dir, cfg.resume, cfg.eval_data = tmp, False, ""
         trainer, pool = build(cfg, log=lambda *_: None)
