@@ -315,6 +315,10 @@ def test_an_output_path_a_file_stands_in_the_way_of_is_named_before_any_work(tmp
 @pytest.mark.parametrize("command,option,why", [
     ("sft", "--save-every 0", "sft.save_every must be >= 1, got 0"),
     ("sft", "--grad-clip -1", "sft.grad_clip must be finite and >= 0, got -1.0"),
+    # a NaN learning rate passed the check (`lr <= 0` is false for it) and trained every weight to NaN
+    ("sft", "--lr nan", "sft.lr must be a finite number > 0, got nan"),
+    ("sft", "--lr inf", "sft.lr must be a finite number > 0, got inf"),
+    ("sft", "--batch-size 0", "sft.batch_size must be >= 1, got 0"),
     ("sft", "--layout padde", "sft.layout must be one of padded, compact, got 'padde'"),
     # a fresh model's shape beside --init, whose model keeps its own (was taken without a word)
     ("sft", f"--init {REPO / 'models' / 'rookworld-board'} --preset small",

@@ -130,8 +130,11 @@ class SFTConfig:
                 raise ValueError(f"sft.{name} must be finite and >= 0, got {value}")
         if not 0 <= self.env_share <= 1:
             raise ValueError("sft.env_share must be in [0, 1]")
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("sft.steps, sft.batch_size and sft.lr must be positive")
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):  # a NaN passed `lr <= 0` and trained every weight to NaN
+            raise ValueError(f"sft.lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.cooldown_steps <= self.steps:
             raise ValueError(f"sft.cooldown_steps must be in [0, steps={self.steps}], got {self.cooldown_steps}")
         for name in ("max_minutes", "stop_after_minutes", "step_timeout_minutes"):
