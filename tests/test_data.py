@@ -275,6 +275,13 @@ def test_a_mistyped_option_is_named_with_the_options_of_its_command_it_may_mean(
     (["overfit", "--overfit-steps", "0"], "argument --overfit-steps: must be at least 1, got 0"),
     (["check-batch", "--max-truncation", "-1"], "argument --max-truncation: must be a share in [0, 1], got -1"),
     (["sweep", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
+    # a wait that cannot end: an infinite Stockfish search per position, or a hung engine waited on for ever
+    (["data", "generate", "--time", "inf"], "argument --time: must be a finite number of seconds > 0, got inf"),
+    (["data", "generate", "--time", "0"], "argument --time: must be a finite number of seconds > 0, got 0"),
+    (["match", "random", "stockfish:0:1", "--engine-timeout", "nan"],
+     "argument --engine-timeout: must be a finite number of seconds > 0, got nan"),
+    (["match", "random", "stockfish:0:1", "--engine-timeout", "inf"],
+     "argument --engine-timeout: must be a finite number of seconds > 0, got inf"),
 ])
 def test_an_option_value_that_means_nothing_is_an_error_naming_the_option(argv, why, capsys):
     """Before, `match --max-plies 0` played 100 games of no move, all drawn, a negative temperature was greedy, `data
@@ -327,6 +334,8 @@ def test_an_output_path_a_file_stands_in_the_way_of_is_named_before_any_work(tmp
      "sft.n_positions shapes a fresh model only: --init keeps the model's own shape and context"),
     ("data generate", "--max-plies 0", "max_plies must be >= 1 and eval_per_task >= 0, got 0 and 1000"),
     ("data generate", "--eval-per-task -1", "max_plies must be >= 1 and eval_per_task >= 0, got 160 and -1"),
+    # a NaN weighed every candidate move NaN, and games began
+    ("data generate", "--temperatures 0.3 nan", "temperatures must be > 0 (inf: random moves), got [0.3, nan]"),
 ])
 def test_a_setting_that_means_nothing_stops_the_command_before_any_work(command, option, why, tmp_path, capsys):
     """Before, `sft --save-every 0` failed with a ZeroDivisionError after its first step and `data generate

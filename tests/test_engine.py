@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import logging
+import math
 import os
 import signal
 import sqlite3
@@ -138,7 +139,8 @@ def test_config_validation_names_the_field():
     EngineConfig(depth=None, time=0.05).validate()
     with pytest.raises(ValueError, match="depth.*time"):
         EngineConfig(depth=None, time=None).validate()
-    for field, bad in [("multipv", 0), ("workers", 0), ("timeout", 0.0), ("retries", -1), ("depth", 0)]:
+    for field, bad in [("multipv", 0), ("workers", 0), ("timeout", 0.0), ("retries", -1), ("depth", 0),
+                       ("timeout", math.inf), ("timeout", math.nan), ("time", math.inf), ("time", math.nan)]:
         with pytest.raises(ValueError, match=field):
             EngineConfig(**{field: bad}).validate()
     with pytest.raises(ValueError, match="depth"):

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from rookworld_rlvr.cli_args import at_least_one, output_dir, output_file, warn_without_effect, zero_or_more
+from rookworld_rlvr.cli_args import at_least_one, output_dir, output_file, seconds, warn_without_effect, zero_or_more
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=2, help="Stockfish processes at once (default 2)")
     g.add_argument("--depth", type=int, default=8, help="Stockfish depth of each position's annotation "
                                                         "(default 8)")
-    g.add_argument("--time", type=float, default=None, help="seconds per position (instead of or with --depth)")
+    g.add_argument("--time", type=seconds, default=None, help="seconds per position (instead of or with --depth)")
     g.add_argument("--max-plies", type=int, default=160, help="plies at most per game (default 160)")
     gd = GenerateConfig()
     g.add_argument("--random-game-share", type=float, default=gd.random_game_share,

@@ -73,6 +73,11 @@ def share(text: str) -> float:
     return _number(text, lambda v: 0 <= v <= 1, "a share in [0, 1]")
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a wait that can end), or an error naming the value."""
+    return _number(text, lambda v: 0 < v < float("inf"), "a finite number of seconds > 0")
+
+
 def temperature(text: str) -> float:
     """An argparse type: a finite number >= 0 (0 = greedy), or an error naming the value."""
     return _number(text, lambda v: 0 <= v < float("inf"), "a finite number >= 0 (0 = greedy)")

@@ -85,12 +85,12 @@ class EngineConfig:
             raise ValueError("EngineConfig: at least one of depth or time must be set (both are None)")
         checks = [
             ("depth", self.depth is None or self.depth >= 1, ">= 1 or None"),
-            ("time", self.time is None or self.time > 0, "> 0 or None"),
+            ("time", self.time is None or 0 < self.time < math.inf, "a finite number > 0 or None"),
             ("multipv", self.multipv >= 1, ">= 1"),
             ("threads", self.threads >= 1, ">= 1"),
             ("hash_mb", self.hash_mb >= 1, ">= 1"),
             ("workers", self.workers >= 1, ">= 1"),
-            ("timeout", self.timeout > 0, "> 0"),
+            ("timeout", 0 < self.timeout < math.inf, "a finite number > 0"),  # inf: a hung engine held all
             ("retries", self.retries >= 0, ">= 0"),
         ]
         for name, ok, rule in checks:

@@ -21,8 +21,8 @@ from pathlib import Path
 import chess.engine
 
 from rookworld_rlvr.atomic import write_text
-from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, temperature,
-                                     warn_without_effect)
+from rookworld_rlvr.cli_args import (add_device, add_threads, apply_threads, at_least_one, output_file, seconds,
+                                     temperature, warn_without_effect)
 from rookworld_rlvr.play import (Game, ModelPlayer, Player, RandomPlayer, StockfishPlayer, format_summary, play_match,
                                  read_openings)
 from rookworld_rlvr.tasks import policy as pol_task
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="models decode their moves among legal moves only (no game ends on an illegal move)")
     p.add_argument("--seed", type=int, default=0, help="seed of player A's draws (random moves, sampling); B's is "
                                                        "seed + 1 (default 0)")
-    p.add_argument("--engine-timeout", type=float, default=30.0,
+    p.add_argument("--engine-timeout", type=seconds, default=30.0,
                    help="seconds a Stockfish player may take for any call (start, each move) before the match stops")
     add_device(p)
     p.add_argument("--batch-size", type=int, default=64, help="a model's moves of one ply decoded at once (the same "

@@ -60,9 +60,9 @@ class StockfishPlayer:
     def __init__(self, skill: int = 0, depth: int = 1, path: str | None = None, timeout: float = 30.0) -> None:
         from rookworld_rlvr.engine import engine_identity, find_stockfish
 
-        if not 0 <= skill <= 20 or depth < 1 or not timeout > 0:
-            raise ValueError(f"stockfish player: skill must be in 0..20, depth >= 1 and timeout > 0, got {skill}, "
-                             f"{depth}, {timeout}")
+        if not 0 <= skill <= 20 or depth < 1 or not 0 < timeout < math.inf:
+            raise ValueError(f"stockfish player: skill must be in 0..20, depth >= 1 and timeout finite and > 0, got "
+                             f"{skill}, {depth}, {timeout}")
         self.name = f"stockfish:{skill}:{depth}"
         path = find_stockfish(path)
         engine_identity(path, timeout)  # a program that is no UCI engine is said by name (StockfishNotFound)

@@ -81,8 +81,8 @@ class GenerateConfig:
         if self.max_plies < 1 or self.eval_per_task < 0:
             raise ValueError(f"max_plies must be >= 1 and eval_per_task >= 0, got {self.max_plies} and "
                              f"{self.eval_per_task}")
-        if any(t <= 0 for t in self.temperatures):
-            raise ValueError("temperatures must be > 0")
+        if any(not t > 0 for t in self.temperatures):  # a NaN weighed every move NaN; inf: a random mover's game
+            raise ValueError(f"temperatures must be > 0 (inf: random moves), got {list(self.temperatures)}")
         for f in self.extra_positions:
             if not Path(f).exists():
                 raise ValueError(f"extra_positions: {no_such_file(f)}")
