@@ -378,7 +378,9 @@ def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_k
     script = ["position startpos moves e2e4", "position fen 8/8/8 w - - 0 1", "go",
               "position startpos e2e4", "go wtime 1000 btime abc",
               "position startpos moves e2e4", "go infinite", "isready", "stop",
-              "bad \udcff byte", "position startpos moves e2e5", "go", "quit", "isready"]
+              "bad \udcff byte", "position startpos moves e2e5", "go",
+              "position fen 8/8/8/8/8/8/8/8 w - - 0 1", "go",
+              "position fen 4k3/8/8/8/8/8/8/4K3 w KQkq - 0 1", "go", "quit", "isready"]
     serve(eng, script)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("info string error: position: bad FEN '8/8/8 w - - 0 1'")
@@ -393,7 +395,17 @@ def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_k
     assert lines[held + 2] == "info string error: the line is not valid UTF-8; ignored"
     assert lines[held + 3].startswith("info string error: position: 'e2e5' is not a legal move")
     assert lines[held + 4].startswith("info string no position: position: 'e2e5' is not a legal move")
-    assert lines[-1] == "bestmove 0000"  # nothing after quit is answered
+    # a FEN python-chess reads but no game reaches (no king): named, as the FEN it cannot read (it answered 0000
+    # without a word)
+    assert lines[held + 6] == "info string error: position: bad FEN '8/8/8/8/8/8/8/8 w - - 0 1' (not a legal " \
+        "position: no white king, no black king, empty)"
+    assert lines[held + 7].startswith("info string no position: position: bad FEN") and lines[held + 8] == \
+        "bestmove 0000"
+    # castling rights the board cannot have are dropped, as engines drop them: a king move is played
+    last = lines[-1].split()
+    assert last[0] == "bestmove"
+    assert chess.Move.from_uci(last[1]) in chess.Board("4k3/8/8/8/8/8/8/4K3 w - - 0 1").legal_moves
+    assert lines.count("readyok") == 1  # nothing after quit is answered
 
     class Broken:
         def answers(self, boards):

@@ -32,7 +32,7 @@ from typing import IO, Iterable
 import chess
 
 from rookworld_rlvr.cli_args import add_device, add_threads, apply_threads, temperature
-from rookworld_rlvr.engine import MATE_SCORE  # an E: eval of mate in n: (MATE_SCORE - n) / 100 pawns
+from rookworld_rlvr.engine import MATE_SCORE, faults  # MATE_SCORE: an E: eval of mate in n is (MATE_SCORE - n) / 100
 from rookworld_rlvr.tasks import policy as pol_task
 from rookworld_rlvr.tasks.strength import legal_moves
 
@@ -162,10 +162,15 @@ class UCIEngine:
             board, rest = chess.Board(), words[1:]
         elif words[:1] == ["fen"]:
             end = words.index("moves") if "moves" in words else len(words)
+            fen = " ".join(words[1:end])
             try:
-                board = chess.Board(" ".join(words[1:end]))
+                board = chess.Board(fen)
             except ValueError as e:
-                raise ValueError(f"position: bad FEN {' '.join(words[1:end])!r} ({e})") from None
+                raise ValueError(f"position: bad FEN {fen!r} ({e})") from None
+            # python-chess reads it, but no game reaches it (no king, say): no move to give. Castling rights or an
+            # en-passant square that do not fit the board are left to python-chess, which drops them, as engines do
+            if board.status() & ~(chess.STATUS_BAD_CASTLING_RIGHTS | chess.STATUS_INVALID_EP_SQUARE):
+                raise ValueError(f"position: bad FEN {fen!r} (not a legal position: {faults(board)})")
             rest = words[end:]
         else:
             raise ValueError(f"position: expected startpos or fen, got {' '.join(words)!r}")
