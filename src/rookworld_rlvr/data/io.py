@@ -294,10 +294,8 @@ def forked_map(fn: Callable, items: list, workers: int) -> list:
 
 
 def can_fork(workers: int, n: int, at_least: int | None = None) -> bool:
-    """Whether `n` items are worth `workers` forked processes: from `at_least` on (default PARALLEL_ROWS), where
-    fork exists."""
-    bound = PARALLEL_ROWS if at_least is None else at_least
-    return workers > 1 and n >= bound and "fork" in mp.get_all_start_methods()
+    """Whether `n` items are worth `workers` forked processes: from `at_least` (PARALLEL_ROWS) on, where fork exists."""
+    return workers > 1 and n >= (at_least or PARALLEL_ROWS) and "fork" in mp.get_all_start_methods()
 
 
 def read_samples(path: str | Path, skip_invalid: bool = False, report: ReadReport | None = None,
