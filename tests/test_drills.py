@@ -368,6 +368,12 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
     ("phases: [{start: 0, mix_env_ratio: 5}]\n", "bad.yaml:1: config field 'phases': entry 0 mix_env_ratio must be a "
      "number in [0, 1], got 5"),
     ("phases: [warmup]\n", "bad.yaml:1: config field 'phases': entry 0 needs a mapping with an integer 'start'"),
+    # two phases from one step: the later won over the whole of the earlier, which did nothing; a start before step 0
+    ("phases: [{start: 3, temperature: 1}, {start: 3, temperature: 2}]\n", "bad.yaml:1: config field 'phases' must "
+     "start at steps >= 0, in order, no two at one step (there the later would leave the earlier nothing to do)"),
+    ("phases: [{start: -1, temperature: 1}]\n", "bad.yaml:1: config field 'phases' must start at steps >= 0"),
+    ("phases: [{start: 5, top_k: 1}, {start: 2, top_k: 3}]\n", "bad.yaml:1: config field 'phases' must start at "
+     "steps >= 0, in order"),
     ("curriculum: {P: 7}\n", "bad.yaml:1: config field 'curriculum': P needs a list of [step, {component: weight}] pairs"),
     ("kl_coef: yes\n", "bad.yaml:1: config field 'kl_coef' needs a number, got True"),
     ("steps: [1\nlr: 2\n", "bad.yaml:2:3: not valid YAML"),

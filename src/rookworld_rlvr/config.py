@@ -123,7 +123,8 @@ class TrainConfig:
                              "field's rule), e.g. {P: {temperature: 1.2, max_new_tokens: 80}}")
     phases: list = _f([], "task phases, each in force from its start on, over the fields and task_sampling: [{start: "
                       "0, mix_env_ratio: 0.0, temperature: ...}, {start: 30, task_sampling: {A: {...}}}] (settings "
-                      "under their fields' rules; a phase that starts after the last step is warned of)")
+                      "under their fields' rules; starts in order, from step 0, no two at one step; a phase that "
+                      "starts after the last step is warned of)")
     # -- optimisation --------------------------------------------------------------------------
     lr: float = _f(2e-5, "peak learning rate (AdamW)")
     warmup_steps: int = _f(5, "linear LR warm-up steps")

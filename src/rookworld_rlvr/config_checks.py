@@ -164,7 +164,9 @@ def validate(cfg: TrainConfig) -> None:
     sampling_overrides("task_sampling", cfg.task_sampling)  # (raises on a bad one; load_config stored them typed)
     sampling_overrides("phases", cfg.phases)
     starts = [p["start"] for p in cfg.phases]
-    need(starts == sorted(starts), "phases", "must be sorted by start")
+    need(all(s >= 0 for s in starts) and all(a < b for a, b in zip(starts, starts[1:])), "phases",
+         "must start at steps >= 0, in order, no two at one step (there the later would leave the earlier nothing "
+         "to do)")
     from rookworld_rlvr.grpo.control import CurriculumSchedule
 
     try:
