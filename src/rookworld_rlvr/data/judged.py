@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 PARALLEL_PUZZLES = 5_000  # from this many rows on (about a second of checks on one core) they are read in forked
 # processes: a puzzle row costs ~0.2 ms (every move that may mate is played out), so the GPU recipe's 19,576 mates
-# took 4 s at each GRPO start, on 2 cores 2.3 s so
+# took 4.1 s at each GRPO start, on 2 cores 2.6 s so
 
 
 def _parse_rows(job: tuple[Path, Callable[[dict], T], str, list[tuple[int, str]]]) -> tuple[list[T], str | None]:
