@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from test_trainer import _Result, make, varied_reward
 
+from conftest import built_once
 from ranks import WORLD, free_port, spawn_waits
 from rookworld_rlvr.cli import main
 from rookworld_rlvr.grpo import checkpoint as ckpt
@@ -412,9 +414,17 @@ def test_a_rank_ends_itself_when_torchrun_is_killed(tmp_path, when):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, tiny_model_dir, small_data):
-    out = tmp_path_factory.mktemp("ddp")
-    return out, _spawn("train_and_resume", tiny_model_dir, small_data, out)
+def two_ranks(tmp_path_factory, worker_id, tiny_model_dir, small_data):
+    """Built once per run by whichever worker asks first, from its own copies of the model and data (out/model,
+    out/data), which a test that compares a one-process run with the ranks' uses too: paths are in the results."""
+    def build(out: Path) -> None:
+        shutil.copytree(tiny_model_dir, out / "model")
+        shutil.copytree(small_data, out / "data")
+        mp.spawn(_rank_main, args=(free_port(), "train_and_resume", str(out / "model"), str(out / "data"), str(out)),
+                 nprocs=WORLD)
+
+    out = built_once(tmp_path_factory, worker_id, "ddp_ranks", build)
+    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
 def _assert_close(a: dict, b: dict, rtol: float = 1e-6, atol: float = 1e-7) -> None:
@@ -449,11 +459,11 @@ def test_two_ranks_train_in_lockstep_and_only_rank_0_writes(two_ranks):
 
 @pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_each_rank_does_half(
-        two_ranks, tmp_path, tiny_model_dir, small_data):
+        two_ranks, tmp_path):
     """Each rank generates every other batch and scores every other row; both end with the evaluation one
     process makes of the same weights, to the last digit: each prompt is completed in the same batch."""
-    _, (r0, r1) = two_ranks
-    alone = evaluate_held_out(_make(tmp_path / "alone", tiny_model_dir, small_data), small_data)
+    out, (r0, r1) = two_ranks
+    alone = evaluate_held_out(_make(tmp_path / "alone", out / "model", out / "data"), out / "data")
     assert r0["shared_eval"] == r1["shared_eval"] == alone
     assert alone["policy"]["n"] == alone["environment"]["n"] == alone["histories"]["n"] == 20
     # 20 P: + 20 A: rows, 4 a batch: 5 batches per task, 3 + 2 of each on the ranks; the histories, the same A:
@@ -465,10 +475,10 @@ def test_a_held_out_evaluation_shared_out_among_ranks_equals_one_process_and_eac
 
 @pytest.mark.slow  # its module fixture `two_ranks` takes 10 s: run with the other slow tests, once
 def test_rookworld_eval_under_torchrun_shares_the_work_and_rank_0_alone_prints_and_writes_what_one_process_would(
-        two_ranks, tmp_path, tiny_model_dir, small_data):
+        two_ranks, tmp_path):
     out, (r0, r1) = two_ranks
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(eval_command(tiny_model_dir, small_data, tmp_path / "alone.json")) == 0
+        assert main(eval_command(out / "model", out / "data", tmp_path / "alone.json")) == 0
     assert r0["eval_rc"] == r1["eval_rc"] == 0 and r0["eval_still_joined"] and r1["eval_still_joined"]
     assert r1["eval_printed"] == "" and not (out / "eval_rank1.json").exists()
     assert "wrote" in r0["eval_printed"]

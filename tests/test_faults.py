@@ -18,7 +18,7 @@ import chess
 import pytest
 import torch
 
-from conftest import as_options
+from conftest import as_options, built_once
 from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import DataError, read_samples
 from rookworld_rlvr.engine import EngineConfig, StockfishPool, find_stockfish
@@ -588,13 +588,21 @@ def _comparable(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def fault_free(tmp_path_factory, small_data, chess_reward):
-    tmp = tmp_path_factory.mktemp("fault_free")
+def fault_free(tmp_path_factory, worker_id, small_data, chess_reward):
+    """The run without a fault: its records and final weights, built once by whichever worker asks first. Every
+    worker that compares a run with it trains on one thread, as it was trained."""
+    from safetensors.torch import load_file, save_file
+
+    def build(tmp: Path) -> None:
+        tr = _collapse_run(tmp, small_data, chess_reward)
+        tr.train()
+        assert not (tmp / "run" / "events.jsonl").exists() and tr.guard.recoveries == 0, "the healthy run must not trip"
+        save_file({str(i): p for i, p in enumerate(_snapshot(tr.policy))}, tmp / "weights.safetensors")
+
     torch.set_num_threads(1)
-    tr = _collapse_run(tmp, small_data, chess_reward)
-    tr.train()
-    assert not (tmp / "run" / "events.jsonl").exists() and tr.guard.recoveries == 0, "the healthy run must not trip"
-    return _comparable(tmp / "run"), _snapshot(tr.policy)
+    tmp = built_once(tmp_path_factory, worker_id, "fault_free", build)
+    weights = load_file(tmp / "weights.safetensors")
+    return _comparable(tmp / "run"), [weights[str(i)] for i in range(len(weights))]
 
 
 # first bad record: the reward and the sampler act on the samples of step FAULT_STEP (record FAULT_STEP + 1);
