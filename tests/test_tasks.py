@@ -2,6 +2,8 @@
 
 import chess
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import random_transitions
 from rookworld_rlvr.tasks import environment as E
@@ -131,6 +133,27 @@ def test_fen_similarity_is_normalized_levenshtein():
     assert E.levenshtein("kitten", "sitting") == 3
     assert E.fen_similarity("abc", "abc") == 1.0
     assert E.fen_similarity("abcd", "abce") == pytest.approx(0.75)
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """The textbook full-table recursion, nothing cut: what levenshtein must equal."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d[-1][-1]
+
+
+@given(st.text("ab/1", max_size=12), st.text("ab/1", max_size=12))
+def test_levenshtein_cuts_a_shared_prefix_and_suffix_and_still_gives_the_edit_distance(a, b):
+    """A two-letter alphabet makes a prefix and a suffix that overlap ("aba" / "aa") common."""
+    assert E.levenshtein(a, b) == E.levenshtein(b, a) == _edit_distance(a, b)
+
+
+def test_levenshtein_of_a_fen_and_the_fen_after_a_move():
+    before, after = START, E.transition(START, "e2e4").new_fen
+    assert E.levenshtein(before, after) == _edit_distance(before, after) == 7
+    assert E.levenshtein("aa", "a") == E.levenshtein("", "abc") - 2 == 1
 
 
 def test_en_passant_square_written_after_every_double_push():

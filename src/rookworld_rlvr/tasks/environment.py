@@ -170,7 +170,15 @@ def parse_line(line: str) -> EnvTruth:
 
 
 def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insert, delete, substitute), two-row dynamic programme."""
+    """Edit distance (insert, delete, substitute), two-row dynamic programme. A shared prefix and suffix cost
+    nothing and are cut first: a move changes a few squares of a FEN, so most of it is shared."""
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < min(len(a), len(b)) - start and a[-1 - end] == b[-1 - end]:
+        end += 1
+    a, b = a[start:len(a) - end], b[start:len(b) - end]
     if len(a) < len(b):
         a, b = b, a
     prev = list(range(len(b) + 1))
