@@ -21,7 +21,7 @@ from rookworld_rlvr.config import load_config
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo import checkpoint as ckpt
 from rookworld_rlvr.grpo.trainer import Trainer
-from rookworld_rlvr.interrupt import Interrupted, StopOnSignal, forked_pool, pool_size
+from rookworld_rlvr.interrupt import Interrupted, StopOnSignal, chunk_size, forked_pool, pool_size
 from rookworld_rlvr.sft import SFTConfig, train as sft_train
 from test_faults import _fields, _records, varied_reward
 
@@ -107,6 +107,11 @@ def test_a_pools_default_size_is_the_cores_this_process_may_use_not_the_machines
     cores = len(os.sched_getaffinity(0))
     assert pool_size() == min(16, cores) and pool_size(cap=1) == 1
 
+
+@pytest.mark.parametrize("n,workers,size", [(100, 2, 13), (96, 2, 12), (7, 16, 1), (0, 4, 1)])
+def test_work_shared_among_a_pool_comes_in_about_four_chunks_a_worker_and_never_in_empty_ones(n, workers, size):
+    assert chunk_size(n, workers) == size
+    assert -(-n // size) <= workers * 4  # ceil(n / size) chunks: every item in one
 
 def test_a_signal_mid_step_stops_grpo_after_that_step_saved_and_resume_ends_as_the_straight_run(
         tmp_path, tiny_model_dir, small_data):

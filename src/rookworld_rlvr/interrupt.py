@@ -43,6 +43,12 @@ def pool_size(cap: int = 16) -> int:
     return max(1, min(cap, cores))
 
 
+def chunk_size(n: int, workers: int) -> int:
+    """Items a chunk where `n` are shared out among `workers` processes: about four chunks each, so that a slow
+    chunk does not keep the other workers waiting at the end; at least 1."""
+    return max(-(-n // (workers * 4)), 1)
+
+
 def forked_pool(workers: int) -> mp.pool.Pool:
     """A multiprocessing Pool of `workers` forked processes that start with SIGTERM's default action,
     whatever handler this process has. A process forked under a Python handler loses a signal that comes

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from rookworld_rlvr.data.io import data_lines, file_sha256, gc_paused, parse_lines, read_samples
-from rookworld_rlvr.interrupt import forked_pool, pool_size
+from rookworld_rlvr.interrupt import chunk_size, forked_pool, pool_size
 from rookworld_rlvr.sft_rows import Row, encode, encode_many
 
 FORMAT = 1
@@ -118,7 +118,7 @@ def encode_into(cache: str | Path, key: str, data: str | Path, tokenizer, layout
     lines = list(data_lines(Path(data)))
     token = np.uint16 if len(tokenizer) <= 2**16 else np.int32
     workers = workers or pool_size()
-    size = max(-(-len(lines) // (workers * 4)), 1)
+    size = chunk_size(len(lines), workers)
     bounds = [(i, i + size) for i in range(0, len(lines), size)] or [(0, 0)]
     _JOB = (data, lines, tokenizer, layout, order, legal, token)  # the workers inherit it: no line is pickled to them
     try:

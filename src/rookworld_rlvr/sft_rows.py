@@ -15,7 +15,7 @@ import multiprocessing as mp
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
-from rookworld_rlvr.interrupt import forked_pool, pool_size
+from rookworld_rlvr.interrupt import chunk_size, forked_pool, pool_size
 
 if TYPE_CHECKING:
     import random
@@ -84,7 +84,7 @@ def encode_many(tokenizer, samples, layout: str, order: str = "given", legal: bo
     workers = workers or pool_size()
     if workers < 2 or len(samples) < max(min_rows, 2) or "fork" not in mp.get_all_start_methods():
         return encode(tokenizer, samples, layout, order, legal)
-    size = -(-len(samples) // (workers * 4))
+    size = chunk_size(len(samples), workers)
     _JOB = (tokenizer, samples, layout, order, legal)  # the workers inherit it: no sample is pickled to them
     try:  # fork: the workers run the tokenizer and python alone, never torch (as read_samples' workers)
         with forked_pool(workers) as pool:

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator
 import chess
 
 from rookworld_rlvr.atomic import current_umask, named
-from rookworld_rlvr.interrupt import forked_pool, pool_size
+from rookworld_rlvr.interrupt import chunk_size, forked_pool, pool_size
 from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks import environment as env_task
 from rookworld_rlvr.tasks import policy as pol_task
@@ -290,7 +290,7 @@ def forked_map(fn: Callable, items: list, workers: int) -> list:
     """`fn` over `items` in `workers` forked processes, in order. Fork, as torch's own DataLoader workers: the
     workers run python-chess alone, never torch, so a parent that has used torch (or CUDA) may fork them."""
     with forked_pool(workers) as pool:
-        return pool.map(fn, items, chunksize=-(-len(items) // (workers * 4)) or 1)
+        return pool.map(fn, items, chunksize=chunk_size(len(items), workers))
 
 
 def can_fork(workers: int, n: int, at_least: int | None = None) -> bool:
@@ -331,7 +331,7 @@ def gc_paused() -> Iterator[None]:
 def _read_samples(path: Path, skip_invalid: bool, report: ReadReport, workers: int) -> list[Sample]:
     lines = list(data_lines(path))
     parallel = can_fork(workers, len(lines))
-    size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
+    size = chunk_size(len(lines), workers) if parallel else max(len(lines), 1)
     chunks = [(path, is_jsonl(path), skip_invalid, lines[i:i + size]) for i in range(0, len(lines), size)]
     parts = forked_map(_parse_chunk, chunks, workers) if parallel else [_parse_chunk(c) for c in chunks]
     samples: list[Sample] = []

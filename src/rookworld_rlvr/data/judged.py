@@ -22,7 +22,7 @@ import chess
 
 from rookworld_rlvr.data.io import (DataError, atomic_write_text, can_fork, data_lines, forked_map, gc_paused,
                                     iter_samples, json_object, read_samples, text_lines)
-from rookworld_rlvr.interrupt import pool_size
+from rookworld_rlvr.interrupt import chunk_size, pool_size
 from rookworld_rlvr.tasks.strength import (JudgedPosition, Puzzle, check_puzzle, could_be_tactic, is_legal, mates,
                                            mating_moves, tactic_of)
 
@@ -62,7 +62,7 @@ def _read_rows(path: str | Path, parse: Callable[[dict], T], fields: str, worker
     with gc_paused():
         lines = list(data_lines(path))
         parallel = can_fork(workers, len(lines), at_least=PARALLEL_PUZZLES)
-        size = -(-len(lines) // (workers * 4)) if parallel else max(len(lines), 1)
+        size = chunk_size(len(lines), workers) if parallel else max(len(lines), 1)
         jobs = [(path, parse, fields, lines[i:i + size]) for i in range(0, len(lines), size)]
         out: list[T] = []
         for rows, error in forked_map(_parse_rows, jobs, workers) if parallel else map(_parse_rows, jobs):
