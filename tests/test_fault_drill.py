@@ -22,6 +22,7 @@ def drill_module():
     return module
 
 
+@pytest.mark.drill
 @pytest.mark.slow(seconds=120)
 def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(tmp_path, stockfish_path):
     out = tmp_path / "drill"
@@ -43,6 +44,7 @@ def test_runs_killed_at_random_points_and_resumed_equal_the_uninterrupted_runs(t
     assert "bit for bit equal" in proc.stdout
 
 
+@pytest.mark.drill
 @pytest.mark.slow(seconds=150)
 def test_a_rank_stopped_or_killed_under_torchrun_ends_the_run_leaves_nothing_running_and_it_resumes_bit_for_bit(
         tmp_path, stockfish_path):

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO
 
 
+@pytest.mark.drill
 @pytest.mark.slow(seconds=120)
 def test_the_gpu_check_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "out"

@@ -32,6 +32,7 @@ def unpack(folder: Path, into: Path) -> Path:
     return into
 
 
+@pytest.mark.drill
 @pytest.mark.slow(seconds=170)
 def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stockfish_path):
     from rookworld_rlvr.data.generate import GenerateConfig, generate, is_eval_fen

@@ -1,5 +1,6 @@
 """scripts/ensure_venv.sh, the first thing `make train` and `make test` run: a virtual environment with pip, made
-again where a failed attempt left one half made, and a clear error where the Python cannot make one."""
+again where a failed attempt left one half made, and a clear error where the Python cannot make one; and .ci/run,
+which runs `make test` and then `make drills`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,3 +125,23 @@ exec {sys.executable} "$@\"""")
     assert log.read_text().splitlines() == ["update -qq", f"install -y -qq python{VERSION}-venv",
                                             "install -y -qq python3-venv"]
     assert has_pip(venv)
+
+
+@pytest.mark.parametrize("codes,status", [({}, 0), ({"test": 1}, 1), ({"drills": 2}, 2), ({"test": 5}, 1),
+                                          ({"drills": 5}, 1)])
+def test_ci_runs_the_suite_and_then_the_drills_it_leaves_out_and_fails_where_either_fails(tmp_path, codes, status):
+    """.ci/run: `make test`, then `make drills` whatever the first gave (every failure is seen in one run); pytest's
+    5 (nothing collected) is a failure. `make` is a stand-in on PATH that logs its target and exits as asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    make = bin_dir / "make"
+    make.write_text(f'#!/bin/bash\necho "$1 $ROOKWORLD_TEST_STRICT" >> {tmp_path / "make.log"}\n'
+                    f'case "$1" in test) exit {codes.get("test", 0)};; drills) exit {codes.get("drills", 0)};; esac\n')
+    make.chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == status, proc.stderr
+    assert (tmp_path / "make.log").read_text().splitlines() == ["test 1", "drills 1"]
+    assert ("collected no tests" in proc.stderr) == (5 in codes.values())
+    pyproject = (REPO / "pyproject.toml").read_text()  # the drills are what `make test` leaves out
+    assert "-m 'not gpu and not drill'" in pyproject and "-m drill" in (REPO / "Makefile").read_text()
