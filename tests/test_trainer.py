@@ -382,8 +382,11 @@ def test_mix_puzzle_ratio_draws_puzzles_with_a_verified_reward(tmp_path, tiny_mo
     from rookworld_rlvr.data.judged import read_puzzles
 
     over = dict(batch_positions=4, mix_env_ratio=0.0, max_new_tokens=8, mix_puzzle_ratio=0.5, puzzle_data=str(path))
-    with pytest.raises(ValueError, match="no training puzzles"):  # the caller hands the trainer its puzzles
+    # the caller hands the trainer its puzzles (grpo.cli.build reads them): without them, an error that says so
+    with pytest.raises(ValueError, match=r"'puzzle_data' is .*puzzles.jsonl: pass its puzzles as puzzles"):
         make(tmp_path, tiny_model_dir, small_data, scorer, **over)
+    with pytest.raises(ValueError, match="'mix_puzzle_ratio' needs puzzle_data"):  # none named: the config says
+        make(tmp_path, tiny_model_dir, small_data, scorer, **{**over, "puzzle_data": None})
     cfg = load_config(None, {**make_fields(tmp_path, tiny_model_dir, small_data), **over})
     tr = Trainer(cfg, lambda *a: scorer.score_batch(*a), read_samples(cfg.data), None, log=lambda *_: None,
                  puzzles=[Sample("P", p) for p in read_puzzles(path)])
@@ -507,10 +510,17 @@ def test_positions_are_told_apart_by_check_once_for_the_sampler_and_the_anchor(t
     assert tr.anchor.sampler.pools["P"] == out_of_check(rows) == tr.prompts.pools["P"] and len(calls) == 2
 
 
-def test_anchor_data_without_its_samples_is_an_error_not_the_training_data(tmp_path, tiny_model_dir, small_data,
-                                                                            scorer):
+def test_anchor_or_puzzle_data_without_its_rows_is_an_error_before_the_models_load(tmp_path, tiny_model_dir,
+                                                                                    small_data, scorer):
     with pytest.raises(ValueError, match=r"'anchor_data' is .*eval.jsonl: pass its samples as anchor_samples"):
         make(tmp_path, tiny_model_dir, small_data, scorer, anchor_coef=1.0, anchor_data=str(small_data / "eval.jsonl"))
+    # said before the models load (a 124M model takes seconds): a model folder that is not there is not reached
+    with pytest.raises(ValueError, match=r"'anchor_data' is .*eval.jsonl: pass its samples as anchor_samples"):
+        make(tmp_path, tmp_path / "no-model", small_data, scorer, anchor_coef=1.0,
+             anchor_data=str(small_data / "eval.jsonl"))
+    with pytest.raises(ValueError, match=r"'puzzle_data' is .*eval.jsonl: pass its puzzles as puzzles"):
+        make(tmp_path, tmp_path / "no-model", small_data, scorer, mix_puzzle_ratio=0.5,
+             puzzle_data=str(small_data / "eval.jsonl"))
 
 
 def test_anchor_sample_longer_than_context_is_a_clear_error(tmp_path, tiny_model_dir, small_data, scorer):

@@ -21,6 +21,18 @@ def split_tasks(samples) -> dict[str, list]:
     return {t: [s for s in samples if s.task == t] for t in ("P", "A")}
 
 
+def check_given(cfg, puzzles: list | None, anchor_samples: list | None) -> None:
+    """The rows of a file the config names that a caller of `Trainer` must pass (`grpo.cli.build` reads them):
+    not given, an error that says so, never the training data in their place nor a draw from nothing."""
+    if cfg.anchor_coef and cfg.anchor_data and anchor_samples is None:
+        raise ValueError(f"config field 'anchor_data' is {cfg.anchor_data}: pass its samples as anchor_samples "
+                         "(grpo.cli.build reads them)")
+    if cfg.mix_puzzle_ratio > 0 and cfg.puzzle_data and puzzles is None:
+        raise ValueError(f"config field 'puzzle_data' is {cfg.puzzle_data}: pass its puzzles as puzzles, e.g. "
+                         "[Sample('P', p) for p in data.judged.read_puzzles(path)] (grpo.cli.build reads them), or "
+                         "set mix_puzzle_ratio 0")
+
+
 def in_check_flags(samples, workers: int | None = None) -> list[bool]:
     """Whether each P: sample's position is in check, in order. python-chess parses each FEN (about 35 us),
     so a GPU base's million positions (`check_share` and the anchor's `out_of_check` each ask) are spread

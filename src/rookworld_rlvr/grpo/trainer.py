@@ -34,7 +34,7 @@ from rookworld_rlvr.grpo.lora import with_lora
 from rookworld_rlvr.grpo.monitor import SymptomMonitor
 from rookworld_rlvr.grpo.passes import Passes, task_slices
 from rookworld_rlvr.grpo.precision import autocast_dtype, backward_dtype, record_rollout
-from rookworld_rlvr.grpo.prompts import PromptSampler, split_tasks
+from rookworld_rlvr.grpo.prompts import PromptSampler, check_given, split_tasks
 from rookworld_rlvr.grpo.rollout import (Batch, RewardFn, Row, Rollout, assemble, check_shardable, collect,
                                         decode_graph, score_overlap)
 from rookworld_rlvr.grpo.runlog import (append_jsonl, banner, best_summary, logged_events, set_aside, step_record,
@@ -46,9 +46,11 @@ from rookworld_rlvr.model import load_policy, resolve_device
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, reward_fn: RewardFn, train_samples: list, eval_fn: Callable | None = None,
-                 log: Callable[[str], None] = print, puzzles: list = (), anchor_samples: list | None = None) -> None:
+                 log: Callable[[str], None] = print, puzzles: list | None = None,
+                 anchor_samples: list | None = None) -> None:
         """`train_samples` give the P: and A: prompts (and the anchor's answers unless `anchor_samples`
-        does); `puzzles` are P: prompts without a written answer, drawn at `mix_puzzle_ratio` of the P: prompts."""
+        does); `puzzles` are P: prompts without a written answer, drawn at `mix_puzzle_ratio` of the P: prompts.
+        A config's `puzzle_data` and `anchor_data` are read by the caller (`grpo.cli.build`), not here."""
         cfg.validate()
         self.cfg, self.reward_fn, self.eval_fn = cfg, reward_fn, eval_fn
         self.main = dist.is_main()  # under torchrun only rank 0 logs and writes files
@@ -57,6 +59,7 @@ class Trainer:
             self.log(f"warning: setting without effect: {note}")
         self.run_dir = Path(cfg.output_dir)
         check_shardable(cfg)
+        check_given(cfg, puzzles, anchor_samples)  # before the models load
         if self.main and not cfg.resume:
             set_aside(self.run_dir, log)
         elif self.main:
@@ -92,11 +95,8 @@ class Trainer:
         self.curriculum = CurriculumSchedule(cfg.curriculum)
         self.monitor = SymptomMonitor(every=20, flat_steps=max(20, cfg.steps // 3))
         by_task = split_tasks(train_samples)
-        self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles)}, cfg.seed, cfg.env_terminal_share,
-                                     cfg.mix_puzzle_ratio, cfg.check_share)
-        if cfg.anchor_coef and cfg.anchor_data and anchor_samples is None:  # no silent fallback to train_samples
-            raise ValueError(f"config field 'anchor_data' is {cfg.anchor_data}: pass its samples as anchor_samples "
-                             "(grpo.cli.build reads them)")
+        self.prompts = PromptSampler({**by_task, "P_puzzle": list(puzzles or ())}, cfg.seed,
+                                     cfg.env_terminal_share, cfg.mix_puzzle_ratio, cfg.check_share)
         split = anchor_samples is None and cfg.check_share is not None  # the sampler's "P": these rows out of check
         self.anchor = Anchor(cfg, by_task if anchor_samples is None else split_tasks(anchor_samples), self.tokenizer,
                              self.device, self.prompts.pools["P"] if split else None) if cfg.anchor_coef else None
