@@ -45,13 +45,17 @@ def main() -> None:
     model.eval()
     sets = {name: read_samples(path) for name, path in (("train", args.train), ("held out", args.eval))}
     for task in ("P", "A"):
-        losses = {}
+        losses, counts = {}, {}
         for name, samples in sets.items():
             rows = [s for s in samples if s.task == task]
             random.Random(args.seed).shuffle(rows)
+            counts[name] = len(rows[:args.rows])
+            if not counts[name]:
+                raise SystemExit(f"fit_gap: no {task}: rows in {args.train if name == 'train' else args.eval}")
             losses[name] = answer_loss(model, tokenizer, rows[:args.rows])
         print(f"{task}: train {losses['train']:.4f}, held out {losses['held out']:.4f} nats a token "
-              f"(gap {losses['held out'] - losses['train']:+.4f}; {args.rows} rows each)")
+              f"(gap {losses['held out'] - losses['train']:+.4f}; {counts['train']} training and "
+              f"{counts['held out']} held-out rows)")
 
 
 if __name__ == "__main__":
