@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+GROUP = 8  # completions a prompt
 
 
 def measure(device: str, autocast: str, chunked: bool, grad: bool, rows: int, prompt: int, completion: int) -> dict:
@@ -35,8 +36,7 @@ def measure(device: str, autocast: str, chunked: bool, grad: bool, rows: int, pr
     torch.manual_seed(0)
     dev = torch.device(device)
     model = GPT2LMHeadModel(tiny_config(50257, "gpt2-124m", n_positions=512)).to(dev).eval()
-    group = 8
-    prompts = torch.randint(0, 50257, (rows // group, prompt), device=dev).repeat_interleave(group, 0)
+    prompts = torch.randint(0, 50257, (rows // GROUP, prompt), device=dev).repeat_interleave(GROUP, 0)
     ids = torch.cat([prompts, torch.randint(0, 50257, (rows, completion), device=dev)], 1)
     mask = torch.ones_like(ids)
     pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
@@ -50,7 +50,7 @@ def measure(device: str, autocast: str, chunked: bool, grad: bool, rows: int, pr
     t0 = time.perf_counter()
     with torch.set_grad_enabled(grad), amp:
         out = lp.token_logprobs(model, ids, mask, pos, completion, temperature=0.9, return_entropy=True,
-                                group_size=group, entropy_grad=False)
+                                group_size=GROUP, entropy_grad=False)
     if grad:
         out["logprobs"].sum().backward()
     if dev.type == "cuda":
@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=144)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a single measurement, in this process
     args = ap.parse_args()
+    if args.rows < GROUP or args.rows % GROUP:
+        ap.error(f"--rows must be a positive multiple of {GROUP} (each prompt's {GROUP} completions), got {args.rows}")
     if args.one:
         chunked, grad = json.loads(args.one)
         print(json.dumps(measure(args.device, args.autocast, chunked, grad, args.rows, args.prompt, args.completion)))
@@ -85,7 +87,10 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--device", args.device, "--autocast", args.autocast, "--rows",
                    str(args.rows), "--prompt", str(args.prompt), "--completion", str(args.completion),
                    "--one", json.dumps([chunked, grad])]
-            r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"the measurement {json.dumps([chunked, grad])} (chunked, backward) failed:\n{done.stderr}")
+            r = json.loads(done.stdout.splitlines()[-1])
             print(f"{'backward' if grad else 'no grad '} {'chunked ' if chunked else 'one piece'}: peak "
                   f"{r['peak_gib']:.2f} GiB above the model, {r['seconds']:.1f} s ({args.device}, {args.autocast})",
                   flush=True)
