@@ -79,8 +79,8 @@ def main() -> None:
                       add_special_tokens=False).to(args.device)
             t0 = time.perf_counter()
             with torch.no_grad(), amp:
-                out = model.generate(**enc, max_new_tokens=new, do_sample=mode == "sample", temperature=1.0, top_k=0,
-                                     pad_token_id=tok.pad_token_id)
+                drawn = dict(do_sample=True, temperature=1.0, top_k=0) if mode == "sample" else dict(do_sample=False)
+                out = model.generate(**enc, max_new_tokens=new, pad_token_id=tok.pad_token_id, **drawn)
             sync()
             gen = out[:, enc.input_ids.shape[1]:]
             n = int(((gen != tok.pad_token_id).cumprod(1)).sum()) + int((gen == tok.eos_token_id).any(1).sum())
