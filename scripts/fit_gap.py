@@ -43,6 +43,8 @@ def main() -> None:
     args = ap.parse_args()
     model, tokenizer = load_policy(args.model, device="cpu")[:2]
     model.eval()
+    if getattr(model, "loss_type", "") is None:  # GPT-2's class names no loss: transformers warns, then takes this one
+        model.loss_type = "ForCausalLM"
     sets = {name: read_samples(path) for name, path in (("train", args.train), ("held out", args.eval))}
     for task in ("P", "A"):
         losses, counts = {}, {}
