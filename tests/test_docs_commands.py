@@ -1,0 +1,68 @@
+"""Every `rookworld ...` command and `make train ARGS="..."` that the README and the docs give is one the
+command line takes: an option renamed or removed since fails here, not in a user's terminal. Parsing only
+(nothing runs); placeholders in capitals (RUN, DIR, N) stand for a value and a command mentioned by name alone
+(`rookworld eval`, without its required options) is prose, not a command to run."""
+
+import contextlib
+import io
+import re
+import shlex
+
+import pytest
+from conftest import REPO
+
+from rookworld_rlvr.cli import build_parser
+from rookworld_rlvr.cli_args import parse
+
+DOCS = sorted({REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("*/README.md"), *REPO.glob("*/*/README.md")}
+              - set(REPO.glob("runs/**/*.md")))  # (a run's own files, not docs)
+PLACEHOLDER = re.compile(r"^(?!(P|A|PA|AP)$)[A-Z][A-Z_0-9]*$")  # RUN, N, S; not the task letters P, A, PA
+
+
+def filled(words: list[str], standalone: str | None) -> list[str]:
+    """Placeholders given a value ("1"): an option's, or a positional one's (`standalone` "1"); a placeholder
+    that stands for options (ARGS="--lr 3e-5 CHANGE") is left out (`standalone` None)."""
+    out = []
+    for i, w in enumerate(words):
+        if not PLACEHOLDER.match(w):
+            out.append(w)
+        elif (i and words[i - 1].startswith("--")) or standalone is not None:
+            out.append("1")
+    return out
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+    """(file, the command as written, the arguments `rookworld` would get) of every command in the docs."""
+    found = []
+    for path in DOCS:
+        text = path.read_text().replace("\\\n", " ")  # a shell line continued on the next
+        name = str(path.relative_to(REPO))
+        for args in sorted(set(re.findall(r'make train[^`\n]*ARGS="([^"]+)"', text))):
+            words = filled(shlex.split(args), None)
+            found.append((name, f'make train ARGS="{args}"', ["train", "--config", "configs/default.yaml", *words]))
+        commands = re.findall(r"`(rookworld [^`]+)`", text) + re.findall(r"^\s*(rookworld [^\n#]+)", text, re.M)
+        for command in sorted(set(commands)):
+            command = command.strip().rstrip("&").strip()
+            if re.search(r"\.\.\.|…|\||^rookworld \S+:", command):  # an elided list, alternatives, an error shown
+                continue
+            words = shlex.split(re.sub(r"\[[^\]]*\]", "", command))[1:]  # [optional parts] left out
+            found.append((name, command, filled(words, "1")))
+    return found
+
+
+def test_the_docs_hold_commands_to_check():
+    files = {f for f, _, _ in documented_commands()}
+    assert len(documented_commands()) > 100 and {"README.md", "docs/gpu.md", "docs/grpo-experiments.md"} <= files
+
+
+@pytest.mark.parametrize("where,command,argv", documented_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_documented_command_is_one_the_command_line_takes(where, command, argv):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parse(build_parser(), argv)
+    except SystemExit as e:
+        said = err.getvalue().strip()
+        prose = "are required" in said or ("expected one argument" in said and argv[-1].startswith("--"))
+        if e.code and not prose:  # prose names `rookworld eval` without its --model, `rookworld sweep --storage`
+            pytest.fail(f"{where}: {command}\n{said}", pytrace=False)
