@@ -1,7 +1,8 @@
-"""Every `rookworld ...` command and `make train ARGS="..."` that the README and the docs give is one the
-command line takes: an option renamed or removed since fails here, not in a user's terminal. Parsing only
-(nothing runs); placeholders in capitals (RUN, DIR, N) stand for a value and a command mentioned by name alone
-(`rookworld eval`, without its required options) is prose, not a command to run."""
+"""What the README and the docs point at is there: every `rookworld ...` command and `make train ARGS="..."` they
+give is one the command line takes (an option renamed or removed since fails here, not in a user's terminal), and
+every test they cite as a claim's proof exists. Parsing only (nothing runs); placeholders in capitals (RUN, DIR, N)
+stand for a value, and a command mentioned by name alone (`rookworld eval`, without its required options) is prose,
+not a command to run."""
 
 import contextlib
 import io
@@ -66,3 +67,22 @@ def test_a_documented_command_is_one_the_command_line_takes(where, command, argv
         prose = "are required" in said or ("expected one argument" in said and argv[-1].startswith("--"))
         if e.code and not prose:  # prose names `rookworld eval` without its --model, `rookworld sweep --storage`
             pytest.fail(f"{where}: {command}\n{said}", pytrace=False)
+
+
+def test_every_test_the_docs_cite_exists():
+    """docs/reliability.md and the others give a test as the proof of each claim (`test_faults.py::test_...`,
+    `::test_...` for another of the same file): a test renamed or removed leaves a claim without its proof."""
+    defined = {path.name: set(re.findall(r"^\s*def (test_\w+)", path.read_text(), re.M))
+               for path in (REPO / "tests").rglob("test_*.py")}
+    missing, cited = [], 0
+    for path in DOCS:
+        text = path.read_text()
+        for m in re.finditer(r"(?<![\w/])(test_\w+\.py)((?:::\w+)*)", text):
+            names = m.group(2).split("::")[1:]
+            cited += 1
+            if m.group(1) not in defined:
+                missing.append(f"{path.name}: {m.group(1)}")
+            missing += [f"{path.name}: {m.group(1)}::{n}" for n in names if n not in defined.get(m.group(1), names)]
+        everywhere = set().union(*defined.values())
+        missing += [f"{path.name}: ::{n}" for n in re.findall(r"(?<![\w.])::(test_\w+)", text) if n not in everywhere]
+    assert cited > 100 and not missing, missing
