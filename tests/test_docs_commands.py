@@ -1,8 +1,8 @@
 """What the README and the docs point at is there: every `rookworld ...` command and `make train ARGS="..."` they
 give is one the command line takes (an option renamed or removed since fails here, not in a user's terminal), and
-every test they cite as a claim's proof exists. Parsing only (nothing runs); placeholders in capitals (RUN, DIR, N)
-stand for a value, and a command mentioned by name alone (`rookworld eval`, without its required options) is prose,
-not a command to run."""
+every test they cite as a claim's proof and every file and heading they link to exists. Parsing only (nothing
+runs); placeholders in capitals (RUN, DIR, N) stand for a value, and a command mentioned by name alone (`rookworld
+eval`, without its required options) is prose, not a command to run."""
 
 import contextlib
 import io
@@ -86,3 +86,23 @@ def test_every_test_the_docs_cite_exists():
         everywhere = set().union(*defined.values())
         missing += [f"{path.name}: ::{n}" for n in re.findall(r"(?<![\w.])::(test_\w+)", text) if n not in everywhere]
     assert cited > 100 and not missing, missing
+
+
+def test_every_link_between_the_docs_reaches_its_file_and_heading():
+    """A relative link's file exists and its #anchor is one of that file's headings (as GitHub makes them: lower
+    case, punctuation dropped, spaces as hyphens)."""
+    def headings(path) -> set[str]:
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+
+    broken, links = [], 0
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            links += 1
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in headings(dest)):
+                broken.append(f"{path.relative_to(REPO)}: {target}")
+    assert links > 40 and not broken, broken
