@@ -322,7 +322,7 @@ def test_sft_weight_decay_grad_clip_context_and_layout_do_what_they_say(tmp_path
 
 
 @pytest.mark.slow
-def test_sft_trains_saves_and_resumes(tmp_path, small_data):
+def test_sft_trains_saves_and_resumes(tmp_path, small_data, capsys):
     import logging
 
     out = tmp_path / "m"
@@ -343,6 +343,10 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data):
     assert [r["step"] for r in log] == [1, 2, 3, 4]
     assert log[-1]["loss"] < log[0]["loss"]
     assert "policy/invalid" in log[1] and "eval_loss_A" in log[1]
+    shown = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"step"')]
+    assert [r["step"] for r in shown] == [2, 4]  # each evaluation's record, on the console too
+    for r in shown:  # to 5 significant digits: an lr of 1e-5 was shown as 0.0 (rounded to 4 decimals)
+        assert r["lr"] == pytest.approx(log[r["step"] - 1]["lr"], rel=1e-4) and r["lr"] > 0
     model, tok = load_policy(str(out), device="cpu", verbose=False)
     assert model.config.n_positions == 320
     cfg.steps = 6

@@ -353,7 +353,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
             model.train()
             metrics = record
             if main:
-                bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}))
+                shown = {k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in record.items()}
+                bar.write(json.dumps(shown))  # 5 significant digits (an lr of 1e-5 is not 0.0)
         if main:
             write_text(log_path, json.dumps(record) + "\n")
         if step % cfg.save_every == 0 and not done:
