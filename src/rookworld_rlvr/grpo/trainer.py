@@ -299,7 +299,7 @@ class Trainer:
                 if writer is not None:
                     writer(record)
             bar.update()
-            bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.4f}",
+            bar.set_postfix(reward=f"{record['reward/mean']:.3f}", kl=f"{record.get('kl_mean', 0):.3g}",
                             s=f"{record['time/step']:.1f}", **({"recovered": self.guard.recoveries}
                                                               if self.guard.recoveries else {}))
             last = self.step >= cfg.steps or self.out_of_time()
