@@ -384,6 +384,11 @@ def test_the_best_evaluated_state_is_written_beside_the_final_one(tmp_path, tiny
     ("# a preset\nsteps: 3\n\nkl_coef: -1\n", "bad.yaml:4: config field 'kl_coef' must be >= 0 (got -1.0)"),
     ("steps: 3\npolicy_weights:\n  format: -1\n", "bad.yaml:2: reward.policy_weights: weights must be finite"),
     ("env_weights: {next_state: x}\n", "bad.yaml:1: reward.env_weights: weights must be finite numbers >= 0"),
+    # a key inside a field's value that the error names: its own line, not its field's
+    ("steps: 3\ntask_sampling:\n  A: {temperature: 0.9}\n  P:\n    max_new_tokenz: 30\n",
+     "bad.yaml:5: config field 'task_sampling': P has unknown keys ['max_new_tokenz']"),
+    ("phases:\n  - start: 0\n  - start: 9\n    task_sampling:\n      P: {tempreature: 1}\n",
+     "bad.yaml:5: config field 'phases': entry 1 task_sampling P has unknown keys ['tempreature']"),
 ])
 def test_a_bad_config_file_names_the_field_or_the_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"

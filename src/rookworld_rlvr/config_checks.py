@@ -12,7 +12,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import yaml
 
@@ -198,8 +198,23 @@ def where_set(error: str, path: str | None, from_file: set[str]) -> str:
     if not path or not m or m.group(1) not in from_file:
         return error
     node = yaml.compose(Path(path).read_text())
-    line = next((k.start_mark.line + 1 for k, _ in node.value if k.value == m.group(1)), None)
-    return f"{path}:{line}: {error}" if line else f"{path}: {error}"
+    field = next(((k, v) for k, v in node.value if k.value == m.group(1)), None)
+    if field is None:
+        return f"{path}: {error}"
+    keys = list(_keys(field[1]))  # the first key inside the field's value that the error names, else the field's
+    key = next((k for name in re.findall(r"'(\w+)'", error) for k in keys if k.value == name), field[0])
+    return f"{path}:{key.start_mark.line + 1}: {error}"
+
+
+def _keys(node) -> Iterator[yaml.Node]:
+    """Every mapping key under a YAML node, in document order."""
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            yield k
+            yield from _keys(v)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            yield from _keys(v)
 
 
 def inert_settings(cfg: TrainConfig, names: Iterable[str] | None = None, processes: int | None = 1) -> list[str]:
