@@ -36,7 +36,8 @@ def main() -> None:
     n = cfg.batch_positions * args.batches
     if not stds:
         raise SystemExit(f"{args.config}: {n} groups of {cfg.group_size}, none with a learning signal (every group's "
-                         "rewards equal): no floor binds; sample more batches (--batches)")
+                         "rewards equal, as when no answer is readable): no floor binds; sample more batches "
+                         "(--batches)")
     print(f"{args.config}: {n} groups of {cfg.group_size}, {len(stds)} with a learning signal "
           f"({n - len(stds)} flat); their reward std: median {statistics.median(stds):.4f}, "
           f"10th percentile {sorted(stds)[len(stds) // 10]:.4f}, min {min(stds):.4f}")
