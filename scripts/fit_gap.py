@@ -18,6 +18,7 @@ import torch
 
 from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.model import load_policy
+from rookworld_rlvr.model.load import name_causal_lm_loss
 from rookworld_rlvr.sft_rows import encode, make_batch
 
 
@@ -43,8 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     model, tokenizer = load_policy(args.model, device="cpu")[:2]
     model.eval()
-    if getattr(model, "loss_type", "") is None:  # GPT-2's class names no loss: transformers warns, then takes this one
-        model.loss_type = "ForCausalLM"
+    name_causal_lm_loss(model)
     sets = {name: read_samples(path) for name, path in (("train", args.train), ("held out", args.eval))}
     for task in ("P", "A"):
         losses, counts = {}, {}

@@ -128,7 +128,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     from rookworld_rlvr.chess_tokenizers import TOKENIZERS
     from rookworld_rlvr.model import fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
     from rookworld_rlvr.atomic import restore_aside, write_dir
-    from rookworld_rlvr.model.load import write_pretrained
+    from rookworld_rlvr.model.load import name_causal_lm_loss, write_pretrained
     from rookworld_rlvr.statefile import load_state, save_state, state_exists
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.sft_eval import held_out
@@ -180,8 +180,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
         fuse_activations(model)
     set_dropout(model, cfg.dropout)
-    if getattr(model, "loss_type", "") is None:  # GPT-2's class names no loss: transformers warns, then takes this one
-        model.loss_type = "ForCausalLM"
+    name_causal_lm_loss(model)
     if rank:  # the same model everywhere (seeded); dropout draws its own masks on each rank
         torch.manual_seed(cfg.seed + rank)
     n_params = sum(p.numel() for p in model.parameters())

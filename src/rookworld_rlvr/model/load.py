@@ -194,6 +194,13 @@ def fuse_activations(model: torch.nn.Module) -> int:
     return swapped
 
 
+def name_causal_lm_loss(model) -> None:
+    """GPT-2's class names no loss type: transformers warns at the first `model(..., labels=...)` and then takes
+    the causal-LM loss. Named here, the same loss without the warning."""
+    if getattr(model, "loss_type", "") is None:
+        model.loss_type = "ForCausalLM"
+
+
 def _models_in(directory: Path) -> str:
     """The model directories (with a config.json) one level below `directory`, then two, for a
     message: at most four named, then how many more."""
