@@ -51,10 +51,10 @@ def main() -> None:
         for name, samples in sets.items():
             rows = [s for s in samples if s.task == task]
             random.Random(args.seed).shuffle(rows)
-            counts[name] = len(rows[:args.rows])
-            if not counts[name]:
+            rows = rows[:args.rows]
+            if not rows:
                 raise SystemExit(f"fit_gap: no {task}: rows in {args.train if name == 'train' else args.eval}")
-            losses[name] = answer_loss(model, tokenizer, rows[:args.rows])
+            losses[name], counts[name] = answer_loss(model, tokenizer, rows), len(rows)
         print(f"{task}: train {losses['train']:.4f}, held out {losses['held out']:.4f} nats a token "
               f"(gap {losses['held out'] - losses['train']:+.4f}; {counts['train']} training and "
               f"{counts['held out']} held-out rows)")

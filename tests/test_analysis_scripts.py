@@ -16,6 +16,7 @@ from rookworld_rlvr.data.io import read_samples
 from rookworld_rlvr.grpo.trainer import Trainer
 from rookworld_rlvr.model import load_policy
 from rookworld_rlvr.sft_rows import encode, make_batch
+from rookworld_rlvr.tasks.rewards import RewardResult
 
 
 def run_script(name: str, argv: list, monkeypatch, capsys) -> str:
@@ -77,7 +78,6 @@ def tiny_run(tmp_path_factory, tiny_model_dir, small_data):
                                  report=False, seed=1, engine_cache=None, device="cpu"))
 
     def reward(prompts, completions, truths, weights):
-        from rookworld_rlvr.tasks.rewards import RewardResult
         return [RewardResult(total=len(c) % 5 / 5, components={}, valid_format=True, task=p[0])
                 for p, c in zip(prompts, completions)]
 
