@@ -682,7 +682,8 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
 def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_path, tiny_model_dir, small_data,
                                                                          capsys, progress):
     """`rookworld train`'s held-out evaluations (minutes at the start and the end of `make train` on a CPU) showed
-    nothing while they ran, as if the run hung; with `progress` they show a bar per task, as the steps do."""
+    nothing while they ran, as if the run hung; with `progress` they show a bar per task, as the steps do. Into a
+    log (stderr here is not a terminal) the bars inside the `grpo` bar move no cursor: no ESC [A in the file."""
     run = tmp_path / "run"
     fields = dict(model=tiny_model_dir, data=small_data / "train.jsonl", eval_data=small_data / "eval.jsonl",
                   output_dir=run, steps=1, batch_positions=2, group_size=2, max_new_tokens=8, tensorboard="false",
@@ -694,6 +695,49 @@ def test_a_runs_held_out_evaluations_show_their_progress_as_its_steps_do(tmp_pat
         rows = {"histories A": 6, "strength": 6, "puzzles": 9}.get(bar, 20)  # and at the end
         assert len(re.findall(rf"{bar}:\s+0%\|[^|]*\| 0/{rows} ", err)) == (2 if progress else 0), err[-3000:]
     assert ("grpo: 100%" in err) is progress
+    assert "\x1b[" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_bar_inside_another_stacks_below_it_on_a_terminal_only(terminal):
+    """On a terminal the evaluation's bar goes on the line below the run's (the cursor moves down and back up);
+    into a pipe neither bar moves the cursor, and both still show their counts."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    code = ("from rookworld_rlvr.progress import bar\n"
+            "with bar(total=2, desc='outer', mininterval=0) as a:\n"
+            "    with bar(total=3, desc='inner', leave=False, mininterval=0) as b:\n"
+            "        b.update(3)\n"
+            "    a.update(2)\n")
+    reader, writer = pty.openpty() if terminal else os.pipe()
+    if terminal:  # a terminal of 24 rows and 80 columns (a new one has none: tqdm would draw nothing)
+        fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with subprocess.Popen([sys.executable, "-c", code], stderr=writer, stdout=subprocess.DEVNULL) as child:
+        os.close(writer)
+        out = b""
+        while chunk := _read_or_eof(reader):
+            out += chunk
+    os.close(reader)
+    assert child.returncode == 0, out
+    text = out.decode()
+    assert "outer: 100%" in text and "inner: 100%" in text and "3/3" in text, text
+    assert ("\x1b[A" in text) is terminal, text
+
+
+def _read_or_eof(fd: int) -> bytes:
+    """The next bytes of a pipe or a terminal's reader; b"" at its end (a terminal says so with EIO on Linux)."""
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
 
 
 def test_eval_held_out_judges_a_model_as_its_run_judged_it(tmp_path, tiny_model_dir, small_data, capsys):

@@ -268,7 +268,8 @@ class TrainConfig:
     tensorboard: bool = _f(True, "write TensorBoard events to output_dir/tb")
     wandb: bool = _f(False, "log to Weights & Biases (needs wandb installed and a login)")
     report: bool = _f(True, "write plots and report.html at the end")
-    progress: bool = _f(True, "progress bars: the steps, and each held-out evaluation's tasks")
+    progress: bool = _f(True, "progress bars: the steps, and each held-out evaluation's tasks (written to a file or a "
+                              "pipe, each bar stays on its line: no cursor moves)")
 
     # ---------------------------------------------------------------------------------------------
     @property

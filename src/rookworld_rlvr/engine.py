@@ -378,6 +378,6 @@ def _is_table(value: Any) -> bool:
 
 
 def _progress(iterable: Any, total: int) -> Any:
-    from tqdm import tqdm
+    from rookworld_rlvr.progress import bar
 
-    return tqdm(iterable, total=total, desc="stockfish", unit="pos")
+    return bar(iterable, total=total, desc="stockfish", unit="pos")

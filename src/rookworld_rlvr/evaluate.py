@@ -79,9 +79,9 @@ class EvalConfig:
 
 
 def progress_bar(enabled: bool, total: int, desc: str, unit: str = "row"):
-    from tqdm import tqdm
+    from rookworld_rlvr.progress import bar
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False)
+    return bar(total=total, desc=desc, unit=unit, enabled=enabled, leave=False)
 
 
 def limit_per_task(samples: Iterable[Sample], limit: int | None) -> list[Sample]:

@@ -198,7 +198,7 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
     """Two games per opening, A with white in the first (`both_colours` False: that one alone; a greedy model
     against itself would repeat it move for move); every game to its end. `on_game_end` is called with each
     game as it ends (the command writes its PGN then, so a crash later loses none)."""
-    from tqdm import tqdm
+    from rookworld_rlvr.progress import bar as progress_bar
 
     if a.name == b.name:
         raise ValueError(f"both players are named {a.name!r}: give them different names")
@@ -209,7 +209,7 @@ def play_match(a: Player, b: Player, openings: Sequence[str], max_plies: int = 3
     players = {a.name: a, b.name: b}
     starts = [len(g.board.move_stack) for g in result.games]
     live = list(range(len(result.games)))
-    with tqdm(total=len(live), desc=f"{a.name} vs {b.name}", unit="game", disable=not progress) as bar:
+    with progress_bar(total=len(live), desc=f"{a.name} vs {b.name}", unit="game", enabled=progress) as bar:
         while live:
             for name, player in players.items():
                 turn = [i for i in live if not result.games[i].termination and
@@ -243,12 +243,12 @@ def selfplay_metrics(gen, games: int, max_plies: int, layout: str = "compact", s
     one batched generation per ply (`gen`: a `model.completions.Completer`; `sampling`: its
     settings, greedy by default).
     """
-    from tqdm import tqdm
+    from rookworld_rlvr.progress import bar as progress_bar
 
     boards = [chess.Board() for _ in range(games)]
     ended = {"illegal": 0, "game_over": 0, "max_plies": 0}
     alive = list(range(games))
-    with tqdm(total=max_plies, desc="self-play", unit="ply", disable=not progress, leave=False) as bar:
+    with progress_bar(total=max_plies, desc="self-play", unit="ply", enabled=progress, leave=False) as bar:
         for _ in range(max_plies):
             over = [g for g in alive if boards[g].is_game_over()]
             ended["game_over"] += len(over)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rookworld_rlvr import resumed
 from rookworld_rlvr.atomic import write_text
+from rookworld_rlvr.progress import bar as progress_bar
 from rookworld_rlvr.sft_cache import training_rows
 from rookworld_rlvr.sft_config import SFTConfig
 from rookworld_rlvr.sft_rows import (MicroBatch, draw_batch, encode, legality_loss, make_batch, micro_batches,
@@ -120,7 +121,6 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     are shared out; rank 0 alone prints, logs and saves. `interrupt` (`interrupt.StopOnSignal`, rank 0's):
     once it is asked, the run pauses after the step it is in, as `stop_after_minutes` pauses it."""
     import torch
-    from tqdm import tqdm
 
     from rookworld_rlvr.data.io import atomic_write_text, read_log, read_samples
     from rookworld_rlvr import state_check as sc
@@ -245,7 +245,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp is not None)
     t0 = time.time()
     budget = cfg.max_minutes * 60 if cfg.max_minutes else None
-    bar = tqdm(total=cfg.steps, initial=step, disable=not (progress and main), desc="sft")
+    bar = progress_bar(total=cfg.steps, initial=step, enabled=progress and main, desc="sft")
     metrics: dict = {}
 
     def progress_frac() -> float:

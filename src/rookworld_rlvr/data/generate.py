@@ -326,7 +326,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
     record of the same configuration, `data.records`), the engine's answers come from it: no Stockfish."""
     cfg.validate()
     extra = read_extra_positions(cfg.extra_positions)
-    from tqdm import tqdm
+    from rookworld_rlvr.progress import bar as progress_bar
 
     t0 = time.time()
     n_shards = math.ceil(cfg.games / cfg.games_per_shard)
@@ -347,7 +347,7 @@ def generate(cfg: GenerateConfig, progress: bool = True, replay: str | None = No
             raise ValueError(f"{replay}: recorded with another configuration than this generation's")
     per = cfg.games_per_shard
     jobs = [(cfg, s, None if games is None else games[s * per:(s + 1) * per], str(replay)) for s in todo]
-    bar = tqdm(total=n_shards, initial=n_shards - len(todo), desc="games (shards)", disable=not progress)
+    bar = progress_bar(total=n_shards, initial=n_shards - len(todo), desc="games (shards)", enabled=progress)
     ctx = mp.get_context("spawn")
     with ctx.Pool(cfg.workers) as workers:
         for _ in workers.imap_unordered(_run_shard, jobs):

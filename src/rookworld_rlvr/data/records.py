@@ -185,9 +185,8 @@ def _record_shard(args: tuple[object, int]) -> tuple[list[GameRecord], dict[str,
 def record(gen_dir: str | Path, out: str | Path, workers: int = 2, progress: bool = True) -> dict:
     """A record of the finished generation in `gen_dir` (its shards and engine cache; Stockfish is asked only
     for what the cache lacks, and the result must equal every shard)."""
-    from tqdm import tqdm
-
     from rookworld_rlvr.data import generate as gen
+    from rookworld_rlvr.progress import bar
 
     cfg = gen.config_of(gen_dir)
     if cfg.extra_positions:
@@ -201,8 +200,8 @@ def record(gen_dir: str | Path, out: str | Path, workers: int = 2, progress: boo
     games: list[GameRecord] = []
     totals: dict[str, int] = {}
     with mp.get_context("spawn").Pool(workers) as ps:
-        for recs, stats in tqdm(ps.imap(_record_shard, [(cfg, s) for s in shards]), total=len(shards),
-                                desc="recording (shards)", disable=not progress):
+        for recs, stats in bar(ps.imap(_record_shard, [(cfg, s) for s in shards]), total=len(shards),
+                               desc="recording (shards)", enabled=progress):
             games.extend(recs)
             totals = {k: totals.get(k, 0) + v for k, v in stats.items()}
     engine = engine_identity(find_stockfish(cfg.engine_config().path))

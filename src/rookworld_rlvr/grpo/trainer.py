@@ -42,6 +42,7 @@ from rookworld_rlvr.grpo.runlog import (append_jsonl, banner, best_summary, logg
 from rookworld_rlvr.grpo.step import LAST_EPOCH_KEYS, Norms, optimizer_step, policy_pass
 from rookworld_rlvr.metrics import held_out_reward, held_out_se
 from rookworld_rlvr.model import load_policy, resolve_device
+from rookworld_rlvr.progress import bar as progress_bar
 
 
 class Trainer:
@@ -277,10 +278,8 @@ class Trainer:
                 self.best = (held_out_reward(self.base_eval) or 0.0, 0)
         if dist.broadcast_object(ckpt.latest_checkpoint(self.run_dir) is None):  # rank 0's view: it writes them
             state.save(self)  # the first good state: rollbacks need one
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or not self.main, desc="grpo",
-                   dynamic_ncols=True)
+        bar = progress_bar(total=cfg.steps, initial=self.step, enabled=cfg.progress and self.main, desc="grpo",
+                           dynamic_ncols=True)
         if self.eval_owed:  # stopped or killed during this step's evaluation
             self._held_out_eval(bar)
         while self.step < cfg.steps and not self.out_of_time():
