@@ -244,6 +244,8 @@ def test_a_run_is_judged_against_its_control(tmp_path, capsys):
     assert main(["report", str(run), "--against", str(control)]) == 1
     err = capsys.readouterr().err
     assert f"{run} evaluated other policy items than the control" in err and "same held-out items" in err
+    assert main(["report", str(run), "--against", str(tmp_path / "." / "grpo")]) == 1  # the run itself
+    assert f"{run} is the control itself" in capsys.readouterr().err
 
 
 def test_missing_metrics_names_the_path(tmp_path, capsys):

@@ -156,11 +156,16 @@ def verdict_section(runs: Sequence[Run]) -> str:
 
 def check_against(runs: Sequence[Run], control: Run) -> None:
     """A run is judged against a control item by item: both need a final evaluation, and where both
-    fingerprinted a held-out section's items (`items_of`), the same items; ValueError naming the run and
-    the section otherwise."""
+    fingerprinted a held-out section's items (`items_of`), the same items; and the control is another run.
+    ValueError naming the run (and the section) otherwise."""
     for r in (control, *runs):
         if r.final_eval is None:
             raise ValueError(f"report --against: {r.path} has no held-out evaluation (eval.jsonl)")
+    for r in runs:
+        if Path(r.path).resolve() == Path(control.path).resolve():
+            raise ValueError(f"report --against {control.path}: {r.path} is the control itself (a run judged against "
+                             "itself changes nothing); give the control as its own run, say `rookworld train "
+                             "--reward-signal false --output-dir runs/control`")
     for r in runs:
         for section, mine in r.final_eval.items():
             theirs = control.final_eval.get(section)
