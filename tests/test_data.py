@@ -202,6 +202,35 @@ def test_import_stops_at_a_malformed_line_with_file_and_line(tmp_path, reference
     assert (summary["read"], summary["written"], summary["invalid"]) == (6, 5, 1)
 
 
+def test_import_reads_a_dataset_folder_as_its_lines(tmp_path, reference_lines, monkeypatch, capsys):
+    """A Hub dataset's files in a folder (a snapshot carried to a machine without network) import as the same
+    lines in a text file do (the folder was refused: "is a directory, not a data file"); a malformed row is named
+    by the folder, split and row, and a folder without data files or the split is one line."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "rookworld_snapshot"
+    folder.mkdir()
+    lines = reference_lines[:40]
+    datasets.Dataset.from_dict({"text": lines}).to_parquet(str(folder / "train.parquet"))
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    from_folder, from_text = tmp_path / "folder.jsonl", tmp_path / "text.jsonl"
+    assert main(["data", "import", str(folder), "--out", str(from_folder), "--json"]) == 0
+    assert main(["data", "import", str(tmp_path / "lines.txt"), "--out", str(from_text), "--json"]) == 0
+    assert from_folder.read_text() == from_text.read_text() and len(read_samples(from_folder)) == 40
+    assert main(["data", "import", str(folder), "--split", "test", "--out", str(tmp_path / "t.jsonl")]) == 1
+    assert f"error: {folder}: cannot import the dataset folder: ValueError: Unknown split" in capsys.readouterr().err
+    bad = tmp_path / "bad_snapshot"
+    bad.mkdir()
+    assert main(["data", "import", str(bad), "--out", str(tmp_path / "b.jsonl")]) == 1
+    assert f"error: {bad}: cannot import the dataset folder: EmptyDatasetError" in capsys.readouterr().err
+    datasets.Dataset.from_dict({"text": lines[:2] + ["P: this is not a fen M: e2e4 E: 0.1 B: e2e4"]}).to_parquet(
+        str(bad / "train.parquet"))
+    with pytest.raises(DataError, match=rf"{bad}\[train\]:3: bad FEN"):
+        import_data(str(bad), str(tmp_path / "b.jsonl"))
+    assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "t.jsonl").exists()
+
+
 def test_import_environment_lines_with_and_without_prefix(tmp_path):
     ts = random_transitions(20, seed=5)
     src = tmp_path / "env.txt"

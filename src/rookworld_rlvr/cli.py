@@ -194,12 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "recipe: known set, held-out files, caps); replay checks it")
     k.add_argument("--out", type=output_file, required=True, help="the picks file (xz JSON lines)")
     k.add_argument("--workers", type=at_least_one, default=2, help="processes at once (default 2)")
-    i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hub dataset -> our JSONL")
-    i.add_argument("src", help="a text/JSONL file, or a Hub dataset name such as jrahn/rookworld_7m")
+    i = dsub.add_parser("import", help="upstream RookWorld text lines or a Hugging Face dataset -> our JSONL")
+    i.add_argument("src", help="a text/JSONL file, a Hub dataset name such as jrahn/rookworld_7m, or a folder of a "
+                               "dataset's files (a Hub snapshot: parquet, JSON or CSV; its `text` column)")
     i.add_argument("--out", type=output_file, required=True,
                    help="the sample file written (JSONL; .gz or .xz compresses it)")
     i.add_argument("--skip-invalid", action="store_true", help="count and skip malformed lines instead of stopping")
-    i.add_argument("--split", default="train", help="Hub dataset split")
+    i.add_argument("--split", default="train", help="the dataset's split (a Hub name or a folder)")
     i.add_argument("--limit", type=at_least_one, default=None, help="import at most this many samples (default: all)")
     i.add_argument("--json", action="store_true", help="print a one-line JSON summary")
     j = dsub.add_parser("judge", help="held-out positions with every legal move judged by Stockfish, and puzzles "

@@ -1,7 +1,7 @@
 """`rookworld data import` and `rookworld data stats`.
 
 Import reads upstream RookWorld text lines (P: lines, A: lines with or without the `A: `
-prefix) or a Hugging Face dataset by name, corrects the upstream `B:` label quirk (ground
+prefix) or a Hugging Face dataset (by name, or a folder of its files), corrects the upstream `B:` label quirk (ground
 truth = the move with the highest eval for the side to move) and writes our JSONL.
 
 Owns reading upstream data. Chess and files only: imports no torch and nothing of the model or
@@ -19,20 +19,25 @@ from rookworld_rlvr.paths import no_such_file
 from rookworld_rlvr.tasks.policy import FormatError
 
 
-def _hub_lines(name: str, split: str) -> Iterator[tuple[str, str]]:
+def _dataset_lines(name: str, split: str) -> Iterator[tuple[str, str]]:
+    """The text of each row of a Hugging Face dataset: a Hub name, or a folder of its files (a snapshot carried
+    to a machine without network; `datasets` reads its parquet, JSON or CSV files)."""
     try:
         import datasets
     except ImportError:
-        raise SystemExit("importing a Hub dataset needs the `datasets` package: pip install 'rookworld-rlvr[hub]'") from None
+        raise SystemExit("importing a Hugging Face dataset needs the `datasets` package: "
+                         "pip install 'rookworld-rlvr[hub]'") from None
     from rookworld_rlvr import hub
 
-    if why := hub.out_of_reach():  # datasets would retry each file for a minute, then raise a traceback
+    local = Path(name).is_dir()
+    what = "the dataset folder" if local else "the Hub dataset"
+    if not local and (why := hub.out_of_reach()):  # datasets would retry each file for a minute, then raise
         raise DataError(f"{name}: cannot import the Hub dataset: {why} (a copy in the local cache loads with "
-                        "HF_HUB_OFFLINE=1; or import a local file of upstream lines)")
+                        "HF_HUB_OFFLINE=1; or import a folder of its files, or a local file of upstream lines)")
     try:
         ds = datasets.load_dataset(name, split=split)
     except (ConnectionError, OSError, ValueError) as e:  # no such dataset or split, offline without a cached copy
-        raise DataError(f"{name}: cannot import the Hub dataset: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        raise DataError(f"{name}: cannot import {what}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     column = "text" if "text" in ds.column_names else ds.column_names[0]
     for i, row in enumerate(ds):
         yield f"{name}[{split}]:{i + 1}", row[column]
@@ -41,12 +46,12 @@ def _hub_lines(name: str, split: str) -> Iterator[tuple[str, str]]:
 def import_data(src: str, out: str, skip_invalid: bool = False, split: str = "train", limit: int | None = None) -> dict:
     """Import and write `out`; returns {"read", "written", "invalid", "labels_corrected", "errors"}."""
     report = ReadReport()
-    if Path(src).exists():
+    if Path(src).is_file():
         samples: Iterator[Sample] = iter_samples(src, skip_invalid, report)
     else:
-        if "/" not in src:
+        if "/" not in src and not Path(src).is_dir():
             raise DataError(f"{no_such_file(src)} (and not a Hub dataset name like jrahn/rookworld_7m)")
-        samples = _from_lines(_hub_lines(src, split), skip_invalid, report)
+        samples = _from_lines(_dataset_lines(src, split), skip_invalid, report)
     corrected = 0
 
     def counted() -> Iterator[Sample]:
