@@ -113,6 +113,64 @@ def target_tokens(batches: list[MicroBatch]) -> int:
     return sum(int((b.labels[:, 1:] != -100).sum()) for b in batches)
 
 
+def _starting_model(cfg: SFTConfig, resume: bool, device, main: bool, say) -> tuple:
+    """(model, tokenizer, the checkpoint's state or None): on --resume the checkpoint's model, else `init`'s
+    (grown to `grow_layers` blocks) or a fresh one of `preset`."""
+    from rookworld_rlvr.chess_tokenizers import TOKENIZERS
+    from rookworld_rlvr.model import fuse_activations, load_policy, tiny_config
+    from rookworld_rlvr.statefile import load_state, state_exists
+
+    ckpt = cfg.checkpoint_dir()
+    if resume and state_exists(ckpt, SFT_STATE):
+        model, tokenizer = load_policy(str(ckpt), device=str(device), verbose=main)
+        return model, tokenizer, load_state(ckpt, SFT_STATE)
+    if cfg.init:
+        model, tokenizer = load_policy(cfg.init, device=str(device), verbose=main)
+        if cfg.grow_layers:  # on --resume the checkpoint already holds the grown model
+            from rookworld_rlvr.model.grow import grow_depth
+
+            old = model.config.n_layer
+            model = grow_depth(model, cfg.grow_layers)
+            say(f"sft: grew {cfg.init} from {old} to {cfg.grow_layers} blocks (the new ones start as no-ops)")
+        return model, tokenizer, None
+    from transformers import GPT2LMHeadModel
+
+    tokenizer = TOKENIZERS[cfg.tokenizer or "board"]()
+    model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
+    fuse_activations(model)
+    return model, tokenizer, None
+
+
+def _restore(state: dict, cfg: SFTConfig, opt, rng: random.Random, device, say) -> tuple[int, float]:
+    """A checkpoint's optimizer and random streams put back, each checked first (`state_check`); returns its
+    (step, seconds trained). Under torchrun each rank takes its own streams where the checkpoint has them."""
+    import torch
+
+    from rookworld_rlvr import state_check as sc
+    from rookworld_rlvr.grpo import distributed as dist
+    from rookworld_rlvr.grpo.control import load_optimizer
+
+    sc.check(state, {"step": 0, "elapsed": 0.0, "optimizer": sc.optimizer(opt), "python_rng": sc.python_rng,
+                     "torch_rng": sc.rng(), "torch_rng_ranks": sc.optional([sc.rng()]), "config": sc.optional({}),
+                     "cuda_rng_ranks": sc.optional([sc.rng(device)] if device.type == "cuda" else None)},
+             cfg.checkpoint_dir() / f"{SFT_STATE}.json")
+    load_optimizer(opt, state["optimizer"])
+    rng.setstate(state["python_rng"])
+    rank, world = dist.rank(), dist.world()
+    streams = state.get("torch_rng_ranks") or [state["torch_rng"]]  # one per rank under torchrun
+    if rank < len(streams):
+        torch.set_rng_state(streams[rank])
+    if device.type == "cuda" and rank < len(state.get("cuda_rng_ranks", ())):  # dropout's masks on a GPU
+        torch.cuda.set_rng_state(state["cuda_rng_ranks"][rank], device)
+    say(f"sft: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    if len(streams) != world:
+        say(f"sft: the checkpoint was written by {len(streams)} process(es), this run has {world}: the updates "
+            "are the same, dropout's masks are drawn afresh")
+    for line in changed_settings(state.get("config", {}), asdict(cfg)):
+        say(f"sft: {line}")
+    return state["step"], state["elapsed"]
+
+
 def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt=None) -> dict:
     """Train (or --resume) the run `cfg` describes; its last held-out metrics. Under torchrun (the
     process group up, as `rookworld sft` sets it) every rank draws the same global batch and takes
@@ -123,13 +181,11 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     import torch
 
     from rookworld_rlvr.data.io import atomic_write_text, read_log, read_samples
-    from rookworld_rlvr import state_check as sc
-    from rookworld_rlvr.grpo.control import adamw, cosine_lr, load_optimizer
-    from rookworld_rlvr.chess_tokenizers import TOKENIZERS
-    from rookworld_rlvr.model import fuse_activations, load_policy, resolve_device, save_pretrained_atomic, tiny_config
+    from rookworld_rlvr.grpo.control import adamw, cosine_lr
+    from rookworld_rlvr.model import resolve_device, save_pretrained_atomic
     from rookworld_rlvr.atomic import restore_aside, write_dir
     from rookworld_rlvr.model.load import name_causal_lm_loss, write_pretrained
-    from rookworld_rlvr.statefile import load_state, save_state, state_exists
+    from rookworld_rlvr.statefile import save_state, state_exists
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.sft_eval import held_out
 
@@ -151,7 +207,6 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     device = dist.local_device(resolve_device(cfg.device))  # under torchrun a bare cuda is cuda:LOCAL_RANK
     out = Path(cfg.out)
     ckpt = cfg.checkpoint_dir()
-    state = None
     if resume:
         if main:
             restore_aside(ckpt)  # a kill between the two renames of a save left the last checkpoint beside it
@@ -162,23 +217,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
                              "start afresh")
         if not ckpt.exists():
             say(f"sft: --resume: no checkpoint at {ckpt}; starting a new run")
-    if resume and state_exists(ckpt, SFT_STATE):
-        model, tokenizer = load_policy(str(ckpt), device=str(device), verbose=main)
-        state = load_state(ckpt, SFT_STATE)
-    elif cfg.init:
-        model, tokenizer = load_policy(cfg.init, device=str(device), verbose=main)
-        if cfg.grow_layers:  # on --resume the checkpoint already holds the grown model
-            from rookworld_rlvr.model.grow import grow_depth
-
-            old = model.config.n_layer
-            model = grow_depth(model, cfg.grow_layers)
-            say(f"sft: grew {cfg.init} from {old} to {cfg.grow_layers} blocks (the new ones start as no-ops)")
-    else:
-        from transformers import GPT2LMHeadModel
-
-        tokenizer = TOKENIZERS[cfg.tokenizer or "board"]()
-        model = GPT2LMHeadModel(tiny_config(len(tokenizer), cfg.preset, cfg.n_positions)).to(device)
-        fuse_activations(model)
+    model, tokenizer, state = _starting_model(cfg, resume, device, main, say)
     set_dropout(model, cfg.dropout)
     name_causal_lm_loss(model)
     if rank:  # the same model everywhere (seeded); dropout draws its own masks on each rank
@@ -211,24 +250,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     step, elapsed_before = 0, 0.0
     log_path = out.parent / f"{out.name}.sft_log.jsonl"
     if state is not None:
-        sc.check(state, {"step": 0, "elapsed": 0.0, "optimizer": sc.optimizer(opt), "python_rng": sc.python_rng,
-                         "torch_rng": sc.rng(), "torch_rng_ranks": sc.optional([sc.rng()]), "config": sc.optional({}),
-                         "cuda_rng_ranks": sc.optional([sc.rng(device)] if device.type == "cuda" else None)},
-                 ckpt / f"{SFT_STATE}.json")
-        load_optimizer(opt, state["optimizer"])
-        step, elapsed_before = state["step"], state["elapsed"]
-        rng.setstate(state["python_rng"])
-        streams = state.get("torch_rng_ranks") or [state["torch_rng"]]  # one per rank under torchrun
-        if rank < len(streams):
-            torch.set_rng_state(streams[rank])
-        if device.type == "cuda" and rank < len(state.get("cuda_rng_ranks", ())):  # dropout's masks on a GPU
-            torch.cuda.set_rng_state(state["cuda_rng_ranks"][rank], device)
-        say(f"sft: resumed at step {step} ({elapsed_before / 60:.1f} min done)")
-        if len(streams) != world:
-            say(f"sft: the checkpoint was written by {len(streams)} process(es), this run has {world}: the updates "
-                "are the same, dropout's masks are drawn afresh")
-        for line in changed_settings(state.get("config", {}), asdict(cfg)):
-            say(f"sft: {line}")
+        step, elapsed_before = _restore(state, cfg, opt, rng, device, say)
         if main and log_path.exists():  # steps after the checkpoint are redone: drop their old records
             kept = [json.dumps(r) for r in read_log(log_path) if r["step"] <= step]
             atomic_write_text(log_path, [x + "\n" for x in kept])
