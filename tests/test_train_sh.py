@@ -66,6 +66,7 @@ def test_every_value_from_the_environment_is_listed_and_reaches_the_run(script, 
     assert str(small_data / "train.jsonl") in done.stdout and "runs/from-env/checkpoints" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_clean_environment_says_so_and_conflicting_spellings_stop(script, tiny_model_dir, small_data):
     files = {"ROOKWORLD_CONFIG": str(REPO / "configs" / "default.yaml"), "ROOKWORLD_MODEL": str(tiny_model_dir),
              "ROOKWORLD_DATA": str(small_data / "train.jsonl"), "ROOKWORLD_EVAL_DATA": str(small_data / "eval.jsonl")}
