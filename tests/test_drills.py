@@ -132,6 +132,36 @@ def test_an_sft_run_killed_before_its_first_checkpoint_logs_each_step_once_when_
     assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]
 
 
+def test_an_sft_run_out_of_device_memory_is_one_line_and_resume_goes_on(tmp_path, small_data, monkeypatch, capsys):
+    """`rookworld sft` out of device memory at step 2 (torch's OutOfMemoryError, injected as CUDA raises it): one
+    line naming the batch size and the checkpoint of step 1, not a traceback; --resume then ends the run."""
+    import rookworld_rlvr.sft as sft
+    from rookworld_rlvr.cli import main
+
+    out = tmp_path / "m"
+    args = ["sft", "--data", str(small_data / "train.jsonl"), "--eval-data", "", "--out", str(out), "--steps", "3",
+            "--batch-size", "4", "--save-every", "1", "--device", "cpu", "--threads", "1", "--quiet"]
+    real, calls = sft._accumulate, []
+
+    def short_of_memory(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity "
+                                         "of 15.70 GiB of which 0.9 GiB is free. Including non-PyTorch memory, ...")
+        return real(*a, **k)
+
+    monkeypatch.setattr(sft, "_accumulate", short_of_memory)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "error: out of memory (CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 15.70 GiB "
+        "of which 0.9 GiB is free): a smaller --batch-size needs less (rows a step, over all processes: now 4; fewer "
+        f"rows a step also change what each step learns); the same command with --resume continues from {out}.checkpoint"]
+    monkeypatch.setattr(sft, "_accumulate", real)
+    assert main(args + ["--resume"]) == 0
+    assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]
+
+
 def test_a_fresh_sft_run_sets_an_older_one_aside_and_never_appends_to_its_log(tmp_path, small_data, capsys):
     sft_train(_sft(tmp_path, small_data), progress=False)
     sft_train(_sft(tmp_path, small_data, steps=1), progress=False)

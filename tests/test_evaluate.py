@@ -653,7 +653,7 @@ def test_a_peft_adapter_whose_base_is_a_hub_id_loads_its_base_from_the_cache_wit
         assert not torch.allclose(model(ids).logits, plain, atol=1e-3)
 
 
-def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
+def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys, monkeypatch):
     rc = main(["eval", "--model", str(tmp_path / "nope"), "--data", str(data_file), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 1 and "cannot load the model: no such model directory" in err and str(tmp_path / "nope") in err
@@ -676,6 +676,16 @@ def test_cli_eval_clear_errors(saved_model, data_file, tmp_path, capsys):
                str(REPO / "data" / "eval_histories.jsonl.gz"), "--json", str(out), "--device", "cpu", "--quiet"])
     result = json.loads(out.read_text())
     assert rc == 0 and result["histories"]["n"] == 505 and result["policy"]["n"] == result["environment"]["n"] == 0
+
+    def short_of_memory(*a, **k):  # the device out of memory while decoding (injected as CUDA raises it)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of "
+                                     "7.60 GiB of which 100.00 MiB is free. Of the allocated memory ...")
+
+    monkeypatch.setattr(ev, "_generate_tasks", short_of_memory)
+    rc = main(["eval", "--model", str(saved_model), "--data", str(data_file), "--device", "cpu", "--quiet"])
+    assert rc == 1 and capsys.readouterr().err.strip() == (
+        "error: out of memory (CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 7.60 "
+        "GiB of which 100.00 MiB is free): a smaller --batch-size needs less, where the command has one")
 
 
 @pytest.mark.parametrize("progress", [True, False])

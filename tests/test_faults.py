@@ -315,6 +315,42 @@ def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from
     assert [r["step"] for r in _records(run)] == [1, 2, 3] and (run / "final" / "model.safetensors").exists()
 
 
+def test_a_device_out_of_memory_is_one_line_naming_what_needs_less_and_resume_goes_on(
+        tmp_path, tiny_model_dir, small_data, stockfish_path, monkeypatch, capsys):
+    """A device out of memory mid-run (torch's OutOfMemoryError, injected in step 3's policy pass as CUDA raises it)
+    ended `rookworld train` in a traceback; now one line: torch's figures, the settings that bound the memory, and
+    the checkpoint `--resume` continues from. Resumed with a smaller minibatch_size, the run ends."""
+    from rookworld_rlvr.cli import main
+    from rookworld_rlvr.grpo import trainer as trainer_module
+
+    monkeypatch.setenv("STOCKFISH_PATH", stockfish_path)
+    run = tmp_path / "run"
+    args = ["train"] + as_options(_fields(tiny_model_dir, small_data, run, steps=4, save_every=2))
+    real, steps = trainer_module.policy_pass, []
+
+    def short_of_memory(*a, **k):
+        steps.append(1)
+        if len(steps) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                         "of 79.11 GiB of which 1.06 GiB is free. Process 7 has 78.04 GiB memory in "
+                                         "use. Of the allocated memory 77.50 GiB is allocated by PyTorch")
+        return real(*a, **k)
+
+    monkeypatch.setattr(trainer_module, "policy_pass", short_of_memory)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "no --config" in err.splitlines()[0]  # the note on a run without a preset
+    *_, line = err.strip().splitlines()
+    assert line == ("error: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                    "of 79.11 GiB of which 1.06 GiB is free): a smaller minibatch_size needs less (completions a "
+                    "forward and backward take at once: now 0, all 8), as does eval_batch_size (a held-out "
+                    "evaluation's prompts at once: now 64); the same command with --resume "
+                    f"continues from {run}/checkpoints/step_000002"), line
+    monkeypatch.setattr(trainer_module, "policy_pass", real)
+    assert main(args + ["--resume", "true", "--minibatch-size", "4"]) == 0
+    assert [r["step"] for r in _records(run)] == [1, 2, 3, 4] and (run / "final" / "model.safetensors").exists()
+
+
 @pytest.mark.slow
 def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, tiny_model_dir, small_data):
     from transformers import AutoModelForCausalLM

@@ -330,10 +330,13 @@ def main(argv: list[str] | None = None) -> int:
         from rookworld_rlvr.engine import EngineError, StockfishNotFound
         from rookworld_rlvr.grpo.distributed import RankTimeout
         from rookworld_rlvr.model.load import ModelLoadError
+        from rookworld_rlvr.oom import OutOfMemory, is_out_of_memory
         from rookworld_rlvr.runlock import RunInUse
 
+        if is_out_of_memory(e):  # the commands that run long say more (train, sft: the settings, the resume)
+            e = OutOfMemory(e, "a smaller --batch-size needs less, where the command has one")
         if (isinstance(e, (DataError, StockfishNotFound, EngineError, ModelLoadError, RankTimeout, RunInUse,
-                           ValueError, FileNotFoundError))
+                           OutOfMemory, ValueError, FileNotFoundError))
                 or refused_write(e)) and \
                 not getattr(args, "traceback", False):
             print(f"error: {e}", file=sys.stderr)

@@ -114,6 +114,7 @@ def run(args: argparse.Namespace, name: str) -> int:
     from rookworld_rlvr.atomic import SaveError, refused_write
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.interrupt import StopOnSignal
+    from rookworld_rlvr.oom import OutOfMemory, is_out_of_memory
     from rookworld_rlvr.runlock import one_run_in
 
     cfg.validate()
@@ -134,4 +135,12 @@ def run(args: argparse.Namespace, name: str) -> int:
                 if not refused_write(e) or not kept.is_dir():
                     raise
                 raise SaveError(f"{e}; once there is room, the same command with --resume continues from {kept}") from e
+            except Exception as e:
+                if not is_out_of_memory(e):
+                    raise
+                kept = cfg.checkpoint_dir()
+                raise OutOfMemory(e, f"a smaller --batch-size needs less (rows a step, over all processes: now "
+                                     f"{cfg.batch_size}; fewer rows a step also change what each step learns)",
+                                  f"the same command with --resume continues from {kept}" if kept.is_dir()
+                                  else "no checkpoint of this run was written") from e
     return 128 + stop.asked if stop.asked else 0

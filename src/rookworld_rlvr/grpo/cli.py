@@ -241,6 +241,7 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.guards import TrainingStopped
     from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
+    from rookworld_rlvr.oom import OutOfMemory, is_out_of_memory
 
     t0 = time.time()
     main = dist.is_main()
@@ -268,6 +269,19 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
                 else "no checkpoint of this run was written"
             print(f"error: {where}{e}\n{go_on}", file=sys.stderr)
         return 1
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        from rookworld_rlvr.grpo.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(cfg.output_dir)
+        rows = cfg.batch_positions * cfg.group_size
+        anchor = f", anchor_batch (now {cfg.anchor_batch})" if cfg.anchor_coef else ""
+        raise OutOfMemory(e, f"a smaller minibatch_size needs less (completions a forward and backward take at once: "
+                             f"now {cfg.minibatch_size or f'0, all {rows}'}), as does eval_batch_size (a held-out "
+                             f"evaluation's prompts at once: now {cfg.eval_batch_size}){anchor}",
+                          f"the same command with --resume continues from {latest}" if latest
+                          else "no checkpoint of this run was written") from e
     finally:
         pool.close()
     if not main:
