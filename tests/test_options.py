@@ -843,6 +843,15 @@ def test_settings_that_cannot_take_effect_are_named_and_logged(env):
     assert any(line.startswith("warning: setting without effect: clip_range") for line in logs), logs
 
 
+def test_each_shipped_preset_writes_a_run_directory_of_its_own():
+    """Two presets that share an output_dir set each other's runs aside: `rookworld train --config
+    configs/gpu-grpo.yaml` wrote into runs/default, where `make train`'s run was."""
+    from conftest import REPO
+
+    dirs = {p.name: load_config(str(p)).output_dir for p in sorted((REPO / "configs").glob("*.yaml"))}
+    assert len(set(dirs.values())) == len(dirs), dirs
+
+
 def test_removed_fields_say_why():
     for name, why in (("adv_clip", "never bound"), ("lora_dropout", "dropout is off"),
                       ("resample_zero_variance", "replaced by dynamic_sampling"),
