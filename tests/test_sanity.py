@@ -1,6 +1,7 @@
 """check-batch, overfit and --dry-run: the tools that catch silent failures early."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ def test_overfit_one_batch_rises_on_a_learnable_reward(tmp_path, tiny_model_dir,
     assert "PASS: 4-step moving average of greedy reward rises" in text
 
 
-def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir, small_data, capsys):
+def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir, small_data, capsys, monkeypatch):
     base = ["train", "--dry-run", "--model", str(tiny_model_dir), "--data", str(small_data / "train.jsonl"),
             "--eval-data", str(small_data / "eval.jsonl")]
     assert main(base) == 0
@@ -150,6 +151,16 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert main(run + ["--ref-device", "cuda:99"]) == 1
     err = capsys.readouterr().err
     assert "error: config field 'ref_device': device 'cuda:99' requested but " in err and str(bad) not in err
+    # a logging sink whose package is missing (wandb, taken away here) alike: the run stopped only after loading the
+    # models and reading the data (20 s for make train's), leaving a TensorBoard folder behind
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    assert main(base + ["--wandb", "true"]) == 0
+    assert ("warning: config field 'wandb': true needs the wandb package (pip install wandb), or set wandb: false; "
+            "the run stops at once here\n") in capsys.readouterr().out
+    assert main(run + ["--wandb", "true", "--tensorboard", "true"]) == 1
+    assert capsys.readouterr().err.strip().endswith("error: config field 'wandb': true needs the wandb package (pip "
+                                                    "install wandb), or set wandb: false")
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_shipped_preset_run_from_outside_the_checkout_says_where_it_looked_for_each_file(tmp_path, capsys,

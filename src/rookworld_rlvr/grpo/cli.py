@@ -40,16 +40,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """What stops a run before it reads or writes anything: a model path that is not there, a device this machine
-    lacks, and every file the run would read that is missing, named by its field, all at once (not the first one
-    alone, after the others were read)."""
+    """What stops a run before it reads or writes anything: a model path that is not there, a device or a logging
+    sink's package this machine lacks, and every file the run would read that is missing, named by its field, all
+    at once (not the first one alone, after the others were read)."""
     from rookworld_rlvr.data.io import DataError
-    from rookworld_rlvr.grpo.dryrun import device_problems
+    from rookworld_rlvr.grpo.dryrun import device_problems, package_problems
     from rookworld_rlvr.model.load import ModelLoadError, local_model_problem
 
     if problem := local_model_problem(cfg.model):
         raise ModelLoadError(problem)
-    if lacking := device_problems(cfg):
+    if lacking := device_problems(cfg) + package_problems(cfg):
         raise ValueError(lacking[0])
     for name in ("output_dir", "eval_cache"):
         if getattr(cfg, name) and (blocked := blocked_directory(getattr(cfg, name))):

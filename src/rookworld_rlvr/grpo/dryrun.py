@@ -1,7 +1,7 @@
 """`rookworld train --dry-run`: check everything that can be checked without a model or an engine.
 
-Owns the dry run's checks and the printed plan, and `device_problems` (the run's devices this machine
-lacks: a warning here, an error at the start of a run). Imports nothing of the trainer; the model package
+Owns the dry run's checks and the printed plan, `device_problems` (the run's devices this machine lacks) and
+`package_problems` (its logging sinks' missing packages): a warning here, an error at the start of a run. Imports nothing of the trainer; the model package
 only for its checks of a model's location and of a device (those import torch).
 """
 
@@ -63,6 +63,15 @@ def device_problems(cfg: TrainConfig) -> list[str]:
             except ValueError as e:
                 problems.append(f"config field '{name}': {e}")
     return problems
+
+
+def package_problems(cfg: TrainConfig) -> list[str]:
+    """The run's logging sinks (`tensorboard`, `wandb`) whose package this machine lacks, one line each: found
+    before the models load, not when the first step's record is written."""
+    from importlib.util import find_spec
+
+    return [f"config field '{name}': true needs the {name} package (pip install {name}), or set {name}: false"
+            for name in ("tensorboard", "wandb") if getattr(cfg, name) and find_spec(name) is None]
 
 
 def dry_run(cfg: TrainConfig, out=print) -> int:
@@ -137,6 +146,9 @@ def dry_run(cfg: TrainConfig, out=print) -> int:
     for problem in device_problems(cfg):  # a warning only: a run prepared here may run on another machine
         stops_here.append("device")
         out(f"warning: {problem} on this machine; the run stops at once here")
+    for problem in package_problems(cfg):  # the same: another machine may have the package
+        stops_here.append("package")
+        out(f"warning: {problem}; the run stops at once here")
     for line in plan(cfg):
         out(line)
     if problems:
