@@ -156,7 +156,8 @@ def test_an_sft_run_out_of_device_memory_is_one_line_and_resume_goes_on(tmp_path
     assert "Traceback" not in err and err.strip().splitlines() == [
         "error: out of memory (CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 15.70 GiB "
         "of which 0.9 GiB is free): a smaller --batch-size needs less (rows a step, over all processes: now 4; fewer "
-        f"rows a step also change what each step learns); the same command with --resume continues from {out}.checkpoint"]
+        "rows a step also change what each step learns); the same command with --resume continues from "
+        f"{out}.checkpoint"]
     monkeypatch.setattr(sft, "_accumulate", real)
     assert main(args + ["--resume"]) == 0
     assert [r["step"] for r in read_log(tmp_path / "m.sft_log.jsonl")] == [1, 2, 3]

@@ -1,8 +1,9 @@
 """`rookworld train --dry-run`: check everything that can be checked without a model or an engine.
 
 Owns the dry run's checks and the printed plan, `device_problems` (the run's devices this machine lacks) and
-`package_problems` (its logging sinks' missing packages): a warning here, an error at the start of a run. Imports nothing of the trainer; the model package
-only for its checks of a model's location and of a device (those import torch).
+`package_problems` (its logging sinks' missing packages): a warning here, an error at the start of a run.
+Imports nothing of the trainer; the model package only for its checks of a model's location and of a device
+(those import torch).
 """
 
 from __future__ import annotations
