@@ -141,6 +141,5 @@ def run(args: argparse.Namespace, name: str) -> int:
                 kept = cfg.checkpoint_dir()
                 raise OutOfMemory(e, f"a smaller --batch-size needs less (rows a step, over all processes: now "
                                      f"{cfg.batch_size}; fewer rows a step also change what each step learns)",
-                                  f"the same command with --resume continues from {kept}" if kept.is_dir()
-                                  else "no checkpoint of this run was written") from e
+                                  run=True, checkpoint=kept if kept.is_dir() else None) from e
     return 128 + stop.asked if stop.asked else 0

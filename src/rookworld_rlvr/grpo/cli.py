@@ -274,14 +274,12 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
             raise
         from rookworld_rlvr.grpo.checkpoint import latest_checkpoint
 
-        latest = latest_checkpoint(cfg.output_dir)
         rows = cfg.batch_positions * cfg.group_size
         anchor = f", anchor_batch (now {cfg.anchor_batch})" if cfg.anchor_coef else ""
         raise OutOfMemory(e, f"a smaller minibatch_size needs less (completions a forward and backward take at once: "
                              f"now {cfg.minibatch_size or f'0, all {rows}'}), as does eval_batch_size (a held-out "
-                             f"evaluation's prompts at once: now {cfg.eval_batch_size}){anchor}",
-                          f"the same command with --resume continues from {latest}" if latest
-                          else "no checkpoint of this run was written") from e
+                             f"evaluation's prompts at once: now {cfg.eval_batch_size}){anchor}", run=True,
+                          checkpoint=latest_checkpoint(cfg.output_dir)) from e
     finally:
         pool.close()
     if not main:
