@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@bash scripts/ensure_venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
-		-e ".[dev,report,lora,sweep,bench,hub]"
+		-e ".[dev,report,lora,sweep,bench,hub,wandb]"
 	touch $(STAMP)
 
 setup: $(STAMP) stockfish

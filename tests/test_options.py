@@ -10,6 +10,7 @@ trainer, real files; a dense toy reward where the field is not about rewards, th
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -484,7 +485,8 @@ ROWS = [
     Row("keep_last", {"keep_last": 3}, P(lambda env, over: train(env, over)["checkpoints"]), lambda b, o: len(o) > len(b),
         base={"save_every": 1, "steps": 3}),
     Row("tensorboard", {"tensorboard": True}, P(lambda env, over: _writer_files(env, over)), lambda b, o: o and not b),
-    Row("wandb", {"wandb": True}, P(lambda env, over: _wandb(env, over)), lambda b, o: b == "none" and o != "none"),
+    Row("wandb", {"wandb": True}, P(lambda env, over: _wandb(env, over)),
+        lambda b, o: b == "none" and o == "1 offline run"),
     Row("report", {"report": True}, P(lambda env, over: _cli_report(env, over)), lambda b, o: o and not b),
     Row("progress", {"progress": True}, P(lambda env, over: _bar(env, over)), lambda b, o: "grpo" in o and "grpo" not in b),
 ]
@@ -630,25 +632,34 @@ def _toy_eval(model, tokenizer) -> dict:
 
 
 def _writer_files(env: Env, over: dict) -> bool:
-    from rookworld_rlvr.grpo.cli import _writer
+    from rookworld_rlvr.grpo.sinks import writer
 
     cfg = env.config(over)
-    writer = _writer(cfg)
-    if writer is not None:
-        writer({"step": 1, "loss": 0.5})
+    sinks = writer(cfg)
+    if sinks is not None:
+        sinks({"step": 1, "loss": 0.5})
+        sinks.close()
     return (Path(cfg.output_dir) / "tb").exists() and any((Path(cfg.output_dir) / "tb").iterdir())
 
 
 def _wandb(env: Env, over: dict) -> str:
-    from rookworld_rlvr.grpo.cli import _writer
+    """Whether a record reaches a wandb run (offline: on this machine, under output_dir/wandb)."""
+    from unittest.mock import patch
 
-    try:  # without the package: a clear error; with it (offline), a writer that logs
-        import os
+    from rookworld_rlvr.grpo.sinks import writer
 
-        os.environ.setdefault("WANDB_MODE", "disabled")
-        return "none" if _writer(env.config(over)) is None else "writer"
-    except ValueError as e:
-        return str(e) if "wandb" in str(e) else "other error"
+    cfg = env.config(over)
+    with patch.dict(os.environ, {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(env.tmp / "wandb_config")}):
+        sinks = writer(cfg)
+        if sinks is None:
+            return "none"
+        sinks({"step": 1, "loss": 0.5})
+        sinks.close()
+        import wandb
+
+        wandb.teardown()  # its settings (offline) are not kept for the process
+    runs = list(Path(cfg.output_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    return f"{len(runs)} offline run" if runs and runs[0].stat().st_size else "empty"
 
 
 def _cli_report(env: Env, over: dict) -> bool:

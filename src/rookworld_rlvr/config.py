@@ -265,9 +265,10 @@ class TrainConfig:
     eval_every: int = _f(0, "greedy held-out evaluation every N steps (0 = only before and after)")
     save_every: int = _f(20, "checkpoint every N steps (and before and after each held-out evaluation)")
     keep_last: int = _f(2, "checkpoints kept (plus the best by eval reward)")
-    tensorboard: bool = _f(True, "write TensorBoard events to output_dir/tb")
-    wandb: bool = _f(False, "log to Weights & Biases (needs wandb installed and a login)")
-    report: bool = _f(True, "write plots and report.html at the end")
+    tensorboard: bool = _f(True, "write TensorBoard events to output_dir/tb (a resume hides the steps it redoes)")
+    wandb: bool = _f(False, "log each step to a Weights & Biases run named as output_dir (the `wandb` extra and a "
+                     "login, or WANDB_MODE=offline); a resume goes on in it (its id: output_dir/wandb_id)")
+    report: bool = _f(True, "write plots and report.html at the end (matplotlib: the `report` extra)")
     progress: bool = _f(True, "progress bars: the steps, and each held-out evaluation's tasks (written to a file or a "
                               "pipe, each bar stays on its line: no cursor moves)")
 

@@ -11,6 +11,7 @@
     monitor.py      warnings that name a symptom's cause
     state.py        what a checkpoint holds; save, snapshot, rollback
     runlog.py       metrics.jsonl and the other run logs
+    sinks.py        each step to TensorBoard and wandb (sft's too), resumed where the checkpoint stands
     precision.py    autocast, bf16 backward products, recorded rollouts
     lora.py         peft adapters and the merged sampler
     checkpoint.py   atomic checkpoint directories

@@ -1,7 +1,7 @@
 """`rookworld train | check-batch | overfit`: wiring the chess world into the generic trainer.
 
-Owns `build` (data, Stockfish pool, reward scorer and evaluation around a `Trainer`), the
-metric sinks and the commands. Imports the chess modules and the trainer inside functions, so
+Owns `build` (data, Stockfish pool, reward scorer and evaluation around a `Trainer`) and the
+commands (the per-step sinks are sinks.py's). Imports the chess modules and the trainer inside functions, so
 `rookworld --help` stays fast.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -40,9 +39,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """What stops a run before it reads or writes anything: a model path that is not there, a device or a logging
-    sink's package this machine lacks, and every file the run would read that is missing, named by its field, all
-    at once (not the first one alone, after the others were read)."""
+    """What stops a run before it reads or writes anything: a model path that is not there, a device or an output's
+    package this machine lacks (tensorboard, wandb, matplotlib), and every file the run would read that is missing,
+    named by its field, all at once (not the first one alone, after the others were read)."""
     from rookworld_rlvr.data.io import DataError
     from rookworld_rlvr.grpo.dryrun import device_problems, package_problems
     from rookworld_rlvr.model.load import ModelLoadError, local_model_problem
@@ -110,65 +109,6 @@ def build(cfg: TrainConfig, log=print):
     if note:
         log(note)
     return trainer, pool
-
-
-def _writer(cfg: TrainConfig):
-    """TensorBoard (and wandb) sinks for per-step records."""
-    sinks = []
-    if cfg.tensorboard:
-        sinks.append(_tensorboard(Path(cfg.output_dir) / "tb"))
-    if cfg.wandb:
-        try:
-            import wandb
-        except ImportError:
-            raise ValueError("wandb: true needs the wandb package (pip install wandb)") from None
-        run = wandb.init(project="rookworld-rlvr", config=cfg.to_dict(), dir=cfg.output_dir)
-        sinks.append(lambda r: run.log(r, step=r["step"]))
-    return (lambda r: [s(r) for s in sinks]) if sinks else None
-
-
-def _tensorboard(out: Path):
-    """A sink for each record's numbers into TensorBoard's event file in `out`. A write the machine refuses (a full
-    disk) raises from the sink as an OSError naming `out`, which the command says in one line."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ValueError("tensorboard: true needs the tensorboard package (pip install tensorboard) "
-                         "or set tensorboard: false") from None
-    from rookworld_rlvr.atomic import named
-
-    _quiet_tensorboard_thread()
-    try:
-        tb = SummaryWriter(str(out))
-    except OSError as e:
-        raise named(e, out) from e
-
-    def sink(record: dict) -> None:
-        try:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    tb.add_scalar(key, value, record["step"])
-            tb.flush()
-        except OSError as e:
-            raise named(e, out) from e
-    return sink
-
-
-def _quiet_tensorboard_thread() -> None:
-    """TensorBoard writes from a thread of its own, which hands a failed write to the next call of the thread that
-    writes (the sink above, which says it in one line) and also prints its own traceback: the same error twice, the
-    traceback around the line. Leave that traceback out; every other thread's error prints as before."""
-    previous = threading.excepthook
-    if getattr(previous, "quiet_tensorboard", False):
-        return
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
-            return
-        previous(args)
-
-    hook.quiet_tensorboard = True
-    threading.excepthook = hook
 
 
 def run(args: argparse.Namespace, name: str) -> int:
@@ -240,15 +180,19 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
     from rookworld_rlvr.tables import compare_table
     from rookworld_rlvr.grpo import distributed as dist
     from rookworld_rlvr.grpo.guards import TrainingStopped
+    from rookworld_rlvr.grpo.sinks import writer
     from rookworld_rlvr.interrupt import Interrupted, StopOnSignal
     from rookworld_rlvr.oom import OutOfMemory, is_out_of_memory
 
     t0 = time.time()
     main = dist.is_main()
     trainer, pool = build(cfg, log=print if main else (lambda *_: None))
+    sinks, failed = None, True
     try:
+        sinks = writer(cfg, trainer.step) if main else None
         with StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM, SIGHUP: saved at the step's end
-            summary = trainer.train(writer=_writer(cfg) if main else None)
+            summary = trainer.train(writer=sinks)
+        failed = False
     except TrainingStopped as e:  # every rank took the same decision
         if main:
             print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
@@ -282,6 +226,8 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
                           checkpoint=latest_checkpoint(cfg.output_dir)) from e
     finally:
         pool.close()
+        if sinks is not None:
+            sinks.close(failed)
     if not main:
         return 0
     if summary["base"] and summary["final"]:
@@ -291,21 +237,15 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
         print(compare_table(summary["base"], summary["final"]))
         print("\nverdict: base -> final (held-out, greedy; a change is better or worse only beyond its 95% interval)")
         print(verdict_table(summary["base"], summary["final"]))
-    if cfg.report:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("report: not written: matplotlib is missing (pip install 'rookworld-rlvr[report]'), "
-                  "or set report: false", file=sys.stderr)
-        else:
-            try:  # the run is done and saved: a report that fails is said, and `rookworld report` writes it later
-                from rookworld_rlvr.report.page import write_report
+    if cfg.report:  # matplotlib is there: preflight stops a run without it
+        try:  # the run is done and saved: a report that fails is said, and `rookworld report` writes it later
+            from rookworld_rlvr.report.page import write_report
 
-                print(f"report: {write_report([cfg.output_dir])}")
-            except Exception as e:  # noqa: BLE001 - any failure of the report alone
-                if traceback:
-                    raise
-                print(f"report: not written: {type(e).__name__}: {e}; the run is saved, and `rookworld report "
-                      f"{cfg.output_dir}` writes it (--traceback shows where it failed)", file=sys.stderr)
+            print(f"report: {write_report([cfg.output_dir])}")
+        except Exception as e:  # noqa: BLE001 - any failure of the report alone
+            if traceback:
+                raise
+            print(f"report: not written: {type(e).__name__}: {e}; the run is saved, and `rookworld report "
+                  f"{cfg.output_dir}` writes it (--traceback shows where it failed)", file=sys.stderr)
     print(f"done in {(time.time() - t0) / 60:.1f} min; final model in {cfg.output_dir}/final")
     return 0

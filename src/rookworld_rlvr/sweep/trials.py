@@ -35,7 +35,8 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
     """One isolated training run for `trial`; tells the study the outcome. Returns the user attrs."""
     from optuna.trial import TrialState
 
-    from rookworld_rlvr.grpo.cli import _writer, build
+    from rookworld_rlvr.grpo.cli import build
+    from rookworld_rlvr.grpo.sinks import writer
     from rookworld_rlvr.grpo.guards import TrainingStopped
 
     t0 = time.time()
@@ -84,10 +85,15 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
             trainer, pool = build(cfg, log=tlog)
             if reward_fn is not None:
                 trainer.reward_fn = reward_fn
-            try:
-                summary = trainer.train(writer=_writer(cfg))
+            sinks, failed = None, True
+            try:  # a sink that cannot start (wandb without a login) fails the trial with the engines closed
+                sinks = writer(cfg, group=out.resolve().name)  # wandb: the sweep's trials in one group
+                summary = trainer.train(writer=sinks)
+                failed = False
             finally:
                 pool.close()
+                if sinks is not None:  # the next trial's wandb run is a run of its own
+                    sinks.close(failed)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         lost = {k: saved.get(k) for k, v in fields.items() if saved.get(k) != v}
         if lost:
