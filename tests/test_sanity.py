@@ -161,6 +161,12 @@ def test_dry_run_reports_counts_and_fails_on_bad_input(tmp_path, tiny_model_dir,
     assert capsys.readouterr().err.strip().endswith("error: config field 'wandb': true needs the wandb package (pip "
                                                     "install wandb), or set wandb: false")
     assert not (tmp_path / "run").exists()
+    # the report's matplotlib alike: the run trained for its minutes and then said the report was not written
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(run + ["--tensorboard", "false"]) == 1
+    assert capsys.readouterr().err.strip().endswith("error: config field 'report': true needs the matplotlib package "
+                                                    "(pip install matplotlib), or set report: false")
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_shipped_preset_run_from_outside_the_checkout_says_where_it_looked_for_each_file(tmp_path, capsys,

@@ -67,12 +67,13 @@ def device_problems(cfg: TrainConfig) -> list[str]:
 
 
 def package_problems(cfg: TrainConfig) -> list[str]:
-    """The run's logging sinks (`tensorboard`, `wandb`) whose package this machine lacks, one line each: found
-    before the models load, not when the first step's record is written."""
+    """The run's outputs (`tensorboard`, `wandb`, `report`) whose package this machine lacks, one line each: found
+    before the models load, not when the first step's record or the report at the end is written."""
     from importlib.util import find_spec
 
-    return [f"config field '{name}': true needs the {name} package (pip install {name}), or set {name}: false"
-            for name in ("tensorboard", "wandb") if getattr(cfg, name) and find_spec(name) is None]
+    return [f"config field '{name}': true needs the {package} package (pip install {package}), or set {name}: false"
+            for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("report", "matplotlib"))
+            if getattr(cfg, name) and find_spec(package) is None]
 
 
 def dry_run(cfg: TrainConfig, out=print) -> int:
