@@ -4,10 +4,12 @@ directory without metrics.jsonl, and a headless Chromium screenshot of the page.
 
 from __future__ import annotations
 
+import gzip
 import html
 import json
 import math
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -254,7 +256,8 @@ def test_missing_metrics_names_the_path(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match=f"{empty}: no metrics.jsonl"):
         write_report([str(empty)])
     assert main(["report", str(empty)]) == 1
-    assert f"{empty}: no metrics.jsonl (not a training run directory?)" in capsys.readouterr().err
+    assert f"{empty}: no metrics.jsonl (not a GRPO run directory, nor a model with the log `rookworld sft` writes " \
+        "beside it, not-a-run.sft_log.jsonl?)" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "no-run")]) == 1  # a typo: the directory, not a file in it
     assert f"error: {tmp_path / 'no-run'}: no such run directory\n" == capsys.readouterr().err
     (empty / "notes.txt").write_text("a file")  # a file in place of the run: said so, not "no such directory"
@@ -383,3 +386,54 @@ def test_a_report_that_fails_at_the_end_of_a_run_is_said_and_the_run_stands(tmp_
         main(["train"] + as_options({**fields, "output_dir": tmp_path / "again"}) + ["--traceback"])
     monkeypatch.undo()
     assert main(["report", str(run)]) == 0 and (run / "report.html").exists()
+
+
+def test_a_model_sft_made_is_reported_from_its_log_beside_it(tmp_path, capsys):
+    """`rookworld report M` of a base `rookworld sft` made (the shipped one, whose log is gzipped; one a GPU machine
+    sent back, its log inside) draws its log's curves and puts its first and last evaluation side by side, into
+    M.report beside the model (not into the model's folder); it said "no metrics.jsonl". Mixed with a GRPO run, or
+    against a control, it is one line."""
+    from conftest import REPO
+
+    base = REPO / "models" / "rookworld-board"
+    log = [json.loads(x) for x in gzip.decompress((REPO / "models" / "rookworld-board.sft_log.jsonl.gz").read_bytes())
+           .decode().splitlines()]
+    evals = [r for r in log if "eval_loss_P" in r]
+    model = tmp_path / "rookworld-board"  # a copy of its log alone, so that M.report goes beside it here
+    model.mkdir()
+    (tmp_path / "rookworld-board.sft_log.jsonl.gz").write_bytes(
+        (REPO / "models" / "rookworld-board.sft_log.jsonl.gz").read_bytes())
+    assert main(["report", str(model)]) == 0
+    page = tmp_path / "rookworld-board.report" / "report.html"
+    assert capsys.readouterr().out == f"{page}\n" and not list(model.iterdir())
+    assert sorted(p.name for p in (page.parent / "plots").iterdir()) == [
+        "sft_held_out.png", "sft_held_out_loss.png", "sft_loss.png", "sft_schedule.png"]
+    text = page.read_text()
+    first, last = evals[0], evals[-1]
+    assert f"rookworld-board: step {first['step']}</th>" in text and f"step {last['step']}</th>" in text
+    row = re.search(r"<tr><td>legal best move</td>(.*?)</tr>", text).group(1)
+    # beside them what chance scores: a random legal mover plays legal moves alone
+    assert re.findall(r">([\d.]+)</td>", row) == [f"{e['policy/legal_best']:.4f}" for e in (first, last)] + ["1.0000"]
+
+    kept = tmp_path / "b1"  # a base a GPU machine sent back: its log inside the folder
+    kept.mkdir()
+    (kept / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log[:3] + evals[:2]))
+    assert main(["report", str(kept)]) == 0
+    assert f"b1: step {first['step']}</th>" in (tmp_path / "b1.report" / "report.html").read_text()
+    capsys.readouterr()
+    assert main(["report", str(model), str(kept)]) == 0  # two bases overlaid, beside the first
+    both = (tmp_path / "compare-rookworld-board-b1" / "report.html").read_text()
+    assert f"rookworld-board: step {first['step']}</th>" in both and f"b1: step {first['step']}</th>" in both
+    assert "<li>rookworld-board: no model saved yet (a run in progress, or its folder moved)</li>" in both
+    assert main(["report", str(base), "--out", str(tmp_path / "shipped")]) == 0  # the shipped folder itself
+    assert (tmp_path / "shipped" / "report.html").exists() and capsys.readouterr().out.endswith("report.html\n")
+    shape = json.loads((base / "config.json").read_text())
+    assert (f"<li>rookworld-board: gpt2, {shape['n_layer']} layers x {shape['n_embd']}, {shape['n_head']} heads, "
+            f"context {shape['n_positions']}, vocabulary {shape['vocab_size']}</li>") in \
+        (tmp_path / "shipped" / "report.html").read_text()
+    run = make_run(tmp_path, "grpo")
+    assert main(["report", str(model), str(run)]) == 1
+    assert capsys.readouterr().err == (f"error: report: {model} is a model `rookworld sft` made and {run} is not: give "
+                                       "GRPO runs or SFT models, not both\n")
+    assert main(["report", str(model), "--against", str(run)]) == 1
+    assert "--against judges GRPO runs" in capsys.readouterr().err

@@ -16,6 +16,14 @@ def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+def html_page(title: str, body: str) -> str:
+    """A whole page: `title` as its title and heading, then `body` (sections), in the stylesheet below."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+            f"<body><main><h1>{esc(title)}</h1>{body}</main></body></html>\n")
+
+
 def fmt(v: Any) -> str:
     """A number as the page shows it (the one number format; an en dash where there is none)."""
     return fmt_number(v, missing="–")

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from rookworld_rlvr.report.plots import make_plots
 from rookworld_rlvr.report.runs import Run, load_run, series, unique_names
-from rookworld_rlvr.report.markup import CSS, esc, fmt
+from rookworld_rlvr.report.markup import esc, fmt, html_page
 from rookworld_rlvr.report.samples import samples_section
 from rookworld_rlvr.tables import delta, flatten_metrics, fmt_delta, fmt_elo, number
 
@@ -271,10 +271,7 @@ def render_html(runs: Sequence[Run], plots: Sequence[tuple[str, Path]], out_dir:
     body = "".join(f"<section><h2>{esc(h)}</h2>{content}</section>" for h, content in sections)
     body += "".join(f'<section><details><summary><h2 class="fold">{esc(h)}</h2></summary>{content}</details>'
                     "</section>" for h, content in folded)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
-            f"<body><main><h1>{esc(title)}</h1>{body}</main></body></html>\n")
+    return html_page(title, body)
 
 
 # -- entry points ----------------------------------------------------------------------------------

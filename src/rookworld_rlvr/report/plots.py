@@ -36,7 +36,9 @@ class PlotSpec:
     name: str
     title: str
     panels: tuple[Panel, ...]
-    source: str = "metrics"  # "metrics" (per step, smoothed when noisy) or "eval" (sparse, markers)
+    # "metrics" (per step, smoothed when noisy), "eval" (the evaluations, sparse: markers) or "evals" (the same,
+    # records already flat: an SFT log's)
+    source: str = "metrics"
 
 
 PHASES = ("generate", "score", "reference", "old", "policy", "anchor", "optimizer", "other")
@@ -159,13 +161,13 @@ def draw_spec(spec: PlotSpec, runs: Sequence[Run], out: Path) -> Path | None:
     if spec.source == "eval":
         records = {r.name: eval_records(r.evals) for r in runs}
     else:
-        records = {r.name: r.metrics for r in runs}
+        records = {r.name: r.evals if spec.source == "evals" else r.metrics for r in runs}
     keys = [k for p in spec.panels for k, _ in p.lines]
     if not any(series(records[r.name], k)[1] for r in runs for k in keys):
         return None
     fig, axes = _new_figure(len(spec.panels), spec.title)
     for ax, panel in zip(axes, spec.panels):
-        _draw_panel(ax, panel, runs, records, sparse=spec.source == "eval")
+        _draw_panel(ax, panel, runs, records, sparse=spec.source != "metrics")
     axes[-1].set_xlabel("step", fontsize=9)
     path = out / f"{spec.name}.png"
     fig.savefig(path)

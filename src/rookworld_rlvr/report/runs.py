@@ -13,6 +13,7 @@ Owns reading run directories. Pure Python (yaml inside a function): imports no t
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
@@ -55,13 +56,14 @@ def _warn(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """JSON objects, one a line; a bad last line is skipped (a live run may be mid-write), any other with a
-    warning naming it."""
+def read_jsonl(path: Path) -> list[dict]:
+    """JSON objects, one a line (gzip where the name ends in .gz); a bad last line is skipped (a live run may be
+    mid-write), any other with a warning naming it."""
     if not path.is_file():
         return []
     rows = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = data.decode("utf-8", errors="replace").splitlines()
     for lineno, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
@@ -112,10 +114,11 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
                                     + (f": {path.parent})" if (path.parent / "metrics.jsonl").is_file() else ")"))
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such run directory")
-        raise FileNotFoundError(f"{path}: no metrics.jsonl (not a training run directory?)")
-    return Run(path=path, name=name or path.resolve().name, metrics=_read_jsonl(metrics_path),
-               evals=_read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
-               summary=_read_json(path / "summary.json"), events=_read_jsonl(path / "events.jsonl"),
+        raise FileNotFoundError(f"{path}: no metrics.jsonl (not a GRPO run directory, nor a model with the log "
+                                f"`rookworld sft` writes beside it, {path.name}.sft_log.jsonl?)")
+    return Run(path=path, name=name or path.resolve().name, metrics=read_jsonl(metrics_path),
+               evals=read_jsonl(path / "eval.jsonl"), config=_read_yaml(path / "config.yaml"),
+               summary=_read_json(path / "summary.json"), events=read_jsonl(path / "events.jsonl"),
                match=_read_json(path / "match.json"))
 
 
