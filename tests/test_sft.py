@@ -1,6 +1,7 @@
 """Supervised bootstrap: trains, saves a loadable model, resumes from its checkpoint."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -319,6 +320,11 @@ def test_sft_weight_decay_grad_clip_context_and_layout_do_what_they_say(tmp_path
                      (dict(eval_every=0), "eval_every must be >= 1"), (dict(layout="padde"), "layout must be one of")):
         with pytest.raises(ValueError, match=f"sft.{why}"):
             SFTConfig(data=str(small_data / "train.jsonl"), **bad).validate()
+    for name in ("tensorboard", "wandb"):  # --tensorboard, --wandb without the package: said before the data is read
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(sys.modules, name, None)
+            with pytest.raises(ValueError, match=rf"sft.{name} needs the {name} package \(pip install {name}\)"):
+                SFTConfig(data=str(small_data / "train.jsonl"), **{name: True}).validate()
 
 
 @pytest.mark.slow
@@ -353,6 +359,14 @@ def test_sft_trains_saves_and_resumes(tmp_path, small_data, capsys):
     train(cfg, resume=True, progress=False)
     log = [json.loads(x) for x in (tmp_path / "m.sft_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log][-2:] == [5, 6]
+    assert f"(its curves: rookworld report {out})" in capsys.readouterr().out
+    assert main(["report", str(out)]) == 0  # its curves and its first and last evaluation, beside the model
+    page = (tmp_path / "m.report" / "report.html").read_text()
+    assert "<th class=\"num\">m: step 2</th><th class=\"num\">step 6</th>" in page
+    assert f"<tr><td>held-out loss, A:</td><td class=\"num\">{log[1]['eval_loss_A']:.4f}</td>" in page
+    # each evaluation logs what a random legal mover scores on its positions; the report shows it beside the model's
+    chance = log[-1]["policy/random/best_acc"]
+    assert 0 < chance < 1 and f'{log[-1]["policy/best_acc"]:.4f}</td><td class="num">{chance:.4f}</td>' in page
 
 
 def test_profile_steps_writes_where_the_steps_of_an_invocation_spend_their_time(tmp_path, small_data, capsys):

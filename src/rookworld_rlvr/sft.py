@@ -31,9 +31,10 @@ __all__ = ["SFTConfig", "encode", "make_batch", "own_repeat_rows", "repeat_bans"
 SFT_STATE = "sft_state"  # sft_state.safetensors + sft_state.json (statefile: no pickle)
 
 
-# where the run is, how many threads it uses and when this invocation ends: none changes what a resumed run computes
+# where the run is, how many threads it uses, when this invocation ends and what it also writes: none changes what a
+# resumed run computes
 _PLACE = ("out", "device", "threads", "stop_after_minutes", "stop_when", "rows_cache", "encode_only",
-          "step_timeout_minutes", "profile_steps", "profile_after")
+          "step_timeout_minutes", "profile_steps", "profile_after", "tensorboard", "wandb")
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
@@ -171,13 +172,14 @@ def _restore(state: dict, cfg: SFTConfig, opt, rng: random.Random, device, say) 
     return state["step"], state["elapsed"]
 
 
-def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt=None) -> dict:
+def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt=None, closing=None) -> dict:
     """Train (or --resume) the run `cfg` describes; its last held-out metrics. Under torchrun (the
     process group up, as `rookworld sft` sets it) every rank draws the same global batch and takes
     its share of the rows (row i on rank i % world); the gradients are summed and the loss is the
     token mean over the whole batch, so an update is one process's on the same batch. Evaluations
     are shared out; rank 0 alone prints, logs and saves. `interrupt` (`interrupt.StopOnSignal`, rank 0's):
-    once it is asked, the run pauses after the step it is in, as `stop_after_minutes` pauses it."""
+    once it is asked, the run pauses after the step it is in, as `stop_after_minutes` pauses it. `closing` (the
+    caller's `contextlib.ExitStack`) ends the run's sinks when training raises: its wandb run, marked failed."""
     import torch
 
     from rookworld_rlvr.data.io import atomic_write_text, read_log, read_samples
@@ -248,7 +250,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
 
     opt = adamw(list(model.parameters()), cfg.lr, (0.9, 0.95), cfg.weight_decay)
     step, elapsed_before = 0, 0.0
-    log_path = out.parent / f"{out.name}.sft_log.jsonl"
+    log_path, watched = cfg.beside(".sft_log.jsonl"), (cfg.beside(".tb"), cfg.beside(".wandb"))
     if state is not None:
         step, elapsed_before = _restore(state, cfg, opt, rng, device, say)
         if main and log_path.exists():  # steps after the checkpoint are redone: drop their old records
@@ -256,10 +258,18 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
             atomic_write_text(log_path, [x + "\n" for x in kept])
     elif main and resume and log_path.exists():  # killed before its first checkpoint: every logged step is redone
         log_path.unlink()
-    elif main and (log_path.exists() or ckpt.exists()):  # a fresh run never appends to, or saves over, an older one
-        set_aside([p for p in (log_path, ckpt, out) if p.exists()])
+    elif main and any(p.exists() for p in (log_path, ckpt, *watched)):  # a fresh run never appends to, or saves
+        set_aside([p for p in (log_path, ckpt, out, *watched) if p.exists()])  # over, an older one
     if main:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+    sinks = None
+    if main and (cfg.tensorboard or cfg.wandb):  # a resume goes on from its checkpoint's step, as the log does
+        from rookworld_rlvr.grpo.sinks import Sinks, Where
+
+        sinks = Sinks(Where(out.name, watched[0], watched[1], watched[1] / "id", asdict(cfg), resume, step),
+                      cfg.tensorboard, cfg.wandb)
+        if closing is not None:
+            closing.push(lambda kind, *_: sinks.close(failed=kind is not None))
     from rookworld_rlvr.grpo.precision import autocast_dtype
 
     amp = autocast_dtype(cfg.autocast, device)
@@ -320,7 +330,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
 
     upcoming, drawn = None, rng.getstate()  # drawn: the rng after this step's draw, what a checkpoint keeps
     label = f"rookworld sft of {out.name}, batch {cfg.batch_size}, {n_params / 1e6:.2f}M weights"
-    profiled = StepProfile(cfg.profile_steps if main else 0, cfg.profile_after, out.parent / f"{out.name}.profile.txt",
+    profiled = StepProfile(cfg.profile_steps if main else 0, cfg.profile_after, cfg.beside(".profile.txt"),
                            device, label)
     if interrupt is not None:  # from here a signal pauses the run after its step (before, it acts at once)
         interrupt.arm()
@@ -378,6 +388,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
                 bar.write(json.dumps(shown))  # 5 significant digits (an lr of 1e-5 is not 0.0)
         if main:
             write_text(log_path, json.dumps(record) + "\n")
+            if sinks:
+                sinks(record)
         if step % cfg.save_every == 0 and not done:
             save()
     profiled.close(step)
@@ -387,7 +399,10 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     save()
     if main:
         save_pretrained_atomic(model, tokenizer, out)
+        if sinks:
+            sinks.close()
     dist.barrier()  # nobody is done before the model is written
     say(f"sft: saved {out} after {step} steps, {(elapsed_before + time.time() - t0) / 60:.1f} min"
-          + (f"; paused, --resume continues to step {cfg.steps}" if step < cfg.steps and paused() else ""))
+          + (f"; paused, --resume continues to step {cfg.steps}" if step < cfg.steps and paused() else "")
+          + f" (its curves: rookworld report {out})")
     return metrics

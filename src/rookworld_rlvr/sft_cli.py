@@ -85,6 +85,12 @@ _HELP = {
                      "0 = off. Default 0",
     "profile_after": "steps of each invocation (a resume too) before the profiled ones: CUDA's start and the "
                      "allocator's warm-up. Default 20",
+    "tensorboard": "write each step's log record (loss, lr, grad norm; the held-out figures at each evaluation) as "
+                   "TensorBoard events into OUT.tb beside the model (tensorboard --logdir OUT.tb); a resume hides "
+                   "the steps it redoes. Needs the tensorboard package (the report extra)",
+    "wandb": "log each step's record to a Weights & Biases run named as OUT (project rookworld-rlvr; a login, or "
+             "WANDB_MODE=offline); its files and id in OUT.wandb beside the model, so that a resume goes on in the "
+             "same run. Needs the wandb package (the wandb extra)",
     "grow_layers": "deepen the --init model to this many blocks first: each new block copies the one before it "
                    "with its output projections at zero, so training starts from the init model's exact outputs "
                    "(0 = keep its depth)",
@@ -129,7 +135,8 @@ def run(args: argparse.Namespace, name: str) -> int:
         holding = one_run_in(cfg.out, "--out") if mine else contextlib.nullcontext()
         with holding, StopOnSignal(verbose=dist.is_main()) as stop:  # Ctrl-C, SIGTERM, SIGHUP: saved after the step
             try:
-                train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop)
+                with contextlib.ExitStack() as closing:  # a run that raises ends its sinks (a wandb run: failed)
+                    train(cfg, resume=args.resume, progress=not args.quiet, interrupt=stop, closing=closing)
             except OSError as e:  # a full disk: the checkpoint saved before stands
                 kept = cfg.checkpoint_dir()
                 if not refused_write(e) or not kept.is_dir():

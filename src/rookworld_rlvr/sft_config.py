@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
 from rookworld_rlvr.paths import blocked_directory, no_such_file
@@ -78,11 +79,18 @@ class SFTConfig:
     # torch.profiler over this many steps, its tables in OUT.profile.txt (step_profile); 0 = off
     profile_steps: int = 0
     profile_after: int = 20  # steps of each invocation before the profile: CUDA's start, the allocator's warm-up
+    tensorboard: bool = False  # each step's log record as TensorBoard events in OUT.tb beside the model
+    wandb: bool = False  # each step's log record to a wandb run named as OUT; its files and id in OUT.wandb
+
+    def beside(self, suffix: str) -> Path:
+        """`<out><suffix>` beside `out`: the run's log (.sft_log.jsonl), checkpoint, profile, TensorBoard events
+        (.tb) and wandb files (.wandb)."""
+        out = Path(self.out)
+        return out.parent / f"{out.name}{suffix}"
 
     def checkpoint_dir(self) -> Path:
         """Where the run's checkpoint lives (what --resume continues from): `<out>.checkpoint` beside `out`."""
-        out = Path(self.out)
-        return out.parent / f"{out.name}.checkpoint"
+        return self.beside(".checkpoint")
 
     def inert_settings(self) -> list[str]:
         """Settings away from their defaults that nothing of this run reads, each with the reason (the command warns
@@ -141,6 +149,9 @@ class SFTConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"sft.{name} must be a positive number of minutes, got {value}")
+        for name in ("tensorboard", "wandb"):  # found now, not after the data is read
+            if getattr(self, name) and find_spec(name) is None:
+                raise ValueError(f"sft.{name} needs the {name} package (pip install {name})")
         if self.encode_only and not self.rows_cache:
             raise ValueError("sft.encode_only fills a rows cache: give --rows-cache FILE")
         if not 0 <= self.min_lr_ratio <= 1:

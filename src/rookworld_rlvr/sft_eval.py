@@ -17,7 +17,8 @@ _SCORER = None
 def held_out(model, tokenizer, eval_rows: dict, eval_samples: list, layout: str, limit: int, device,
              spread: Callable | None = None) -> dict:
     """Eval loss per task (on up to 128 rows each), and the greedy task metrics of `evaluate` on
-    `limit` samples per task (0: none)."""
+    `limit` samples per task (0: none), with what chance scores on the same rows (`policy/random/*`: a random
+    legal mover; `environment/constant/*`: each field's commonest answer)."""
     import torch
 
     from rookworld_rlvr.model.generate import attention_backends
@@ -49,6 +50,8 @@ def held_out(model, tokenizer, eval_rows: dict, eval_samples: list, layout: str,
             for k, v in res.get(task, {}).items():
                 if isinstance(v, (int, float)) and k != "n":
                     out[f"{task}/{k}"] = v
+                elif k in ("random", "constant") and isinstance(v, dict):  # chance on the same rows, beside them
+                    out.update({f"{task}/{k}/{m}": x for m, x in v.items() if isinstance(x, (int, float))})
     return out
 
 
