@@ -657,6 +657,7 @@ def test_more_samples_for_the_gpu_base_are_new_and_on_the_training_side(generate
     assert proc.returncode == 2 and f"--known {tmp_path / 'gone.jsonl'}: no such file" in proc.stderr
 
 
+@pytest.mark.slow(seconds=11)
 def test_openings_fall_on_the_side_of_the_split_asked_for(stockfish_path, tmp_path):
     """`data openings` (held-out, balanced) and scripts/game_positions.py's training-side openings: one
     function, the side and the balance check apart; an excluded position is never one of them."""

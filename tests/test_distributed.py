@@ -554,7 +554,7 @@ def test_a_signal_on_one_rank_stops_every_rank_after_that_step_and_the_resumed_r
         assert torch.equal(r1["interrupted_resumed"][k], r0["straight"][k]), k
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=11)
 def test_one_update_on_two_ranks_equals_one_process_on_the_global_batch(tmp_path, tiny_model_dir, small_data, one_thread):
     collector = _make(tmp_path / "collect", tiny_model_dir, small_data)
     groups = collector.collect(0, {})

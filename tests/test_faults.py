@@ -274,7 +274,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow(seconds=14)
+@pytest.mark.slow(seconds=24)
 def test_a_checkpoint_the_disk_refuses_is_one_error_line_and_resume_goes_on_from_the_one_before(
         tmp_path, tiny_model_dir, small_data, stockfish_path):
     """A write the machine refuses, as on a full disk (here the kernel's limit on a file's size, from the real
@@ -351,7 +351,7 @@ def test_a_device_out_of_memory_is_one_line_naming_what_needs_less_and_resume_go
     assert [r["step"] for r in _records(run)] == [1, 2, 3, 4] and (run / "final" / "model.safetensors").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=10)
 def test_trainer_killed_while_saving_resumes_from_last_complete_checkpoint(tmp_path, tiny_model_dir, small_data):
     from transformers import AutoModelForCausalLM
 
@@ -668,7 +668,7 @@ def test_a_collapse_is_caught_within_a_few_steps_and_undone(tmp_path, small_data
     assert _same(_snapshot(tr.policy), weights)  # ... to the last bit
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=18)
 def test_a_held_out_drop_rolls_back_to_the_best_evaluation(tmp_path, small_data, chess_reward, fault_free, monkeypatch):
     from rookworld_rlvr.evaluate import EvalConfig, evaluate
 

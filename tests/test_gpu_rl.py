@@ -287,7 +287,7 @@ def test_the_gpu_recipes_run_and_their_outputs_come_back_and_load(tmp_path, stoc
     assert "match_base_vs_board: not played" not in (out6 / "results.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_a_failed_data_preparation_still_sends_back_the_base(tmp_path):
     """SFT starts on the shipped data while the records are replayed beside it; a record that cannot be replayed
     (damaged here) is named, and the base trained on the shipped data and its game starts comes back all the same

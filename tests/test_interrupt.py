@@ -336,7 +336,7 @@ def test_a_signal_pauses_sft_after_that_step_and_resume_ends_as_the_straight_run
     assert strip(run("split", resume=True)) == strip(straight)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=14)
 def test_ctrl_c_ends_rookworld_train_with_a_checkpoint_and_exit_130(tmp_path, tiny_model_dir, small_data):
     """The command a user runs: SIGINT once its first step is logged; it says where it stopped and how to go on,
     exits 130 with the checkpoint of its last logged step, and --resume continues from the step after it."""

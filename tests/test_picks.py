@@ -118,7 +118,7 @@ def test_damaged_or_altered_picks_are_named_and_write_nothing(merged, tmp_path):
     assert not out_p.exists() and not out_a.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=16)
 def test_gpu_base_takes_the_records_picks_and_the_same_data_comes_out(tmp_path, stockfish_path):
     """--make-picks replays and merges each record and writes its picks beside it; the next run takes them (no
     merge) and trains on the same rows; a run on other data (the second record alone) replays and merges it,

@@ -416,6 +416,7 @@ def test_uci_protocol_a_bad_position_leaves_none_go_infinite_waits_and_nothing_k
     assert out.getvalue().splitlines() == ["info string error: generation failed", "readyok"]
 
 
+@pytest.mark.slow(seconds=13)
 def test_a_full_game_through_python_chess_against_a_real_stockfish(tiny_model_dir, stockfish_path):
     """`rookworld uci` driven by python-chess's UCI client plays a whole game against Stockfish (skill 0):
     every move legal, the game ends by the rules."""

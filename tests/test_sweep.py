@@ -124,7 +124,7 @@ def test_outcomes_count_intact_stopped_and_silent_collapses():
            "1 silent collapses" in text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=12)
 def test_two_workers_share_one_sqlite_study_without_running_a_grid_point_twice(tmp_path, tiny_model_dir, small_data,
                                                                                capsys):
     space = write_space(tmp_path / "grid4.yaml", base=tiny_base(tiny_model_dir, small_data),
