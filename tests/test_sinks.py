@@ -178,6 +178,34 @@ def test_a_wandb_server_out_of_reach_is_one_line(tmp_path, monkeypatch):
     assert said.startswith("wandb: ") and "127.0.0.1:9" in said and "\n" not in said, said
     assert said.endswith(". Or WANDB_MODE=offline logs on this machine (`wandb sync` sends it later), or set wandb: "
                          "false"), said
+    assert not (tmp_path / "run" / "wandb_id").exists()  # no run started, so none for a resume to go on in
+
+
+def test_an_sft_run_without_a_wandb_login_says_so_in_its_own_words_and_leaves_nothing_to_set_aside(
+        tmp_path, small_data, monkeypatch, capsys):
+    """`rookworld sft --wandb` on a machine without a wandb login: one line with wandb's reason and the ways out in
+    sft's own words (it has no `wandb: false` to set). It left OUT.wandb holding the id of a run that never started,
+    which the next fresh run then set aside as "the previous run's"."""
+    from rookworld_rlvr.cli import main
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    out = tmp_path / "m"
+    args = ["sft", "--data", str(small_data / "train.jsonl"), "--eval-data", "", "--out", str(out), "--steps", "1",
+            "--batch-size", "4", "--device", "cpu", "--threads", "1", "--quiet", "--wandb"]
+    assert main(args) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: wandb: No API key configured. Use `wandb login` to log in. Or WANDB_MODE=offline logs on this machine "
+        "(`wandb sync` sends it later), or leave out --wandb")
+    assert not (tmp_path / "m.wandb").exists()
+    import wandb
+
+    wandb.teardown()  # wandb keeps the process's settings: offline from here on
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(args) == 0, capsys.readouterr().err[-2000:]
+    assert "moved the previous run" not in capsys.readouterr().out
 
 
 def test_a_sink_that_cannot_start_ends_those_already_started(tmp_path, monkeypatch):

@@ -266,8 +266,8 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
     if main and (cfg.tensorboard or cfg.wandb):  # a resume goes on from its checkpoint's step, as the log does
         from rookworld_rlvr.grpo.sinks import Sinks, Where
 
-        sinks = Sinks(Where(out.name, watched[0], watched[1], watched[1] / "id", asdict(cfg), resume, step),
-                      cfg.tensorboard, cfg.wandb)
+        sinks = Sinks(Where(out.name, watched[0], watched[1], watched[1] / "id", asdict(cfg), resume, step,
+                            off="leave out --wandb"), cfg.tensorboard, cfg.wandb)
         if closing is not None:
             closing.push(lambda kind, *_: sinks.close(failed=kind is not None))
     from rookworld_rlvr.grpo.precision import autocast_dtype

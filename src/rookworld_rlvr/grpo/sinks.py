@@ -24,7 +24,7 @@ Record = dict
 class Where:
     """Where a run's sinks write, and what they know of it: `name` (wandb's run name), `tb` (TensorBoard's folder),
     `wandb_dir` (wandb's files) and `wandb_id` (the file that keeps the run's id), whether it `resume`s at `step`
-    (its checkpoint's), its settings (`config`) and its wandb `group`."""
+    (its checkpoint's), its settings (`config`), its wandb `group`, and how its command turns wandb `off`."""
 
     name: str
     tb: Path
@@ -34,6 +34,7 @@ class Where:
     resume: bool = False
     step: int = 0
     group: str | None = None
+    off: str = "set wandb: false"
 
 
 class Sinks:
@@ -127,18 +128,21 @@ def wandb_run(where: Where):
     from rookworld_rlvr.data.io import atomic_write_text
 
     run_id = where.wandb_id.read_text().strip() if where.resume and where.wandb_id.exists() else ""
+    made = not where.wandb_dir.exists()
     where.wandb_dir.mkdir(parents=True, exist_ok=True)
-    if not run_id:
-        run_id = uuid.uuid4().hex[:12]
-        where.wandb_id.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(where.wandb_id, [run_id + "\n"])
     try:  # a fresh run's id is new: only a resume asks the server for the run it continues
-        run = wandb.init(project="rookworld-rlvr", name=where.name, id=run_id, group=where.group,
-                         resume="allow" if where.resume else None, config=where.config, dir=str(where.wandb_dir))
-    except wandb.errors.Error as e:  # no login, no server in reach: nothing trained yet
+        run = wandb.init(project="rookworld-rlvr", name=where.name, id=run_id or uuid.uuid4().hex[:12],
+                         group=where.group, resume="allow" if where.resume else None, config=where.config,
+                         dir=str(where.wandb_dir))
+    except wandb.errors.Error as e:  # no login, no server in reach: nothing trained yet, and no run to go on in
+        if made and not any(where.wandb_dir.iterdir()):  # left behind, a later fresh run would set it aside
+            where.wandb_dir.rmdir()
         said = " ".join(str(e).split())
         raise ValueError(f"wandb: {said}{'' if said.endswith('.') else '.'} Or WANDB_MODE=offline logs on this "
-                         "machine (`wandb sync` sends it later), or set wandb: false") from None
+                         f"machine (`wandb sync` sends it later), or {where.off}") from None
+    if run.id != run_id:  # kept once the run has started: a resume goes on in it
+        where.wandb_id.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(where.wandb_id, [run.id + "\n"])
     # every figure against the record's "step", not wandb's own count: a guard's rollback (or a resume) logs its
     # steps again, and wandb drops a record whose own step goes back ("steps must be monotonically increasing")
     run.define_metric("step")
