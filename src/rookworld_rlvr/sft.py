@@ -269,7 +269,7 @@ def train(cfg: SFTConfig, resume: bool = False, progress: bool = True, interrupt
         sinks = Sinks(Where(out.name, watched[0], watched[1], watched[1] / "id", asdict(cfg), resume, step,
                             off="leave out --wandb"), cfg.tensorboard, cfg.wandb)
         if closing is not None:
-            closing.push(lambda kind, *_: sinks.close(failed=kind is not None))
+            closing.enter_context(sinks)
     from rookworld_rlvr.grpo.precision import autocast_dtype
 
     amp = autocast_dtype(cfg.autocast, device)

@@ -8,6 +8,7 @@ commands (the per-step sinks are sinks.py's). Imports the chess modules and the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -187,12 +188,10 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
     t0 = time.time()
     main = dist.is_main()
     trainer, pool = build(cfg, log=print if main else (lambda *_: None))
-    sinks, failed = None, True
-    try:
-        sinks = writer(cfg, trainer.step) if main else None
-        with StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM, SIGHUP: saved at the step's end
+    try:  # the sinks close as the run ends, a wandb run marked failed where an exception ends it
+        with (writer(cfg, trainer.step) if main else None) or contextlib.nullcontext() as sinks, \
+                StopOnSignal(verbose=main) as trainer.stop:  # Ctrl-C, SIGTERM, SIGHUP: saved at the step's end
             summary = trainer.train(writer=sinks)
-        failed = False
     except TrainingStopped as e:  # every rank took the same decision
         if main:
             print(f"training stopped at step {trainer.step}: {e}", file=sys.stderr)
@@ -226,8 +225,6 @@ def _train_here(cfg: TrainConfig, traceback: bool = False) -> int:
                           checkpoint=latest_checkpoint(cfg.output_dir)) from e
     finally:
         pool.close()
-        if sinks is not None:
-            sinks.close(failed)
     if not main:
         return 0
     if summary["base"] and summary["final"]:

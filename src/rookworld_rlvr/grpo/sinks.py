@@ -39,7 +39,8 @@ class Where:
 
 class Sinks:
     """Call with each step's record; `close` at the run's end, failed or not: the event file is closed and the
-    wandb run ends with the run's exit code (a sweep's next trial then gets a run of its own)."""
+    wandb run ends with the run's exit code (a sweep's next trial then gets a run of its own). As a context manager
+    it closes on leaving, failed where an exception leaves it."""
 
     def __init__(self, where: Where, tensorboard: bool, wandb: bool) -> None:
         self._sinks: list[Callable[[Record], None]] = []
@@ -56,6 +57,12 @@ class Sinks:
         except BaseException:  # one that did not start leaves none of the others open
             self.close(failed=True)
             raise
+
+    def __enter__(self) -> "Sinks":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self.close(failed=kind is not None)
 
     def __call__(self, record: Record) -> None:
         for sink in self._sinks:

@@ -85,15 +85,12 @@ def run_trial(study, trial, space: SweepSpace, config: str | None, base: dict, o
             trainer, pool = build(cfg, log=tlog)
             if reward_fn is not None:
                 trainer.reward_fn = reward_fn
-            sinks, failed = None, True
             try:  # a sink that cannot start (wandb without a login) fails the trial with the engines closed
-                sinks = writer(cfg, group=out.resolve().name)  # wandb: the sweep's trials in one group
-                summary = trainer.train(writer=sinks)
-                failed = False
+                # wandb: the sweep's trials in one group, each a run of its own (closed as the trial ends)
+                with writer(cfg, group=out.resolve().name) or contextlib.nullcontext() as sinks:
+                    summary = trainer.train(writer=sinks)
             finally:
                 pool.close()
-                if sinks is not None:  # the next trial's wandb run is a run of its own
-                    sinks.close(failed)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         lost = {k: saved.get(k) for k, v in fields.items() if saved.get(k) != v}
         if lost:
